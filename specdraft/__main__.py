@@ -1,0 +1,5 @@
+"""`python -m specdraft` runs the command-line interface."""
+
+from specdraft.cli import main
+
+main()

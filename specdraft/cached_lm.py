@@ -1,0 +1,55 @@
+"""CachedLM: a causal language model together with its own KV cache and position.
+
+Every model in a round (the target and each model-backed drafter) is one of these. It
+knows how many tokens its cache holds, feeds new tokens at the right positions, and crops
+back to a shorter length so that rejected draft tokens leave no trace.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+class CachedLM:
+    def __init__(self, model: torch.nn.Module, logits_size: int | None = None):
+        self.model = model
+        self.device = next(model.parameters()).device
+        # Pad or cut this model's logits to the target's width so that p and q line up.
+        self.logits_size = logits_size
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+        self.length = 0
+
+    @torch.inference_mode()
+    def feed(self, tokens: torch.Tensor, keep: int = 1) -> torch.Tensor:
+        """Consume `tokens` [n] and return the logits of the last `keep` positions [keep, V]
+        (keep = 0 returns all n). Each row predicts the token after its position."""
+        n = tokens.shape[-1]
+        positions = torch.arange(self.length, self.length + n, device=self.device)
+        out = self.model(
+            input_ids=tokens.view(1, n).to(self.device),
+            position_ids=positions.view(1, n),
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        self.length += n
+        return self._fit(out.logits[0])
+
+    def crop(self, length: int) -> None:
+        """Forget everything after the first `length` tokens."""
+        if length < self.length:
+            self.cache.crop(length - self.length)  # transformers 5 takes tokens to remove, negative
+            self.length = length
+
+    def _fit(self, logits: torch.Tensor) -> torch.Tensor:
+        size = self.logits_size
+        if size is None or logits.shape[-1] == size:
+            return logits
+        if logits.shape[-1] > size:
+            return logits[..., :size]
+        pad = logits.new_full((*logits.shape[:-1], size - logits.shape[-1]), float("-inf"))
+        return torch.cat([logits, pad], dim=-1)

@@ -1,0 +1,82 @@
+"""The `specdraft` command line: Typer options in, library calls out, exit codes back.
+
+No logic lives here; each command fills an options object and calls its runner in
+`specdraft.commands`.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from specdraft import __version__
+from specdraft.commands.io import CommandExit, err_console, exit_codes, quiet_libraries
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Lossless speculative decoding with a pool of drafters picked online by a learning policy.",
+)
+
+Pool = Annotated[str, typer.Option("--pool", "-p", help="TOML drafter-pool profile.", show_default=False)]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"specdraft {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
+                                                    help="Print the version and exit.")] = None,
+) -> None:
+    """specdraft: faster local generation, same tokens."""
+
+
+@app.command()
+def generate(
+    pool: Pool,
+    prompt: Annotated[Optional[str], typer.Argument(help="Prompt text; read from stdin when omitted.")] = None,
+    each_line: Annotated[bool, typer.Option("--each-line", help="Treat every stdin line as its own prompt.")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="One JSON object per prompt on stdout.")] = False,
+    chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Wrap the prompt in the tokenizer's chat template (default: when it has one).", show_default=False)] = None,
+    panel: Annotated[Optional[bool], typer.Option("--panel/--no-panel", help="Live panel on stderr (default: when both stdout and stderr are a terminal).", show_default=False)] = None,
+    stats: Annotated[bool, typer.Option("--stats", help="Print a one-line summary per prompt on stderr.")] = False,
+    policy: Annotated[Optional[str], typer.Option(help="Override [policy] name, e.g. random or fixed:ngram.")] = None,
+    draft_tokens: Annotated[Optional[int], typer.Option("--draft-tokens", "-k", help="Tokens drafted per round (K).")] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="0 = greedy.")] = None,
+    top_k: Annotated[Optional[int], typer.Option(help="Top-k filter (0 = off).")] = None,
+    top_p: Annotated[Optional[float], typer.Option(help="Nucleus filter (1 = off).")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="Generation budget per prompt.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed for sampling and random policies.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show library logs on stderr.")] = False,
+) -> None:
+    """Generate text for a prompt, streaming it to stdout as it is committed."""
+    from specdraft.commands.generate import GenerateOptions, run_generate
+
+    console = err_console()
+    options = GenerateOptions(pool, prompt, each_line, json_output, chat, panel, stats, policy, draft_tokens,
+                              temperature, top_k, top_p, max_new_tokens, seed)
+    _run(console, verbose, lambda: run_generate(options, console))
+
+
+def _run(console, verbose: bool, body) -> None:
+    try:
+        with exit_codes(console):
+            quiet_libraries(verbose)
+            code = body()
+    except CommandExit as done:
+        raise typer.Exit(done.code) from None
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:  # Ctrl-C outside a command body (e.g. during imports)
+        sys.exit(130)

@@ -1,0 +1,1 @@
+"""The work behind each CLI command, callable from tests without Typer."""

@@ -1,0 +1,1 @@
+"""The decode core: sampling transforms, lossless verification and the round loop."""

@@ -1,0 +1,126 @@
+"""The round loop (DESIGN.md section 1): select, draft, verify, accept, commit, feedback.
+
+The engine knows nothing about text: it takes prompt token ids and yields one RoundRecord
+per round with the tokens that round committed. It never branches on drafter kind or
+policy. One host synchronisation per round: reading the packed verdict.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import torch
+
+from specdraft.cached_lm import CachedLM
+from specdraft.decoding.sampling import SamplingParams, sampling_probs
+from specdraft.decoding.verify import verify_greedy, verify_sampling
+from specdraft.drafters.base import Drafter
+from specdraft.policies.base import Policy, RoundFeedback
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    draft_tokens: int
+    max_new_tokens: int
+    sampling: SamplingParams
+    eos_ids: frozenset[int] = frozenset()
+    reset_policy: bool = True  # forget what the policy learned before each prompt
+
+
+@dataclass
+class RoundRecord:
+    arm: int
+    drafter: str
+    drafted: int
+    accepted: int  # drafted tokens accepted; the round commits accepted + 1 before truncation
+    tokens: list[int]  # committed this round (cut at EOS or at max_new_tokens)
+    alphas: list[float]  # 1 - TV(p_j, q_j) per drafted position
+    draft_s: float
+    verify_s: float
+    overhead_s: float
+    finish: str | None = None  # "eos" or "length" on the last round
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> float:
+        return self.draft_s + self.verify_s + self.overhead_s
+
+
+class SpeculativeEngine:
+    def __init__(
+        self,
+        target: CachedLM,
+        drafters: Sequence[Drafter],
+        policy: Policy,
+        settings: EngineSettings,
+        generator: torch.Generator | None = None,
+    ):
+        self.target = target
+        self.drafters = list(drafters)
+        self.policy = policy
+        self.settings = settings
+        self.generator = generator
+
+    def generate(self, prompt_ids: Sequence[int]) -> Iterator[RoundRecord]:
+        if not prompt_ids:
+            raise ValueError("the prompt is empty: nothing to condition on")
+        s = self.settings
+        device = self.target.device
+        self.target.reset()
+        for drafter in self.drafters:
+            drafter.reset()
+        if s.reset_policy:
+            self.policy.reset()
+
+        context = list(prompt_ids)
+        if len(context) > 1:  # prefill all but the last token; the first verify feeds that one
+            self.target.feed(torch.tensor(context[:-1], dtype=torch.long, device=device), keep=1)
+        last = torch.tensor(context[-1:], dtype=torch.long, device=device)  # [1]
+        produced = 0
+        while produced < s.max_new_tokens:
+            t0 = time.perf_counter()
+            arm = self.policy.select()
+            drafter = self.drafters[arm]
+            # Never draft past the budget: the round commits at most k + 1 tokens.
+            k = min(s.draft_tokens, s.max_new_tokens - produced - 1)
+            t1 = time.perf_counter()
+            draft = drafter.propose(context, k) if k > 0 else drafter.empty_draft()
+            k = draft.tokens.shape[0]
+            t2 = time.perf_counter()
+
+            logits = self.target.feed(torch.cat([last, draft.tokens]), keep=0)  # [k + 1, V]
+            if s.sampling.greedy:
+                verdict = verify_greedy(logits, draft.tokens, draft.probs)
+            else:
+                p = sampling_probs(logits, s.sampling)
+                verdict = verify_sampling(p, draft.tokens, draft.probs, self.generator)
+            # The round's single device-to-host sync: accepted count, tokens and alphas at once.
+            # float64 holds every token id exactly.
+            packed = torch.cat(
+                [verdict.n_accepted.view(1).double(), verdict.tokens.double(), verdict.alphas.double()]
+            ).tolist()
+            n = int(packed[0])
+            tokens = [int(t) for t in packed[1 : n + 2]]
+            alphas = packed[k + 2 :]
+            t3 = time.perf_counter()
+
+            self.target.crop(len(context) + n)  # keeps context[:-1] + last + n accepted drafts
+            drafter.on_commit(n)
+            last = verdict.tokens.index_select(0, verdict.n_accepted.view(1))
+            finish = None
+            for i, token in enumerate(tokens):
+                if token in s.eos_ids:
+                    tokens, finish = tokens[: i + 1], "eos"
+                    break
+            if produced + len(tokens) >= s.max_new_tokens:
+                tokens = tokens[: s.max_new_tokens - produced]
+                finish = finish or "length"
+            context.extend(tokens)
+            produced += len(tokens)
+            self.policy.update(RoundFeedback(arm, k, n, alphas, t3 - t0))
+            t4 = time.perf_counter()
+            yield RoundRecord(arm, drafter.name, k, n, tokens, alphas, t2 - t1, t3 - t2, (t1 - t0) + (t4 - t3), finish)
+            if finish:
+                return

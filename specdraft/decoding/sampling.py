@@ -1,0 +1,55 @@
+"""Turning logits into the distributions that drafting and verification compare.
+
+The same transform (temperature, then top-k, then top-p) is applied to the target's p and
+to every drafter's q: speculative sampling is only lossless if both sides see the same
+processing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _wide(logits: torch.Tensor) -> torch.Tensor:
+    # Half-precision softmax over 50k+ entries loses the tail; do it in float32 at least.
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
+def plain_probs(logits: torch.Tensor) -> torch.Tensor:
+    """Softmax at temperature 1 [n, V]: the distributions alignment feedback uses under greedy."""
+    return torch.softmax(_wide(logits), dim=-1)
+
+
+def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution sampling draws from [n, V]: temperature, top-k, top-p, renormalised."""
+    scores = _wide(logits) / params.temperature
+    vocab = scores.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_scores, dim=-1)
+        # Drop a token when the tokens ranked before it already reach top_p; the first always stays.
+        drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token id per row of `probs` [n, V] -> [n], with no host synchronisation."""
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

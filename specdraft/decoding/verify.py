@@ -1,0 +1,82 @@
+"""Lossless acceptance of a draft against the target's verify forward.
+
+Greedy: a drafted token is accepted while it equals the target's argmax; the committed
+tokens are then simply the target's argmax at positions 0..n (accepted tokens plus the
+recovered or bonus token). Sampling (Leviathan et al. / Chen et al.): accept y_j with
+probability min(1, p_j(y_j) / q_j(y_j)); on the first rejection draw from
+normalize(max(0, p_j - q_j)); if all are accepted draw the bonus token from p_{k+1}.
+A deterministic drafter (n-gram) has one-hot q, passed as `draft_probs=None`.
+
+Everything stays on the device; the caller syncs once to read the packed result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdraft.decoding.sampling import plain_probs
+
+
+@dataclass(frozen=True)
+class Verdict:
+    n_accepted: torch.Tensor  # [] long: how many drafted tokens were accepted
+    tokens: torch.Tensor  # [k + 1] long: tokens[:n_accepted + 1] are committed
+    alphas: torch.Tensor  # [k] float: 1 - TV(p_j, q_j), the acceptance probability per position
+
+
+def alignment(p: torch.Tensor, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> torch.Tensor:
+    """alpha_j = sum_v min(p_j(v), q_j(v)) [k]; for one-hot q that is p_j(y_j)."""
+    # p: [k, V]; draft_tokens: [k]; draft_probs: [k, V] or None
+    if draft_probs is None:
+        return p.gather(-1, draft_tokens.view(-1, 1)).squeeze(-1)
+    return torch.minimum(p, draft_probs.to(p.dtype)).sum(dim=-1)
+
+
+def _leading_true(flags: torch.Tensor) -> torch.Tensor:
+    """Length of the run of True at the start of `flags` [k] -> [] long."""
+    return torch.cumprod(flags.long(), dim=0).sum()
+
+
+def verify_greedy(
+    target_logits: torch.Tensor,  # [k + 1, V]
+    draft_tokens: torch.Tensor,  # [k]
+    draft_probs: torch.Tensor | None,  # [k, V] at temperature 1, for alignment only
+) -> Verdict:
+    k = draft_tokens.shape[0]
+    best = target_logits.argmax(dim=-1)  # [k + 1]
+    n = _leading_true(draft_tokens == best[:k])
+    alphas = alignment(plain_probs(target_logits[:k]), draft_tokens, draft_probs)
+    return Verdict(n, best, alphas)
+
+
+def verify_sampling(
+    target_probs: torch.Tensor,  # [k + 1, V], already temperature / top-k / top-p processed
+    draft_tokens: torch.Tensor,  # [k]
+    draft_probs: torch.Tensor | None,  # [k, V] with the same processing, None for one-hot
+    generator: torch.Generator | None,
+) -> Verdict:
+    k = draft_tokens.shape[0]
+    p = target_probs
+    index = draft_tokens.view(-1, 1)
+    p_y = p[:k].gather(-1, index).squeeze(-1)  # [k]
+    if draft_probs is None:
+        q = torch.zeros_like(p[:k]).scatter_(-1, index, 1.0)
+    else:
+        q = draft_probs.to(p.dtype)
+    q_y = q.gather(-1, index).squeeze(-1)
+    # u < p/q  <=>  u*q < p, which also covers q_y = 0 without dividing by it.
+    u = torch.rand(k, generator=generator, device=p.device, dtype=p.dtype)
+    n = _leading_true(u * q_y < p_y)
+
+    # Row j < k: the residual after rejecting at j; row k: the target itself (bonus token).
+    residual = torch.cat([torch.clamp(p[:k] - q, min=0.0), p[k:]], dim=0)  # [k + 1, V]
+    row = residual.index_select(0, n.view(1))  # [1, V]
+    mass = row.sum(dim=-1, keepdim=True)
+    # p == q exactly leaves no residual; rejection then had probability 0, but guard rounding.
+    row = torch.where(mass > 0, row / mass.clamp_min(torch.finfo(p.dtype).tiny), p.index_select(0, n.view(1)))
+    fix = torch.multinomial(row, 1, generator=generator).view(1)
+    tokens = torch.cat([draft_tokens, draft_tokens.new_zeros(1)])
+    tokens = tokens.scatter(0, n.view(1), fix)
+    return Verdict(n, tokens, alignment(p[:k], draft_tokens, draft_probs))

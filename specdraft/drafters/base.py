@@ -1,0 +1,53 @@
+"""The one interface every drafter kind implements, so the round never branches on kind.
+
+A drafter sees the committed context (token ids), proposes up to k tokens with the
+distributions it drew them from, and is told afterwards how many were accepted so it can
+roll its own state back. A deterministic drafter returns `probs=None` (one-hot q).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from specdraft.decoding.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: torch.Tensor  # [k] long, on the target's device; k may be smaller than asked, even 0
+    probs: torch.Tensor | None  # [k, V] q_j, or None for a deterministic (one-hot) drafter
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    """What every drafter of one run shares: sampling rules, randomness, where the target lives."""
+
+    params: SamplingParams
+    generator: torch.Generator | None
+    device: torch.device
+    vocab_size: int  # width of the target's logits
+
+
+class Drafter(ABC):
+    kind: str = ""
+
+    def __init__(self, name: str, ctx: DraftContext):
+        self.name = name
+        self.ctx = ctx
+
+    def reset(self) -> None:
+        """Forget the previous prompt."""
+
+    @abstractmethod
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        """Propose up to k tokens continuing `context` (all committed tokens, prompt included)."""
+
+    def on_commit(self, n_accepted: int) -> None:
+        """After a round this drafter drafted: `n_accepted` of its tokens were kept."""
+
+    def empty_draft(self) -> Draft:
+        return Draft(torch.empty(0, dtype=torch.long, device=self.ctx.device), None)

@@ -1,0 +1,51 @@
+"""Prompt lookup: continue the context the way it continued after the last earlier
+occurrence of its final n tokens (n from max_ngram down to min_ngram).
+
+The n-gram index grows incrementally with the context, so a round costs O(new tokens),
+not a rescan of the whole prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specdraft.drafters.base import Draft, DraftContext, Drafter
+
+
+class NgramDrafter(Drafter):
+    kind = "ngram"
+
+    def __init__(self, name: str, ctx: DraftContext, min_ngram: int = 1, max_ngram: int = 3):
+        super().__init__(name, ctx)
+        self.sizes = range(max_ngram, min_ngram - 1, -1)
+        self.reset()
+
+    def reset(self) -> None:
+        # (n-gram) -> index just past its latest occurrence that has a continuation
+        self.index: dict[tuple[int, ...], int] = {}
+        self.indexed_to = 0
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        length = len(context)
+        if length < self.indexed_to:  # a new context without reset(): start over
+            self.reset()
+        self._index_until(context, length)
+        for n in self.sizes:
+            if length <= n:
+                continue
+            start = self.index.get(tuple(context[length - n:]))
+            if start is not None:
+                follow = list(context[start:start + k])
+                return Draft(torch.tensor(follow, dtype=torch.long, device=self.ctx.device), None)
+        return self.empty_draft()
+
+    def _index_until(self, context: Sequence[int], length: int) -> None:
+        # Position i ends an n-gram context[i-n:i] followed by context[i]; only i < length
+        # has a continuation, and the latest occurrence wins.
+        for i in range(max(self.indexed_to, 1), length):
+            for n in self.sizes:
+                if i >= n:
+                    self.index[tuple(context[i - n:i])] = i
+        self.indexed_to = max(self.indexed_to, length)

@@ -1,0 +1,28 @@
+"""The exceptions the command line turns into one-line messages and exit codes.
+
+ProfileError and UsageError exit 2 (the user must fix an input); SpecdraftError exits 1
+(something failed while running). Nothing else should reach the user as a traceback.
+"""
+
+from __future__ import annotations
+
+
+class SpecdraftError(Exception):
+    """A runtime failure: exit code 1."""
+
+    exit_code = 1
+
+
+class UsageError(SpecdraftError):
+    """Bad command-line usage or input (empty prompt, unreadable data): exit code 2."""
+
+    exit_code = 2
+
+
+class ProfileError(UsageError):
+    """An invalid TOML profile; the message names the file and the key path."""
+
+    def __init__(self, file: str | None, key: str | None, message: str):
+        self.file, self.key, self.detail = file, key, message
+        where = ": ".join(part for part in (file, key) if part)
+        super().__init__(f"{where}: {message}" if where else message)

@@ -1,0 +1,1 @@
+"""Terminal display: the live Rich panel, always on stderr."""

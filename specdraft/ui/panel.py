@@ -1,0 +1,84 @@
+"""The live panel on stderr: current drafter, accepted length, mean accepted tokens,
+tokens/s, per-drafter usage and the regret slot.
+
+Rich's Live redirects stdout by default, which would swallow the generated text; here it
+never does. When stdout is the same terminal, the view also shows the tail of the text
+and the caller prints the text once the panel is gone.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from specdraft.stats import GenerationStats
+
+
+def stats_panel(stats: GenerationStats, policy: str, scores: dict[str, float] | None = None,
+                regret: float | None = None, title: str = "specdraft") -> Panel:
+    # One wrapping line rather than a grid: a narrow or non-terminal stderr must not
+    # truncate the numbers to ellipses.
+    head = Text.from_markup(" · ".join([
+        f"drafter [bold cyan]{stats.last_drafter or '-'}[/]",
+        f"accepted [bold]{stats.last_accepted}/{stats.last_drafted}[/]",
+        f"mean accepted [bold]{stats.mean_accepted:.2f}[/]",
+        f"[bold]{stats.tokens_per_s:.1f}[/] tok/s",
+        f"tokens {stats.tokens}",
+        "regret " + (f"[bold]{regret:.2f}[/]" if regret is not None else "[dim]unknown[/]"),
+    ]))
+    table = Table(box=None, padding=(0, 2), show_edge=False)
+    for column in ("drafter", "rounds", "share", "acceptance"):
+        table.add_column(column, justify="left" if column == "drafter" else "right")
+    if scores is not None:
+        table.add_column("score", justify="right")
+    for name, use in stats.usage.items():
+        share = use.rounds / stats.rounds if stats.rounds else 0.0
+        row = [name, str(use.rounds), f"{share:.0%}", f"{use.acceptance:.0%}" if use.drafted else "-"]
+        if scores is not None:
+            row.append(f"{scores.get(name, 0.0):.3f}")
+        table.add_row(*row, style="bold" if name == stats.last_drafter else None)
+    return Panel(Group(head, table), title=f"{title} · policy {policy}", title_align="left", border_style="blue")
+
+
+class LiveView:
+    """Context manager around Rich Live; `update` redraws with fresh stats."""
+
+    def __init__(self, console: Console, policy: str, show_text: bool):
+        self.console = console
+        self.policy = policy
+        self.show_text = show_text
+        self.text = ""
+        self.live = Live(console=console, redirect_stdout=False, redirect_stderr=False,
+                         transient=show_text, refresh_per_second=8, auto_refresh=True)
+
+    def __enter__(self) -> "LiveView":
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.live.__exit__(*exc)
+
+    def update(self, stats: GenerationStats, delta: str = "", scores: dict[str, float] | None = None,
+               regret: float | None = None) -> None:
+        panel = stats_panel(stats, self.policy, scores, regret)
+        if self.show_text:
+            self.text += delta
+            room = max(3, self.console.size.height - 12)
+            tail = "\n".join(self.text.splitlines()[-room:])
+            self.live.update(Group(Text(tail), panel))
+        else:
+            self.live.update(panel)
+
+
+def summary_line(stats: GenerationStats) -> str:
+    parts: Sequence[str] = (
+        f"{stats.tokens} tokens in {stats.elapsed_s:.2f}s ({stats.tokens_per_s:.1f} tok/s)",
+        f"{stats.rounds} rounds, mean accepted {stats.mean_accepted:.2f}",
+        ", ".join(f"{n} {u.rounds}r/{u.accepted}acc" for n, u in stats.usage.items() if u.rounds),
+    )
+    return " · ".join(p for p in parts if p)

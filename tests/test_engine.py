@@ -1,0 +1,134 @@
+"""The round loop: greedy output equals plain greedy decoding for every drafter kind,
+draft length and policy; caches never keep rejected tokens; budgets and EOS are honoured."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdraft.cached_lm import CachedLM
+from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
+from specdraft.decoding.sampling import SamplingParams
+from specdraft.drafters import DraftContext, ModelDrafter, NgramDrafter
+from specdraft.drafters.layers import truncated_view
+from specdraft.policies.base import Policy
+from specdraft.policies.simple import FixedPolicy, RandomPolicy
+from tiny import VOCAB, plain_greedy, tiny_llama
+
+PROMPTS = [[5, 9, 11, 3, 7, 5, 9], [1, 40, 41, 42, 40, 41], [17]]
+
+
+class EveryRound(Policy):
+    """Switches drafter every round, so every cache must catch up correctly."""
+
+    name = "cycle"
+
+    def reset(self) -> None:
+        self.t = -1
+
+    def select(self) -> int:
+        self.t += 1
+        return self.t % len(self.arms)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="module")
+def pool(target):
+    ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
+    return [
+        NgramDrafter("lookup", ctx, 1, 3),
+        ModelDrafter("small", ctx, tiny_llama(seed=1, layers=1)),
+        ModelDrafter("half", ctx, truncated_view(target, 2, ("f", "k"))),
+        ModelDrafter("twin", ctx, target),  # identical to the target: everything is accepted
+    ]
+
+
+def run(target, drafters, policy, k, max_new=40, eos=frozenset()):
+    engine = SpeculativeEngine(CachedLM(target), drafters, policy, EngineSettings(k, max_new, SamplingParams(), eos))
+    return engine, engine.generate
+
+
+def committed(records):
+    return [t for r in records for t in r.tokens]
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_every_drafter_and_a_switching_policy_match_plain_greedy(target, pool, k, prompt):
+    reference = plain_greedy(target, prompt, 40)
+    names = [d.name for d in pool]
+    policies = [FixedPolicy(names, {"drafter": n}) for n in names] + [EveryRound(names), RandomPolicy(names, seed=3)]
+    for policy in policies:
+        _, generate = run(target, pool, policy, k)
+        records = list(generate(prompt))
+        assert committed(records) == reference, f"policy {policy.name} {policy.select()} with k={k}"
+
+
+def test_identical_drafter_is_always_accepted(target, pool):
+    _, generate = run(target, pool, FixedPolicy([d.name for d in pool], {"drafter": "twin"}), 5, max_new=36)
+    records = list(generate(PROMPTS[0]))
+    assert all(r.accepted == r.drafted for r in records)
+    assert [len(r.tokens) for r in records] == [6] * 6
+    assert all(abs(a - 1.0) < 1e-9 for r in records for a in r.alphas)
+
+
+def test_target_cache_holds_exactly_the_committed_tokens(target, pool):
+    engine, generate = run(target, pool, EveryRound([d.name for d in pool]), 4)
+    context = list(PROMPTS[0])
+    for record in generate(PROMPTS[0]):
+        context.extend(record.tokens)
+        # The target has consumed every committed token but the last, which the next verify feeds.
+        assert engine.target.length == len(context) - 1
+        assert engine.target.cache.get_seq_length() == len(context) - 1
+        for drafter in pool:
+            if isinstance(drafter, ModelDrafter):
+                assert drafter.lm.length < len(context)
+                assert drafter.lm.cache.get_seq_length() == drafter.lm.length
+
+
+def test_budget_is_exact_and_drafts_never_overshoot_it(target, pool):
+    for max_new in (1, 2, 7):
+        _, generate = run(target, pool, FixedPolicy([d.name for d in pool], {"drafter": "twin"}), 5, max_new=max_new)
+        records = list(generate(PROMPTS[1]))
+        assert len(committed(records)) == max_new
+        assert records[-1].finish == "length"
+        assert all(r.drafted <= max_new - 1 for r in records)
+
+
+def test_eos_ends_generation_and_is_the_last_token(target, pool):
+    reference = plain_greedy(target, PROMPTS[0], 40)
+    eos = reference[12]
+    _, generate = run(target, pool, EveryRound([d.name for d in pool]), 5, eos=frozenset({eos}))
+    records = list(generate(PROMPTS[0]))
+    out = committed(records)
+    assert out == reference[: reference.index(eos) + 1]
+    assert records[-1].finish == "eos"
+
+
+def test_records_carry_alphas_and_timings(target, pool):
+    _, generate = run(target, pool, FixedPolicy([d.name for d in pool], {"drafter": "small"}), 3)
+    for record in generate(PROMPTS[0]):
+        assert len(record.alphas) == record.drafted
+        assert all(0.0 <= a <= 1.0 + 1e-9 for a in record.alphas)
+        assert record.draft_s >= 0 and record.verify_s > 0 and record.overhead_s >= 0
+
+
+def test_layers_view_shares_weights_and_leaves_the_target_whole(target):
+    view = truncated_view(target, 2, ("f", "k"))
+    assert len(target.model.layers) == 3 and target.config.num_hidden_layers == 3
+    assert view.model.layers[0] is target.model.layers[0]
+    assert view.lm_head.weight.data_ptr() == target.lm_head.weight.data_ptr()
+    ids = torch.tensor([[3, 4, 5]])
+    with torch.no_grad():
+        full, short = target(ids).logits, view(ids).logits
+    assert not torch.allclose(full, short)
+
+
+def test_empty_prompt_is_refused(target, pool):
+    _, generate = run(target, pool, RandomPolicy(["a"]), 3)
+    with pytest.raises(ValueError, match="empty"):
+        next(generate([]))

@@ -1,0 +1,128 @@
+"""Speculative sampling follows the target's distribution exactly (chi-square tests on a
+tiny vocabulary), the logit transforms match their definitions, and seeds reproduce."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specdraft.cached_lm import CachedLM
+from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
+from specdraft.decoding.sampling import SamplingParams, sampling_probs
+from specdraft.decoding.verify import verify_sampling
+from specdraft.drafters import DraftContext, ModelDrafter, NgramDrafter
+from specdraft.drafters.layers import truncated_view
+from specdraft.policies.simple import FixedPolicy, RandomPolicy
+from tiny import tiny_llama
+
+P_MIN = 1e-3  # a correct sampler fails one of these tests about once in a thousand runs
+
+
+def chi_square_p(counts: Counter, expected: dict, total: int) -> float:
+    cells = sorted(expected)
+    observed = [counts.get(c, 0) for c in cells]
+    exp = [expected[c] * total for c in cells]
+    impossible = sum(o for o, e in zip(observed, exp) if e == 0) + total - sum(observed)
+    assert impossible == 0, f"{impossible} draws had probability 0 under the target"
+    observed, exp = [o for o, e in zip(observed, exp) if e > 0], [e for e in exp if e > 0]
+    # Pool cells with small expectation so the chi-square approximation holds.
+    big = [i for i, e in enumerate(exp) if e >= 5]
+    small = [i for i, e in enumerate(exp) if e < 5]
+    obs_f = [observed[i] for i in big] + ([sum(observed[i] for i in small)] if small else [])
+    exp_f = [exp[i] for i in big] + ([sum(exp[i] for i in small)] if small else [])
+    scale = sum(obs_f) / sum(exp_f)
+    return chisquare(obs_f, [e * scale for e in exp_f]).pvalue
+
+
+@pytest.mark.parametrize("one_hot", [False, True])
+def test_first_committed_token_follows_p(one_hot):
+    gen = torch.Generator().manual_seed(0)
+    vocab, k = 8, 3
+    p = torch.softmax(torch.randn(k + 1, vocab, generator=gen, dtype=torch.float64) * 2, -1)
+    q = torch.softmax(torch.randn(k, vocab, generator=gen, dtype=torch.float64) * 2, -1)
+    counts, n_draws = Counter(), 6000
+    for _ in range(n_draws):
+        draft = torch.multinomial(q, 1, generator=gen).squeeze(-1)
+        verdict = verify_sampling(p, draft, None if one_hot else q, gen)
+        counts[int(verdict.tokens[0])] += 1
+    expected = {v: float(p[0, v]) for v in range(vocab)}
+    assert chi_square_p(counts, expected, n_draws) > P_MIN
+
+
+def exact_joint(model, prompt, params, length):
+    """Exact probability of every continuation of `length` tokens under the target."""
+    vocab = model.config.vocab_size
+    out = {}
+    with torch.no_grad():
+        for seq in itertools.product(range(vocab), repeat=length):
+            ids = torch.tensor([prompt + list(seq)])
+            probs = sampling_probs(model(ids).logits[0, len(prompt) - 1 : -1], params)
+            out[seq] = float(torch.prod(probs[torch.arange(length), torch.tensor(seq)]))
+    return out
+
+
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.8, top_k=4, top_p=0.9)])
+def test_generated_sequences_follow_the_target(params):
+    vocab, prompt = 6, [1, 4, 2]
+    target = tiny_llama(seed=0, vocab=vocab, layers=2, scale=8.0)
+    gen = torch.Generator().manual_seed(1)
+    ctx = DraftContext(params, gen, torch.device("cpu"), vocab)
+    drafters = [ModelDrafter("small", ctx, tiny_llama(seed=5, vocab=vocab, layers=1, scale=8.0)),
+                NgramDrafter("lookup", ctx, 1, 2),
+                ModelDrafter("half", ctx, truncated_view(target, 1, ("f", "k")))]
+    policy = RandomPolicy([d.name for d in drafters], seed=2)
+    engine = SpeculativeEngine(CachedLM(target), drafters, policy, EngineSettings(3, 3, params), gen)
+    pairs, thirds, n_draws = Counter(), Counter(), 1500
+    for _ in range(n_draws):
+        out = [t for r in engine.generate(prompt) for t in r.tokens]
+        pairs[tuple(out[:2])] += 1
+        thirds[out[2]] += 1
+    exact = exact_joint(target, prompt, params, 3)
+    joint2, marginal3 = Counter(), Counter()
+    for seq, prob in exact.items():
+        joint2[seq[:2]] += prob
+        marginal3[seq[2]] += prob
+    assert chi_square_p(pairs, joint2, n_draws) > P_MIN
+    assert chi_square_p(thirds, marginal3, n_draws) > P_MIN
+
+
+def test_seeded_sampling_is_reproducible_and_seeds_differ():
+    target = tiny_llama(seed=0)
+
+    def sample(seed):
+        gen = torch.Generator().manual_seed(seed)
+        ctx = DraftContext(SamplingParams(1.0), gen, torch.device("cpu"), 64)
+        drafters = [ModelDrafter("small", ctx, tiny_llama(seed=1, layers=1)), NgramDrafter("lookup", ctx)]
+        engine = SpeculativeEngine(CachedLM(target), drafters, RandomPolicy(["small", "lookup"], seed=seed),
+                                   EngineSettings(4, 30, SamplingParams(1.0)), gen)
+        return [t for r in engine.generate([3, 4, 5]) for t in r.tokens]
+
+    assert sample(7) == sample(7)
+    assert sample(7) != sample(8)
+
+
+def test_identical_drafter_is_always_accepted_when_sampling():
+    target = tiny_llama(seed=0)
+    gen = torch.Generator().manual_seed(0)
+    params = SamplingParams(0.7, top_k=10, top_p=0.9)
+    ctx = DraftContext(params, gen, torch.device("cpu"), 64)
+    engine = SpeculativeEngine(CachedLM(target), [ModelDrafter("twin", ctx, target)], FixedPolicy(["twin"]),
+                               EngineSettings(4, 25, params), gen)
+    records = list(engine.generate([3, 4, 5]))
+    assert all(r.accepted == r.drafted for r in records)
+
+
+def test_top_k_and_top_p_keep_the_right_tokens():
+    logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]], dtype=torch.float64))
+    assert torch.allclose(sampling_probs(logits, SamplingParams(1.0)), logits.exp())
+    top2 = sampling_probs(logits, SamplingParams(1.0, top_k=2))
+    assert torch.allclose(top2, torch.tensor([[5 / 7, 2 / 7, 0, 0, 0]], dtype=torch.float64))
+    # top_p = 0.8: 0.5 + 0.2 = 0.7 < 0.8, so the third token is still needed; the fourth is not.
+    nucleus = sampling_probs(logits, SamplingParams(1.0, top_p=0.8))
+    assert torch.allclose(nucleus, torch.tensor([[0.5, 0.2, 0.15, 0, 0]], dtype=torch.float64) / 0.85)
+    cold = sampling_probs(logits, SamplingParams(0.5))
+    assert torch.allclose(cold, torch.softmax(logits / 0.5, -1))
