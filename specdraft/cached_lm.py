@@ -7,6 +7,8 @@ back to a shorter length so that rejected draft tokens leave no trace.
 
 from __future__ import annotations
 
+import time
+
 import torch
 from transformers import DynamicCache
 
@@ -17,6 +19,8 @@ class CachedLM:
         self.device = next(model.parameters()).device
         # Pad or cut this model's logits to the target's width so that p and q line up.
         self.logits_size = logits_size
+        self.forward_seconds = 0.0  # host time spent in forwards, for overhead accounting
+        self.forwards = 0
         self.reset()
 
     def reset(self) -> None:
@@ -27,6 +31,7 @@ class CachedLM:
     def feed(self, tokens: torch.Tensor, keep: int = 1) -> torch.Tensor:
         """Consume `tokens` [n] and return the logits of the last `keep` positions [keep, V]
         (keep = 0 returns all n). Each row predicts the token after its position."""
+        start = time.perf_counter()
         n = tokens.shape[-1]
         positions = torch.arange(self.length, self.length + n, device=self.device)
         out = self.model(
@@ -37,7 +42,10 @@ class CachedLM:
             logits_to_keep=keep,
         )
         self.length += n
-        return self._fit(out.logits[0])
+        logits = self._fit(out.logits[0])
+        self.forward_seconds += time.perf_counter() - start
+        self.forwards += 1
+        return logits
 
     def crop(self, length: int) -> None:
         """Forget everything after the first `length` tokens."""

@@ -47,13 +47,14 @@ def generate(
     chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Wrap the prompt in the tokenizer's chat template (default: when it has one).", show_default=False)] = None,
     panel: Annotated[Optional[bool], typer.Option("--panel/--no-panel", help="Live panel on stderr (default: when both stdout and stderr are a terminal).", show_default=False)] = None,
     stats: Annotated[bool, typer.Option("--stats", help="Print a one-line summary per prompt on stderr.")] = False,
-    policy: Annotated[Optional[str], typer.Option(help="Override [policy] name, e.g. random or fixed:ngram.")] = None,
+    policy: Annotated[Optional[str], typer.Option(help="Override [policy] name, e.g. normalhedge, ucb or fixed:lookup.")] = None,
     draft_tokens: Annotated[Optional[int], typer.Option("--draft-tokens", "-k", help="Tokens drafted per round (K).")] = None,
     temperature: Annotated[Optional[float], typer.Option(help="0 = greedy.")] = None,
     top_k: Annotated[Optional[int], typer.Option(help="Top-k filter (0 = off).")] = None,
     top_p: Annotated[Optional[float], typer.Option(help="Nucleus filter (1 = off).")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="Generation budget per prompt.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Seed for sampling and random policies.")] = None,
+    policy_state: Annotated[Optional[str], typer.Option("--policy-state", help="JSON file: start from the learned policy state in it (if present) and save it back.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show library logs on stderr.")] = False,
 ) -> None:
     """Generate text for a prompt, streaming it to stdout as it is committed."""
@@ -61,7 +62,7 @@ def generate(
 
     console = err_console()
     options = GenerateOptions(pool, prompt, each_line, json_output, chat, panel, stats, policy, draft_tokens,
-                              temperature, top_k, top_p, max_new_tokens, seed)
+                              temperature, top_k, top_p, max_new_tokens, seed, policy_state)
     _run(console, verbose, lambda: run_generate(options, console))
 
 

@@ -202,8 +202,12 @@ def parse_policy_flag(flag: str, profile: Profile) -> PolicyConfig:
     only when the name is unchanged, since another policy's parameters would not fit."""
     from specdraft.policies import validate_policy
 
+    from specdraft.policies.base import COMMON_OPTIONS
+
     name, _, arg = flag.partition(":")
-    options = dict(profile.policy.options) if name == profile.policy.name else {}
+    options = dict(profile.policy.options)
+    if name != profile.policy.name:  # another policy's own parameters would not fit; shared ones do
+        options = {k: v for k, v in options.items() if k in COMMON_OPTIONS and k != "evaluate"}
     if arg:
         options["drafter"] = arg
     config = PolicyConfig(name, options)

@@ -16,11 +16,11 @@ import torch
 from specdraft.cached_lm import CachedLM
 from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
 from specdraft.decoding.sampling import SamplingParams
-from specdraft.drafters import DraftContext, Drafter, ModelDrafter, NgramDrafter
+from specdraft.drafters import DraftContext, Drafter, ModelDrafter, NgramDrafter, PlainDecoding
 from specdraft.drafters.layers import truncated_view
 from specdraft.loading import LoadedModel, check_tokenizers, eos_token_ids, load_model
-from specdraft.policies import build_policy
-from specdraft.profile import Profile
+from specdraft.policies import build_policy, option_value
+from specdraft.profile import PolicyConfig, Profile
 
 
 @dataclass
@@ -40,8 +40,9 @@ def sampling_params(profile: Profile) -> SamplingParams:
     return SamplingParams(d.temperature, d.top_k, d.top_p)
 
 
-def build_runtime(profile: Profile, target: LoadedModel | None = None) -> Runtime:
-    """`target` may be passed in when the caller already loaded it (tests, bench)."""
+def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bool = False) -> Runtime:
+    """`target` may be passed in when the caller already loaded it (tests, bench).
+    `plain=True` builds the baseline: the same engine with only the no-draft arm."""
     file = str(profile.file)
     target = target or load_model(profile.target, file, "target")
     target_lm = CachedLM(target.model)
@@ -50,8 +51,8 @@ def build_runtime(profile: Profile, target: LoadedModel | None = None) -> Runtim
     generator = torch.Generator(device=target_lm.device).manual_seed(seed)
     ctx = DraftContext(sampling_params(profile), generator, target_lm.device, vocab_size)
 
-    drafters: list[Drafter] = []
-    for i, config in enumerate(profile.drafters):
+    drafters: list[Drafter] = [PlainDecoding(ctx)] if plain else []
+    for i, config in enumerate(() if plain else profile.drafters):
         key = f"drafters[{i}]"
         if config.kind == "ngram":
             drafters.append(NgramDrafter(config.name, ctx, config.min_ngram, config.max_ngram))
@@ -68,12 +69,18 @@ def build_runtime(profile: Profile, target: LoadedModel | None = None) -> Runtim
                                            ctx.device, vocab_size)
             drafters.append(ModelDrafter(config.name, drafter_ctx, loaded.model))
 
-    policy = build_policy(profile.policy, [d.name for d in drafters], seed=seed)
+    policy_config = PolicyConfig("fixed") if plain else profile.policy
+    if not plain and option_value(policy_config, "allow_none"):
+        drafters.append(PlainDecoding(ctx))
+    policy = build_policy(policy_config, [d.name for d in drafters], seed=seed,
+                          draft_tokens=profile.decode.draft_tokens, horizon=profile.decode.max_new_tokens)
     settings = EngineSettings(
         draft_tokens=profile.decode.draft_tokens,
         max_new_tokens=profile.decode.max_new_tokens,
         sampling=ctx.params,
         eos_ids=eos_token_ids(target.model, target.tokenizer),
+        reset_policy=option_value(policy_config, "reset") == "prompt",
+        evaluate_all=option_value(policy_config, "evaluate") == "all",
     )
     engine = SpeculativeEngine(target_lm, drafters, policy, settings, generator)
     return Runtime(profile, target, engine, drafters)

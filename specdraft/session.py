@@ -50,7 +50,7 @@ class PromptRun:
         self.prompt_ids = prompt_token_ids(runtime.tokenizer, prompt, chat)
         self.detokenizer = Detokenizer(runtime.tokenizer)
         self.stops = StopStringFilter(runtime.profile.decode.stop)
-        self.stats = GenerationStats([d.name for d in runtime.drafters])
+        self.stats = GenerationStats([d.name for d in runtime.drafters], runtime.profile.decode.draft_tokens)
         self.pieces: list[str] = []
         self.finish: str | None = None
         self._start = 0.0
@@ -99,5 +99,4 @@ class PromptRun:
             "finish_reason": self.finish,
             **self.stats.as_dict(),
             "policy": self.runtime.profile.policy.name,
-            "regret": None,  # needs full-information evaluation; filled by learning policies
         }

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from specdraft.feedback import RegretTracker, expected_accept_length
+
 
 @dataclass
 class DrafterUsage:
@@ -23,6 +25,7 @@ class GenerationStats:
     """Running totals; `add` one round at a time so a live view can read them mid-stream."""
 
     drafter_names: list[str]
+    draft_tokens: int = 5  # K, the cap on each drafter's expected accepted length
     tokens: int = 0
     rounds: int = 0
     draft_s: float = 0.0
@@ -32,7 +35,9 @@ class GenerationStats:
     last_drafter: str | None = None
     last_accepted: int = 0
     last_drafted: int = 0
+    evaluate_s: float = 0.0
     usage: dict[str, DrafterUsage] = field(default_factory=dict)
+    regret_tracker: RegretTracker | None = None  # only with full-information evaluation
 
     def __post_init__(self) -> None:
         self.usage = {name: DrafterUsage() for name in self.drafter_names}
@@ -43,6 +48,12 @@ class GenerationStats:
         self.draft_s += record.draft_s
         self.verify_s += record.verify_s
         self.overhead_s += record.overhead_s
+        self.evaluate_s += record.evaluate_s
+        if record.gammas is not None:
+            if self.regret_tracker is None:
+                self.regret_tracker = RegretTracker(list(self.drafter_names))
+            k = self.draft_tokens
+            self.regret_tracker.add(record.arm, [expected_accept_length(g[:k]) for g in record.gammas])
         self.last_drafter, self.last_accepted, self.last_drafted = record.drafter, record.accepted, record.drafted
         use = self.usage.setdefault(record.drafter, DrafterUsage())
         use.rounds += 1
@@ -53,6 +64,20 @@ class GenerationStats:
     def mean_accepted(self) -> float:
         """Committed tokens per target verify forward, bonus token included (plain decoding: 1)."""
         return self.tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def regret(self) -> float | None:
+        """Cumulative expected-accepted-length regret against the best fixed drafter in
+        hindsight; None when only the chosen drafter was scored (it cannot be known)."""
+        return self.regret_tracker.regret if self.regret_tracker else None
+
+    @property
+    def best_drafter(self) -> str | None:
+        return self.drafter_names[self.regret_tracker.best] if self.regret_tracker else None
+
+    @property
+    def best_arm_share(self) -> float | None:
+        return self.regret_tracker.best_arm_share if self.regret_tracker else None
 
     @property
     def tokens_per_s(self) -> float:
@@ -66,12 +91,16 @@ class GenerationStats:
             "tokens_per_s": round(self.tokens_per_s, 3),
             "elapsed_s": round(self.elapsed_s, 4),
             "drafters": {n: {"rounds": u.rounds, "accepted": u.accepted, "drafted": u.drafted} for n, u in self.usage.items()},
-            "time_s": {"draft": round(self.draft_s, 4), "verify": round(self.verify_s, 4), "overhead": round(self.overhead_s, 4)},
+            "time_s": {"draft": round(self.draft_s, 4), "verify": round(self.verify_s, 4),
+                       "evaluate": round(self.evaluate_s, 4), "overhead": round(self.overhead_s, 4)},
+            "regret": None if self.regret is None else round(self.regret, 4),
+            "best_drafter": self.best_drafter,
+            "best_arm_share": None if self.best_arm_share is None else round(self.best_arm_share, 4),
         }
 
 
-def summarize(records: Iterable, drafter_names: list[str], elapsed_s: float) -> GenerationStats:
-    stats = GenerationStats(list(drafter_names))
+def summarize(records: Iterable, drafter_names: list[str], elapsed_s: float, draft_tokens: int = 5) -> GenerationStats:
+    stats = GenerationStats(list(drafter_names), draft_tokens)
     for record in records:
         stats.add(record)
     stats.elapsed_s = elapsed_s

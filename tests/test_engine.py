@@ -23,7 +23,7 @@ class EveryRound(Policy):
 
     name = "cycle"
 
-    def reset(self) -> None:
+    def fresh(self) -> None:
         self.t = -1
 
     def select(self) -> int:
@@ -132,3 +132,71 @@ def test_empty_prompt_is_refused(target, pool):
     _, generate = run(target, pool, RandomPolicy(["a"]), 3)
     with pytest.raises(ValueError, match="empty"):
         next(generate([]))
+
+
+# --- learning policies and full-information evaluation ---------------------------------
+
+from specdraft.drafters import PlainDecoding  # noqa: E402
+from specdraft.policies import POLICIES, build_policy  # noqa: E402
+from specdraft.profile import PolicyConfig  # noqa: E402
+
+
+def policy_engine(target, drafters, name, k=4, max_new=40, **options):
+    options = {"drafter": drafters[0].name} | options if name == "fixed" else options
+    full = POLICIES[name].FULL_INFORMATION or options.get("evaluate") == "all"
+    policy = build_policy(PolicyConfig(name, options), [d.name for d in drafters], seed=0, draft_tokens=k,
+                          horizon=max_new)
+    settings = EngineSettings(k, max_new, SamplingParams(), evaluate_all=full)
+    return SpeculativeEngine(CachedLM(target), drafters, policy, settings)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("options", [{}, {"evaluate": "all", "cost_aware": True}])
+def test_every_policy_keeps_greedy_output_identical(target, pool, name, options):
+    ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
+    drafters = pool + [PlainDecoding(ctx)]
+    reference = plain_greedy(target, PROMPTS[0], 40)
+    engine = policy_engine(target, drafters, name, **options)
+    for _ in range(2):  # a second prompt starts from reset state (or keeps it): same text either way
+        records = list(engine.generate(PROMPTS[0]))
+        assert committed(records) == reference
+        assert all((r.gammas is not None) == engine.settings.evaluate_all for r in records)
+
+
+def test_full_information_keeps_every_cache_in_sync(target, pool):
+    engine = policy_engine(target, pool, "normalhedge")
+    context = list(PROMPTS[1])
+    for record in engine.generate(PROMPTS[1]):
+        context.extend(record.tokens)
+        assert [len(g) for g in record.gammas] == [len(record.tokens)] * len(pool)
+        assert all(0.0 <= g <= 1.0 + 1e-9 for gs in record.gammas for g in gs)
+        for drafter in pool:
+            if isinstance(drafter, ModelDrafter) and record.finish is None:
+                assert drafter.lm.length == len(context) - 1
+        twin = record.gammas[3]
+        assert twin == pytest.approx([1.0] * len(twin))
+
+
+def test_counterfactual_gammas_equal_what_the_drafter_scores_when_chosen(target, pool):
+    """A drafter's gamma at a position depends only on the context, so the value seen when
+    it drafted and the value from evaluating it while another drafter ran must agree."""
+    by_position = {}
+    for chosen in ("small", "lookup", "half"):
+        engine = policy_engine(target, pool, "fixed", drafter=chosen, evaluate="all")
+        position = len(PROMPTS[0])
+        for record in engine.generate(PROMPTS[0]):
+            for arm, gammas in enumerate(record.gammas):
+                for offset, gamma in enumerate(gammas):
+                    key = (arm, position + offset)
+                    if pool[arm].kind != "ngram" or arm != record.arm:  # n-gram drafts a whole span at once
+                        by_position.setdefault(key, []).append(gamma)
+            position += len(record.tokens)
+    assert any(len(v) > 1 for v in by_position.values())
+    for key, values in by_position.items():
+        assert values == pytest.approx([values[0]] * len(values), abs=1e-9), key
+
+
+def test_evaluation_time_is_reported(target, pool):
+    engine = policy_engine(target, pool, "normalhedge")
+    records = list(engine.generate(PROMPTS[0]))
+    assert all(r.evaluate_s > 0 for r in records)

@@ -6,6 +6,7 @@ import contextlib
 import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Iterator
 
 from rich.console import Console
@@ -34,6 +35,7 @@ class GenerateOptions:
     top_p: float | None = None
     max_new_tokens: int | None = None
     seed: int | None = None
+    policy_state: str | None = None  # JSON file: load the learned policy state, save it back
 
 
 def read_prompts(prompt: str | None, each_line: bool, stdin: IO[str]) -> Iterator[str]:
@@ -65,6 +67,9 @@ def run_generate(opts: GenerateOptions, console: Console, stdout: IO[str] | None
     show_panel = opts.panel if opts.panel is not None else (console.is_terminal and out_tty and not opts.json_output)
     with console.status("loading models…") if console.is_terminal else contextlib.nullcontext():
         runtime = build_runtime(profile)
+    state_file = Path(opts.policy_state) if opts.policy_state else None
+    if state_file is not None and state_file.exists():
+        load_policy_state(runtime.engine.policy, state_file)
     for prompt in prompts:
         run = PromptRun(runtime, prompt, opts.chat)
         # Text streams straight to stdout unless the panel shares its terminal: then the
@@ -82,14 +87,32 @@ def run_generate(opts: GenerateOptions, console: Console, stdout: IO[str] | None
         except KeyboardInterrupt:
             rest = run.interrupt()
             _finish_prompt(opts, run, stdout, stream, rest)
-            console.print(f"interrupted · {summary_line(run.stats)}")
+            if state_file is not None:
+                save_policy_state(runtime.engine.policy, state_file)
+            console.print(f"interrupted · {summary_line(run.stats)}", soft_wrap=True)
             raise CommandExit(EXIT_INTERRUPTED) from None
         _finish_prompt(opts, run, stdout, stream, "")
+        if state_file is not None:
+            save_policy_state(runtime.engine.policy, state_file)
         if show_panel and out_tty:
             console.print(stats_panel(run.stats, profile.policy.name, runtime.engine.policy.scores()))
         elif opts.stats:
-            console.print(summary_line(run.stats))
+            console.print(summary_line(run.stats), soft_wrap=True)
     return EXIT_OK
+
+
+def load_policy_state(policy, file: Path) -> None:
+    try:
+        policy.load_state_dict(json.loads(file.read_text(encoding="utf-8")))
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise UsageError(f"--policy-state {file}: cannot use it: {exc}") from None
+
+
+def save_policy_state(policy, file: Path) -> None:
+    # Write beside and rename: an interrupted write never leaves a truncated state file.
+    partial = file.with_name(file.name + ".partial")
+    partial.write_text(json.dumps(policy.state_dict(), indent=1), encoding="utf-8")
+    partial.replace(file)
 
 
 def _emit(stdout: IO[str], text: str, stream: bool) -> None:

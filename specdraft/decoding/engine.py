@@ -8,13 +8,13 @@ policy. One host synchronisation per round: reading the packed verdict.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
 
 from specdraft.cached_lm import CachedLM
-from specdraft.decoding.sampling import SamplingParams, sampling_probs
+from specdraft.decoding.sampling import SamplingParams, plain_probs, sampling_probs
 from specdraft.decoding.verify import verify_greedy, verify_sampling
 from specdraft.drafters.base import Drafter
 from specdraft.policies.base import Policy, RoundFeedback
@@ -27,6 +27,7 @@ class EngineSettings:
     sampling: SamplingParams
     eos_ids: frozenset[int] = frozenset()
     reset_policy: bool = True  # forget what the policy learned before each prompt
+    evaluate_all: bool = False  # full information: score every drafter on each verified chunk
 
 
 @dataclass
@@ -41,11 +42,12 @@ class RoundRecord:
     verify_s: float
     overhead_s: float
     finish: str | None = None  # "eos" or "length" on the last round
-    extra: dict = field(default_factory=dict)
+    gammas: list[list[float]] | None = None  # per drafter, per committed position (evaluate_all)
+    evaluate_s: float = 0.0
 
     @property
     def seconds(self) -> float:
-        return self.draft_s + self.verify_s + self.overhead_s
+        return self.draft_s + self.verify_s + self.overhead_s + self.evaluate_s
 
 
 class SpeculativeEngine:
@@ -92,6 +94,7 @@ class SpeculativeEngine:
 
             logits = self.target.feed(torch.cat([last, draft.tokens]), keep=0)  # [k + 1, V]
             if s.sampling.greedy:
+                p = None
                 verdict = verify_greedy(logits, draft.tokens, draft.probs)
             else:
                 p = sampling_probs(logits, s.sampling)
@@ -106,7 +109,8 @@ class SpeculativeEngine:
             alphas = packed[k + 2 :]
             t3 = time.perf_counter()
 
-            self.target.crop(len(context) + n)  # keeps context[:-1] + last + n accepted drafts
+            start = len(context)
+            self.target.crop(start + n)  # keeps context[:-1] + last + n accepted drafts
             drafter.on_commit(n)
             last = verdict.tokens.index_select(0, verdict.n_accepted.view(1))
             finish = None
@@ -119,8 +123,33 @@ class SpeculativeEngine:
                 finish = finish or "length"
             context.extend(tokens)
             produced += len(tokens)
-            self.policy.update(RoundFeedback(arm, k, n, alphas, t3 - t0))
             t4 = time.perf_counter()
-            yield RoundRecord(arm, drafter.name, k, n, tokens, alphas, t2 - t1, t3 - t2, (t1 - t0) + (t4 - t3), finish)
+            gammas = None
+            if s.evaluate_all:
+                target_probs = plain_probs(logits[: len(tokens)]) if p is None else p[: len(tokens)]
+                gammas = self._evaluate(context, start, len(tokens), arm, verdict.alphas, target_probs)
+            t5 = time.perf_counter()
+            self.policy.update(RoundFeedback(arm, k, n, alphas, t3 - t0, gammas))
+            t6 = time.perf_counter()
+            yield RoundRecord(arm, drafter.name, k, n, tokens, alphas, t2 - t1, t3 - t2,
+                              (t1 - t0) + (t4 - t3) + (t6 - t5), finish, gammas, t5 - t4)
             if finish:
                 return
+
+    def _evaluate(self, context: list[int], start: int, count: int, chosen: int, chosen_alphas: torch.Tensor,
+                  target_probs: torch.Tensor) -> list[list[float]]:
+        """Gamma of every drafter at the `count` positions committed from `start` (HedgeSpec's
+        evaluation phase). Every drafter ends caught up, so switching later costs nothing.
+        One more host sync reads them all at once."""
+        parts = []
+        for i, drafter in enumerate(self.drafters):
+            if i == chosen:  # its draft already scored the positions it covered
+                known = min(count, chosen_alphas.shape[0])
+                part = [chosen_alphas[:known].to(target_probs.dtype)]
+                if count > known:
+                    part.append(drafter.score(context, start + known, count - known, target_probs[known:]))
+                parts.append(torch.cat(part))
+            else:
+                parts.append(drafter.score(context, start, count, target_probs))
+        flat = torch.cat(parts).double().tolist()  # [n_drafters * count]
+        return [flat[i * count : (i + 1) * count] for i in range(len(self.drafters))]

@@ -49,5 +49,27 @@ class Drafter(ABC):
     def on_commit(self, n_accepted: int) -> None:
         """After a round this drafter drafted: `n_accepted` of its tokens were kept."""
 
+    @abstractmethod
+    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor) -> torch.Tensor:
+        """Full-information evaluation: gamma at committed positions start .. start+count-1 [count],
+        i.e. sum_v min(p, q) with this drafter's q given context[:position]; `target_probs`
+        [count, V] are the target's distributions there. Leaves the drafter caught up to
+        context[:start + count - 1]."""
+
     def empty_draft(self) -> Draft:
         return Draft(torch.empty(0, dtype=torch.long, device=self.ctx.device), None)
+
+
+class PlainDecoding(Drafter):
+    """The `none` arm: drafts nothing, so the round is one plain target step."""
+
+    kind = "none"
+
+    def __init__(self, ctx: DraftContext, name: str = "none"):
+        super().__init__(name, ctx)
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        return self.empty_draft()
+
+    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor) -> torch.Tensor:
+        return target_probs.new_zeros(count)  # proposes nothing, so nothing is ever accepted

@@ -55,3 +55,12 @@ class ModelDrafter(Drafter):
     def on_commit(self, n_accepted: int) -> None:
         # Keep the committed context plus the accepted drafts it already consumed.
         self.lm.crop(self._drafted_from + min(n_accepted, self._fed_drafts))
+
+    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor) -> torch.Tensor:
+        if self.lm.length > start - 1:  # those positions' logits are gone: recompute them
+            self.lm.crop(start - 1)
+        unseen = torch.tensor(context[self.lm.length : start + count - 1], dtype=torch.long, device=self.lm.device)
+        logits = self.lm.feed(unseen, keep=count)  # [count, V]
+        params = self.ctx.params
+        q = plain_probs(logits) if params.greedy else sampling_probs(logits, params)
+        return torch.minimum(target_probs, q.to(target_probs.device, target_probs.dtype)).sum(dim=-1)

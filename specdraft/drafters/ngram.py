@@ -32,20 +32,40 @@ class NgramDrafter(Drafter):
         if length < self.indexed_to:  # a new context without reset(): start over
             self.reset()
         self._index_until(context, length)
+        start = self._lookup(context, length)
+        if start is None:
+            return self.empty_draft()
+        follow = list(context[start:start + k])
+        return Draft(torch.tensor(follow, dtype=torch.long, device=self.ctx.device), None)
+
+    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor) -> torch.Tensor:
+        # Each position is scored by the one token a fresh lookup there would propose:
+        # gamma = p(proposal), 0 when the lookup finds nothing.
+        proposals = []
+        for position in range(start, start + count):
+            self._index_until(context, position)
+            found = self._lookup(context, position)
+            proposals.append(context[found] if found is not None else -1)
+        tokens = torch.tensor(proposals, dtype=torch.long, device=target_probs.device)
+        picked = target_probs.gather(-1, tokens.clamp_min(0).view(-1, 1)).squeeze(-1)
+        return torch.where(tokens >= 0, picked, torch.zeros_like(picked))
+
+    def _lookup(self, context: Sequence[int], length: int) -> int | None:
+        """Where the continuation of context[:length] starts, for the longest suffix found."""
         for n in self.sizes:
-            if length <= n:
-                continue
-            start = self.index.get(tuple(context[length - n:]))
-            if start is not None:
-                follow = list(context[start:start + k])
-                return Draft(torch.tensor(follow, dtype=torch.long, device=self.ctx.device), None)
-        return self.empty_draft()
+            if length > n:
+                found = self.index.get(tuple(context[length - n:length]))
+                if found is not None:
+                    return found
+        return None
 
     def _index_until(self, context: Sequence[int], length: int) -> None:
         # Position i ends an n-gram context[i-n:i] followed by context[i]; only i < length
         # has a continuation, and the latest occurrence wins.
+        if length <= self.indexed_to:
+            return
         for i in range(max(self.indexed_to, 1), length):
             for n in self.sizes:
                 if i >= n:
                     self.index[tuple(context[i - n:i])] = i
-        self.indexed_to = max(self.indexed_to, length)
+        self.indexed_to = length

@@ -3,26 +3,37 @@
 Policies are plain Python (no torch): `select()` returns the index of the drafter for the
 next round, `update(feedback)` learns from the round's alignment feedback. Each policy
 declares its options (name -> OptionSpec) so a profile's `[policy]` table is validated
-before any model loads.
+before any model loads; options every policy shares (reset, evaluate, cost_aware,
+allow_none) are declared here once.
+
+Cost awareness lives here too, so every policy gets it the same way: with
+`cost_aware = true` a reward or loss is built from estimated tokens per second
+(expected committed tokens / the arm's measured round cost) instead of tokens per round.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Sequence
+
+from specdraft.feedback import expected_accept_length
 
 
 @dataclass(frozen=True)
 class RoundFeedback:
-    """What one round reveals. `alphas[j]` = 1 - TV(p_j, q_j) at drafted position j."""
+    """What one round reveals. `alphas[j]` = 1 - TV(p_j, q_j) at the chosen drafter's drafted
+    position j; `gammas[i]`, with full-information evaluation, the same quantity for every
+    arm i at every committed position of the round (None under bandit feedback)."""
 
     arm: int
     drafted: int
     accepted: int  # drafted tokens accepted (the bonus/recovered token not counted)
     alphas: Sequence[float] = ()
-    round_seconds: float = 0.0
+    round_seconds: float = 0.0  # select + draft + verify, evaluation excluded
+    gammas: Sequence[Sequence[float]] | None = None
 
 
 @dataclass(frozen=True)
@@ -34,41 +45,142 @@ class OptionSpec:
     help: str = ""
 
 
+def _one_of(*values: str) -> Callable[[Any], bool]:
+    return lambda value: value in values
+
+
+COMMON_OPTIONS: dict[str, OptionSpec] = {
+    "reset": OptionSpec((str,), "prompt", _one_of("prompt", "never"), 'must be "prompt" or "never"',
+                        "forget what was learned before each prompt, or keep learning across prompts"),
+    "evaluate": OptionSpec((str,), "chosen", _one_of("all", "chosen"), 'must be "all" or "chosen"',
+                           "score every drafter on the verified text each round (full information)"),
+    "cost_aware": OptionSpec((bool,), False, help="rank drafters by estimated tokens per second"),
+    "allow_none": OptionSpec((bool,), False, help='add a "none" arm: plain decoding for a round'),
+}
+
+
+class CostModel:
+    """Running estimate of each arm's round cost in seconds, from rounds where it was chosen."""
+
+    def __init__(self, arms: int, decay: float = 0.9):
+        self.seconds: list[float | None] = [None] * arms
+        self.decay = decay
+
+    def observe(self, arm: int, seconds: float) -> None:
+        old = self.seconds[arm]
+        self.seconds[arm] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+
+    def unmeasured(self) -> int | None:
+        return next((i for i, s in enumerate(self.seconds) if s is None), None)
+
+    def rate_score(self, arm: int, expected_tokens: float, max_tokens: int) -> float:
+        """Tokens per second as a fraction of the best possible (max_tokens at the cheapest cost)."""
+        known = [s for s in self.seconds if s is not None]
+        if not known:
+            return expected_tokens / max_tokens
+        cheapest = min(known)
+        cost = self.seconds[arm] if self.seconds[arm] is not None else cheapest
+        return min(1.0, (expected_tokens / cost) / (max_tokens / cheapest)) if cost > 0 else 0.0
+
+
 class Policy(ABC):
     """Chooses one arm (drafter index) per round."""
 
     name: ClassVar[str]
     OPTIONS: ClassVar[dict[str, OptionSpec]] = {}
+    FULL_INFORMATION: ClassVar[bool] = False  # needs evaluate = "all"
+    STATE: ClassVar[tuple[str, ...]] = ()  # attributes that hold what was learned, saved as JSON
 
-    def __init__(self, arms: Sequence[str], options: dict[str, Any] | None = None, seed: int | None = None):
+    def __init__(self, arms: Sequence[str], options: dict[str, Any] | None = None, seed: int | None = None,
+                 draft_tokens: int = 5, horizon: int = 256):
         if not arms:
             raise ValueError("a policy needs at least one arm")
         self.arms = list(arms)
-        self.options = {k: spec.default for k, spec in self.OPTIONS.items()} | dict(options or {})
+        specs = {**COMMON_OPTIONS, **self.OPTIONS}
+        self.options = {k: spec.default for k, spec in specs.items()} | dict(options or {})
+        self.draft_tokens = draft_tokens
+        self.horizon = horizon
         self.rng = random.Random(seed)
+        self.cost_aware = bool(self.options["cost_aware"])
+        self._initial_state: dict | None = None
         self.reset()
 
+    @classmethod
+    def all_options(cls) -> dict[str, OptionSpec]:
+        return {**COMMON_OPTIONS, **cls.OPTIONS}
+
     def reset(self) -> None:
-        """Forget what was learned (called before each prompt unless state is kept)."""
+        """Forget what was learned (before each prompt unless reset = "never"); a loaded
+        state is where every reset starts from."""
+        self.costs = CostModel(len(self.arms))
+        self.fresh()
+        if self._initial_state is not None:
+            self._apply_state(self._initial_state)
+
+    def fresh(self) -> None:
+        """Set up the learner's state from scratch; policies that learn override this."""
 
     @abstractmethod
     def select(self) -> int: ...
 
     def update(self, feedback: RoundFeedback) -> None:
-        """Learn from one round; policies that learn nothing keep this default."""
+        """Learn from one round."""
+        self.costs.observe(feedback.arm, feedback.round_seconds)
+        self.learn(feedback)
+
+    def learn(self, feedback: RoundFeedback) -> None:
+        """Policy-specific learning; the default learns nothing."""
 
     def scores(self) -> dict[str, float] | None:
         """Per-arm weight or index for the live panel, or None when the policy has none."""
         return None
 
+    # --- what a round was worth, in the units this policy was asked to optimise -------------
 
-@dataclass
-class ArmCounts:
-    """Counts shared by several policies: pulls and summed reward per arm."""
+    def chosen_reward(self, fb: RoundFeedback, kind: str = "bd") -> float:
+        """Bandit reward in [0, 1] for the chosen arm: BD or BE, or a tokens/s score."""
+        k = max(fb.drafted, 1)
+        if not self.cost_aware:
+            if kind == "be":
+                return fb.accepted / k if fb.drafted else 0.0
+            return sum(fb.alphas) / len(fb.alphas) if fb.alphas else 0.0
+        expected = fb.accepted + 1 if kind == "be" else expected_accept_length(fb.alphas)
+        return self.costs.rate_score(fb.arm, expected, self.draft_tokens + 1)
 
-    pulls: list[int] = field(default_factory=list)
-    reward: list[float] = field(default_factory=list)
+    def cost_probe(self) -> int | None:
+        """With cost awareness, an arm whose round cost has never been measured (try it once)."""
+        return self.costs.unmeasured() if self.cost_aware else None
 
-    @classmethod
-    def zeros(cls, n: int) -> "ArmCounts":
-        return cls([0] * n, [0.0] * n)
+    # --- persistence --------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        state = {key: _jsonable(getattr(self, key)) for key in self.STATE}
+        state["costs"] = list(self.costs.seconds)
+        return {"policy": self.name, "arms": self.arms, "state": state}
+
+    def load_state_dict(self, saved: dict) -> None:
+        """Start every later reset from `saved` (as written by state_dict)."""
+        if saved.get("policy") != self.name or saved.get("arms") != self.arms:
+            raise ValueError(
+                f"saved state is for policy {saved.get('policy')!r} with arms {saved.get('arms')}, "
+                f"not {self.name!r} with {self.arms}"
+            )
+        self._initial_state = saved["state"]
+        self.reset()
+
+    def _apply_state(self, state: dict) -> None:
+        for key in self.STATE:
+            if key in state:
+                current = getattr(self, key)
+                value = state[key]
+                setattr(self, key, type(current)(value) if not isinstance(current, (int, float)) else value)
+        if "costs" in state:
+            self.costs.seconds = list(state["costs"])
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (list, tuple)) or hasattr(value, "__iter__") and not isinstance(value, (str, dict)):
+        return [_jsonable(v) for v in value]
+    return value

@@ -11,7 +11,7 @@ class FixedPolicy(Policy):
         "drafter": OptionSpec((str,), None, help="name of the drafter to use every round"),
     }
 
-    def reset(self) -> None:
+    def fresh(self) -> None:
         drafter = self.options["drafter"]
         self.arm = self.arms.index(drafter) if drafter is not None else 0
 

@@ -20,7 +20,8 @@ from specdraft.stats import GenerationStats
 
 
 def stats_panel(stats: GenerationStats, policy: str, scores: dict[str, float] | None = None,
-                regret: float | None = None, title: str = "specdraft") -> Panel:
+                title: str = "specdraft") -> Panel:
+    regret = stats.regret
     # One wrapping line rather than a grid: a narrow or non-terminal stderr must not
     # truncate the numbers to ellipses.
     head = Text.from_markup(" · ".join([
@@ -29,7 +30,8 @@ def stats_panel(stats: GenerationStats, policy: str, scores: dict[str, float] | 
         f"mean accepted [bold]{stats.mean_accepted:.2f}[/]",
         f"[bold]{stats.tokens_per_s:.1f}[/] tok/s",
         f"tokens {stats.tokens}",
-        "regret " + (f"[bold]{regret:.2f}[/]" if regret is not None else "[dim]unknown[/]"),
+        "regret " + (f"[bold]{regret:.2f}[/] (best {stats.best_drafter})" if regret is not None
+                     else "[dim]unknown (bandit feedback)[/]"),
     ]))
     table = Table(box=None, padding=(0, 2), show_edge=False)
     for column in ("drafter", "rounds", "share", "acceptance"):
@@ -40,7 +42,8 @@ def stats_panel(stats: GenerationStats, policy: str, scores: dict[str, float] | 
         share = use.rounds / stats.rounds if stats.rounds else 0.0
         row = [name, str(use.rounds), f"{share:.0%}", f"{use.acceptance:.0%}" if use.drafted else "-"]
         if scores is not None:
-            row.append(f"{scores.get(name, 0.0):.3f}")
+            value = scores.get(name, float("nan"))
+            row.append(f"{value:.3f}" if value == value and abs(value) != float("inf") else "-")
         table.add_row(*row, style="bold" if name == stats.last_drafter else None)
     return Panel(Group(head, table), title=f"{title} · policy {policy}", title_align="left", border_style="blue")
 
@@ -63,9 +66,8 @@ class LiveView:
     def __exit__(self, *exc) -> None:
         self.live.__exit__(*exc)
 
-    def update(self, stats: GenerationStats, delta: str = "", scores: dict[str, float] | None = None,
-               regret: float | None = None) -> None:
-        panel = stats_panel(stats, self.policy, scores, regret)
+    def update(self, stats: GenerationStats, delta: str = "", scores: dict[str, float] | None = None) -> None:
+        panel = stats_panel(stats, self.policy, scores)
         if self.show_text:
             self.text += delta
             room = max(3, self.console.size.height - 12)

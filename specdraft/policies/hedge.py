@@ -1,0 +1,196 @@
+"""HedgeSpec's full-information learners: every drafter is scored counterfactually on the
+verified text every round, so no exploration is needed.
+
+- `normalhedge` (HedgeSpec's default, Chaudhuri et al. 2009; HedgeSpec Fig. 7).
+- `hedge`: exponential weights with learning rate eta.
+- `adanormalhedge` (Luo & Schapire 2015).
+
+Losses (options): `loss = "length"` (1 - EAL / (K + 1), default) or `"acceptance"`
+(mean 1 - gamma); `hybrid_rounds` uses the acceptance loss for the first rounds (the
+"hybrid" warm-up of appendix B.5); `update_every = m` applies losses in batches of m rounds
+after `warmup_rounds` (the "skip" trick). `game = "chunk"` scores each round's chunk
+(positions beyond it are censored); `game = "token"` plays one game per committed token
+with delayed feedback: a token's loss is applied once the K positions after it are
+verified (QFI-D queue, appendix B.1).
+"""
+
+from __future__ import annotations
+
+import math
+
+from specdraft.feedback import acceptance_loss, expected_accept_length, length_loss
+from specdraft.policies.base import OptionSpec, Policy, RoundFeedback, _one_of
+
+HEDGE_OPTIONS = {
+    "evaluate": OptionSpec((str,), "all", _one_of("all"), 'must be "all": these learners score every drafter'),
+    "loss": OptionSpec((str,), "length", _one_of("length", "acceptance"), 'must be "length" or "acceptance"'),
+    "game": OptionSpec((str,), "chunk", _one_of("chunk", "token"), 'must be "chunk" or "token"'),
+    "hybrid_rounds": OptionSpec((int,), 0, lambda v: v >= 0, "must be >= 0",
+                                "rounds that use the acceptance loss before the length loss"),
+    "warmup_rounds": OptionSpec((int,), 0, lambda v: v >= 0, "must be >= 0",
+                                "rounds updated every time before update_every applies"),
+    "update_every": OptionSpec((int,), 1, lambda v: v >= 1, "must be >= 1", "apply losses in batches of m rounds"),
+    "select": OptionSpec((str,), "sample", _one_of("sample", "argmax"), 'must be "sample" or "argmax"',
+                         "draw the drafter from the weights, or take the heaviest"),
+}
+
+
+class HedgeFamily(Policy):
+    FULL_INFORMATION = True
+    STATE = ("weights_state", "rounds")
+
+    def fresh(self) -> None:
+        self.rounds = 0
+        self.pending: list[list[float]] = []  # loss vectors not yet applied (skip trick)
+        self.history: list[list[float]] = []  # token game: per-arm gammas at every committed position
+        self.scored_until = 0  # token game: positions whose loss was already produced
+        self.weights_state = self.initial_weights_state()
+
+    # Subclasses: their learned state, how losses move it, and the distribution it implies.
+    def initial_weights_state(self) -> list: ...
+
+    def apply(self, losses: list[float]) -> None: ...
+
+    def distribution(self) -> list[float]: ...
+
+    def select(self) -> int:
+        probe = self.cost_probe()
+        if probe is not None:
+            return probe
+        p = self.distribution()
+        if self.options["select"] == "argmax":
+            return max(range(len(p)), key=p.__getitem__)
+        return self.rng.choices(range(len(p)), weights=p)[0]
+
+    def learn(self, fb: RoundFeedback) -> None:
+        if fb.gammas is None:
+            raise ValueError(f'policy "{self.name}" needs full-information feedback (evaluate = "all")')
+        self.rounds += 1
+        self.pending.extend(self._losses(fb))
+        batch = self.rounds <= self.options["warmup_rounds"] or self.rounds % self.options["update_every"] == 0
+        if batch:
+            for losses in self.pending:
+                self.apply(losses)
+            self.pending = []
+
+    def _losses(self, fb: RoundFeedback) -> list[list[float]]:
+        k = self.draft_tokens
+        acceptance = self.rounds <= self.options["hybrid_rounds"] or self.options["loss"] == "acceptance"
+        if self.options["game"] == "chunk":
+            return [[self._loss(i, g[:k], acceptance) for i, g in enumerate(fb.gammas)]]
+        # Token game: position t's loss needs gammas at t .. t+K-1; emit those now complete.
+        for position in zip(*fb.gammas):
+            self.history.append(list(position))
+        out = []
+        while self.scored_until + k <= len(self.history):
+            window = self.history[self.scored_until : self.scored_until + k]
+            out.append([self._loss(i, [row[i] for row in window], acceptance) for i in range(len(self.arms))])
+            self.scored_until += 1
+        return out
+
+    def _loss(self, arm: int, gammas: list[float], acceptance: bool) -> float:
+        if acceptance:
+            return acceptance_loss(gammas)
+        if not self.cost_aware:
+            return length_loss(gammas, self.draft_tokens)
+        score = self.costs.rate_score(arm, expected_accept_length(gammas), self.draft_tokens + 1)
+        return 1.0 - score
+
+    def scores(self) -> dict[str, float]:
+        return dict(zip(self.arms, self.distribution()))
+
+
+class HedgePolicy(HedgeFamily):
+    name = "hedge"
+    OPTIONS = {**HEDGE_OPTIONS, "eta": OptionSpec((float, int), 2.0, lambda v: v > 0, "must be > 0", "learning rate")}
+
+    def initial_weights_state(self) -> list:
+        return [0.0] * len(self.arms)  # cumulative losses
+
+    def apply(self, losses: list[float]) -> None:
+        self.weights_state = [c + l for c, l in zip(self.weights_state, losses)]
+
+    def distribution(self) -> list[float]:
+        eta, best = self.options["eta"], min(self.weights_state)
+        w = [math.exp(-eta * (c - best)) for c in self.weights_state]
+        total = sum(w)
+        return [x / total for x in w]
+
+
+def normalhedge_scale(regrets: list[float]) -> float:
+    """The c > 0 with mean_i exp([R_i]+^2 / 2c) = e, by bisection on a log scale."""
+    positive = [max(r, 0.0) ** 2 for r in regrets]
+    top = max(positive)
+    if top == 0.0:
+        return 1.0
+
+    def excess(c: float) -> float:
+        # mean exp(x/2c) - e, computed against the largest term to stay finite
+        m = top / (2 * c)
+        return math.log(sum(math.exp(x / (2 * c) - m) for x in positive) / len(positive)) + m - 1.0
+
+    lo, hi = top / (2 * (1.0 + math.log(len(positive)))) * 0.5, top  # excess(lo) > 0 > excess(hi)
+    while excess(lo) <= 0:
+        lo /= 2
+    while excess(hi) > 0:
+        hi *= 2
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        if excess(mid) > 0:
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(lo * hi)
+
+
+class NormalHedgePolicy(HedgeFamily):
+    name = "normalhedge"
+    OPTIONS = HEDGE_OPTIONS
+
+    def initial_weights_state(self) -> list:
+        return [0.0] * len(self.arms)  # cumulative regrets R_i
+
+    def apply(self, losses: list[float]) -> None:
+        p = self.distribution()
+        learner = sum(pi * li for pi, li in zip(p, losses))
+        self.weights_state = [r + learner - l for r, l in zip(self.weights_state, losses)]
+
+    def distribution(self) -> list[float]:
+        regrets = self.weights_state
+        if max(regrets) <= 0:
+            return [1.0 / len(regrets)] * len(regrets)
+        c = normalhedge_scale(regrets)
+        top = max(max(r, 0.0) ** 2 for r in regrets) / (2 * c)
+        w = [max(r, 0.0) / c * math.exp(max(r, 0.0) ** 2 / (2 * c) - top) for r in regrets]
+        total = sum(w)
+        return [x / total for x in w]
+
+
+class AdaNormalHedgePolicy(HedgeFamily):
+    name = "adanormalhedge"
+    OPTIONS = HEDGE_OPTIONS
+
+    def initial_weights_state(self) -> list:
+        return [[0.0, 0.0] for _ in self.arms]  # per arm: regret R, cumulative |r| C
+
+    @staticmethod
+    def _phi(r: float, c: float) -> float:
+        return math.exp(max(r, 0.0) ** 2 / (3 * c))
+
+    def _weight(self, r: float, c: float) -> float:
+        return max(0.0, 0.5 * (self._phi(r + 1, c + 1) - self._phi(r - 1, c + 1)))
+
+    def apply(self, losses: list[float]) -> None:
+        p = self.distribution()
+        learner = sum(pi * li for pi, li in zip(p, losses))
+        for state, loss in zip(self.weights_state, losses):
+            instant = learner - loss
+            state[0] += instant
+            state[1] += abs(instant)
+
+    def distribution(self) -> list[float]:
+        w = [self._weight(r, c) for r, c in self.weights_state]
+        total = sum(w)
+        if total <= 0 or not math.isfinite(total):
+            return [1.0 / len(w)] * len(w)
+        return [x / total for x in w]

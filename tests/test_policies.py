@@ -1,0 +1,189 @@
+"""Policies are plain Python, tested by simulation against arms with known acceptance."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+
+import pytest
+
+from specdraft.feedback import RegretTracker, expected_accept_length
+from specdraft.policies import POLICIES, RoundFeedback
+from specdraft.policies.bandits import Exp3Policy
+from specdraft.policies.halving import HalvingPolicy
+from specdraft.policies.hedge import normalhedge_scale
+
+K = 5
+
+
+class Arms:
+    """Arms whose per-position acceptance probability is `rates[i]` (changeable mid-stream)."""
+
+    def __init__(self, rates, seed=0, noise=0.05, cost=None):
+        self.rates = list(rates)
+        self.rng = random.Random(seed)
+        self.noise = noise
+        self.cost = cost or [0.01] * len(rates)
+
+    def gamma(self, arm):
+        return min(1.0, max(0.0, self.rates[arm] + self.rng.uniform(-self.noise, self.noise)))
+
+    def play(self, arm, full=False):
+        accepted = 0
+        while accepted < K and self.rng.random() < self.rates[arm]:
+            accepted += 1
+        count = accepted + 1  # committed positions this round
+        alphas = [self.gamma(arm) for _ in range(K)]
+        gammas = [[self.gamma(i) for _ in range(count)] for i in range(len(self.rates))] if full else None
+        if full:
+            gammas[arm][: min(count, K)] = alphas[: min(count, K)]
+        return RoundFeedback(arm, K, accepted, alphas, self.cost[arm], gammas)
+
+
+def simulate(policy, arms, rounds, full=False, change_at=None, new_rates=None):
+    chosen, tracker = [], RegretTracker(policy.arms)
+    for t in range(rounds):
+        if t == change_at:
+            arms.rates = list(new_rates)
+        arm = policy.select()
+        fb = arms.play(arm, full)
+        policy.update(fb)
+        chosen.append(arm)
+        if full:
+            tracker.add(arm, [expected_accept_length(g[:K]) for g in fb.gammas])
+    return chosen, tracker
+
+
+def make(name, n=3, seed=0, **options):
+    return POLICIES[name]([f"d{i}" for i in range(n)], options, seed=seed, draft_tokens=K, horizon=512)
+
+
+def share(chosen, arm, last):
+    return chosen[-last:].count(arm) / last
+
+
+def test_no_policy_imports_torch():
+    code = "import sys, specdraft.policies, specdraft.feedback; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("reward", ["bd", "be"])
+def test_ucb_share_of_the_best_arm_goes_to_one(reward):
+    policy = make("ucb", reward=reward, beta=0.01 if reward == "bd" else 0.2)
+    chosen, _ = simulate(policy, Arms([0.3, 0.8, 0.5]), 1500)
+    assert sorted(set(chosen[:3])) == [0, 1, 2]  # each arm once first
+    assert share(chosen, 1, 500) > 0.95
+
+
+@pytest.mark.parametrize("name", ["normalhedge", "hedge", "adanormalhedge"])
+def test_hedge_family_finds_the_best_arm_and_regret_per_round_shrinks(name):
+    policy = make(name, n=4)
+    chosen, tracker = simulate(policy, Arms([0.3, 0.5, 0.85, 0.6]), 200, full=True)
+    early = tracker.regret / 200
+    chosen, tracker2 = simulate(policy, Arms([0.3, 0.5, 0.85, 0.6], seed=1), 1800, full=True)
+    total = (tracker.regret + tracker2.regret) / 2000
+    assert total < early
+    assert share(chosen, 2, 500) > 0.9
+
+
+def test_hedge_family_refuses_bandit_feedback():
+    with pytest.raises(ValueError, match="full-information"):
+        make("normalhedge").update(RoundFeedback(0, K, 2, [0.5] * K))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_normalhedge_normaliser_satisfies_its_equation(seed):
+    rng = random.Random(seed)
+    regrets = [rng.uniform(-3, 8) for _ in range(rng.randint(2, 9))]
+    regrets[0] = abs(regrets[0]) + 0.1
+    c = normalhedge_scale(regrets)
+    mean = sum(math.exp(max(r, 0) ** 2 / (2 * c)) for r in regrets) / len(regrets)
+    assert mean == pytest.approx(math.e, rel=1e-9)
+
+
+def test_normalhedge_puts_no_weight_on_arms_with_negative_regret():
+    policy = make("normalhedge")
+    policy.weights_state = [2.0, -1.0, 0.5]
+    p = policy.distribution()
+    assert p[1] == 0.0 and p[0] > p[2] > 0 and sum(p) == pytest.approx(1.0)
+
+
+def test_exp3_probabilities_follow_the_formula():
+    policy = make("exp3", gamma=0.4)
+    assert policy.probabilities() == pytest.approx([1 / 3] * 3)
+    policy.update(RoundFeedback(1, K, 3, [0.9] * K))
+    w = [1.0, math.exp(0.4 * (0.9 / (1 / 3)) / 3), 1.0]
+    expected = [(1 - 0.4) * wi / sum(w) + 0.4 / 3 for wi in w]
+    assert policy.probabilities() == pytest.approx(expected)
+    assert min(policy.probabilities()) >= 0.4 / 3 - 1e-12
+
+
+def test_exp3_learns_the_best_arm():
+    chosen, _ = simulate(make("exp3", gamma=0.1), Arms([0.2, 0.9, 0.4]), 1500)
+    assert share(chosen, 1, 500) > 0.8
+
+
+def test_halving_eliminates_the_worst_half_each_phase_then_commits():
+    policy = make("halving", n=4, c=8.0)
+    arms = Arms([0.2, 0.9, 0.5, 0.7], noise=0.0)
+    seen = [list(policy.survivors)]
+    for _ in range(200):
+        policy.update(arms.play(policy.select()))
+        if policy.survivors != seen[-1]:
+            seen.append(list(policy.survivors))
+    assert [sorted(s) for s in seen] == [[0, 1, 2, 3], [1, 3], [1]]
+    assert policy.committed and all(policy.select() == 1 for _ in range(5))
+
+
+@pytest.mark.parametrize("name, options", [("ducb", {"discount": 0.97}), ("swucb", {"window": 60})])
+def test_drifting_policies_recover_after_the_best_arm_changes(name, options):
+    arms = Arms([0.8, 0.3, 0.5])
+    chosen, _ = simulate(make(name, beta=0.05, **options), arms, 1500, change_at=700, new_rates=[0.2, 0.9, 0.5])
+    assert share(chosen, 0, 300) < 0.1 < share(chosen[:700], 0, 300)
+    assert share(chosen, 1, 300) > 0.8
+    plain, _ = simulate(make("ucb", beta=0.05), Arms([0.8, 0.3, 0.5]), 1500, change_at=700, new_rates=[0.2, 0.9, 0.5])
+    assert share(plain, 1, 300) < share(chosen, 1, 300)
+
+
+@pytest.mark.parametrize("name", ["ucb", "normalhedge", "exp3"])
+def test_cost_aware_prefers_the_faster_arm_over_the_longer_one(name):
+    # arm 0: accepts more per round but each round costs 4x; arm 1 wins on tokens per second
+    arms = Arms([0.8, 0.6], cost=[0.04, 0.01])
+    options = {"cost_aware": True} | ({"gamma": 0.1} if name == "exp3" else {})
+    chosen, _ = simulate(make(name, n=2, **options), arms, 800, full=name == "normalhedge")
+    assert share(chosen, 1, 300) > 0.8
+    plain, _ = simulate(make(name, n=2, **({"gamma": 0.1} if name == "exp3" else {})), Arms([0.8, 0.6], cost=[0.04, 0.01]),
+                        800, full=name == "normalhedge")
+    assert share(plain, 0, 300) > 0.8
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_state_round_trips_through_json_and_every_reset_starts_from_it(name):
+    full = POLICIES[name].FULL_INFORMATION
+    options = {"drafter": "d1"} if name == "fixed" else {}
+    policy = make(name, **options)
+    simulate(policy, Arms([0.3, 0.8, 0.5]), 60, full=full)
+    saved = json.loads(json.dumps(policy.state_dict()))
+    fresh = make(name, **options)
+    fresh.load_state_dict(saved)
+    assert fresh.state_dict() == saved
+    simulate(fresh, Arms([0.3, 0.8, 0.5]), 10, full=full)
+    fresh.reset()
+    assert fresh.state_dict() == saved
+    with pytest.raises(ValueError, match="saved state is for"):
+        make(name, n=2, **options).load_state_dict(saved)
+
+
+def test_halving_budget_uses_the_horizon():
+    policy = HalvingPolicy(["a", "b"], {"c": 2.0}, draft_tokens=K, horizon=100)
+    assert policy.budget == math.ceil(2.0 * math.log(100)) and len(policy.queue) == policy.budget // 1
+
+
+def test_exp3_is_reproducible_with_a_seed():
+    a = simulate(Exp3Policy(["x", "y"], {}, seed=4), Arms([0.4, 0.6]), 50)[0]
+    b = simulate(Exp3Policy(["x", "y"], {}, seed=4), Arms([0.4, 0.6]), 50)[0]
+    assert a == b
