@@ -49,11 +49,11 @@ class GenerationStats:
         self.verify_s += record.verify_s
         self.overhead_s += record.overhead_s
         self.evaluate_s += record.evaluate_s
-        if record.gammas is not None:
+        for arm, gammas in record.evaluated or ():
             if self.regret_tracker is None:
                 self.regret_tracker = RegretTracker(list(self.drafter_names))
             k = self.draft_tokens
-            self.regret_tracker.add(record.arm, [expected_accept_length(g[:k]) for g in record.gammas])
+            self.regret_tracker.add(arm, [expected_accept_length(g[:k]) for g in gammas])
         self.last_drafter, self.last_accepted, self.last_drafted = record.drafter, record.accepted, record.drafted
         use = self.usage.setdefault(record.drafter, DrafterUsage())
         use.rounds += 1

@@ -200,3 +200,23 @@ def test_evaluation_time_is_reported(target, pool):
     engine = policy_engine(target, pool, "normalhedge")
     records = list(engine.generate(PROMPTS[0]))
     assert all(r.evaluate_s > 0 for r in records)
+
+
+@pytest.mark.parametrize("update_every", [3, 7])
+def test_batched_evaluation_gives_the_same_gammas_as_per_round(target, pool, update_every):
+    """update_every = m evaluates m rounds at once; every round's gammas must be what
+    per-round evaluation gives, whichever drafters were chosen in between."""
+    def evaluated(engine):
+        out = []
+        for record in engine.generate(PROMPTS[0]):
+            out.extend(record.evaluated or [])
+        return out
+
+    every = evaluated(policy_engine(target, pool, "random", evaluate="all"))
+    batched_engine = policy_engine(target, pool, "random", evaluate="all")
+    batched_engine.policy.evaluation_interval = lambda: update_every
+    batched = evaluated(batched_engine)
+    assert [arm for arm, _ in batched] == [arm for arm, _ in every]
+    for (_, a), (_, b) in zip(every, batched):
+        for row_a, row_b in zip(a, b, strict=True):
+            assert row_a == pytest.approx(row_b, abs=1e-9)

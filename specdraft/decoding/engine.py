@@ -42,8 +42,11 @@ class RoundRecord:
     verify_s: float
     overhead_s: float
     finish: str | None = None  # "eos" or "length" on the last round
-    gammas: list[list[float]] | None = None  # per drafter, per committed position (evaluate_all)
+    gammas: list[list[float]] | None = None  # per drafter, per committed position, once evaluated
     evaluate_s: float = 0.0
+    # Rounds whose evaluation finished in this round, as (chosen arm, gammas): this round
+    # alone, or several when the policy batches evaluation every m rounds.
+    evaluated: list[tuple[int, list[list[float]]]] | None = None
 
     @property
     def seconds(self) -> float:
@@ -81,6 +84,7 @@ class SpeculativeEngine:
             self.target.feed(torch.tensor(context[:-1], dtype=torch.long, device=device), keep=1)
         last = torch.tensor(context[-1:], dtype=torch.long, device=device)  # [1]
         produced = 0
+        pending: list[_PendingRound] = []  # committed rounds awaiting full-information evaluation
         while produced < s.max_new_tokens:
             t0 = time.perf_counter()
             arm = self.policy.select()
@@ -124,32 +128,73 @@ class SpeculativeEngine:
             context.extend(tokens)
             produced += len(tokens)
             t4 = time.perf_counter()
-            gammas = None
+            feedback = RoundFeedback(arm, k, n, alphas, t3 - t0)
+            evaluated = None
             if s.evaluate_all:
                 target_probs = plain_probs(logits[: len(tokens)]) if p is None else p[: len(tokens)]
-                gammas = self._evaluate(context, start, len(tokens), arm, verdict.alphas, target_probs)
+                pending.append(_PendingRound(start, len(tokens), arm, verdict.alphas, target_probs, feedback))
+                if finish or len(pending) >= self.policy.evaluation_interval():
+                    evaluated = self._evaluate(context, pending)
+                    pending = []
             t5 = time.perf_counter()
-            self.policy.update(RoundFeedback(arm, k, n, alphas, t3 - t0, gammas))
+            if not s.evaluate_all:
+                self.policy.update(feedback)
+            for done in evaluated or ():
+                self.policy.update(done)
             t6 = time.perf_counter()
             yield RoundRecord(arm, drafter.name, k, n, tokens, alphas, t2 - t1, t3 - t2,
-                              (t1 - t0) + (t4 - t3) + (t6 - t5), finish, gammas, t5 - t4)
+                              (t1 - t0) + (t4 - t3) + (t6 - t5), finish,
+                              evaluated[-1].gammas if evaluated else None, t5 - t4,
+                              [(fb.arm, fb.gammas) for fb in evaluated] if evaluated else None)
             if finish:
                 return
 
-    def _evaluate(self, context: list[int], start: int, count: int, chosen: int, chosen_alphas: torch.Tensor,
-                  target_probs: torch.Tensor) -> list[list[float]]:
-        """Gamma of every drafter at the `count` positions committed from `start` (HedgeSpec's
-        evaluation phase). Every drafter ends caught up, so switching later costs nothing.
-        One more host sync reads them all at once."""
-        parts = []
+    def _evaluate(self, context: list[int], pending: list["_PendingRound"]) -> list[RoundFeedback]:
+        """HedgeSpec's evaluation phase over the pending rounds: gamma of every drafter at
+        every committed position. Every drafter ends caught up, so switching later costs
+        nothing. Positions a drafter did not draft are scored in one forward per contiguous
+        span (batching m rounds into one forward is what makes `update_every` cheap); one
+        host sync reads everything."""
+        per_drafter = []
         for i, drafter in enumerate(self.drafters):
-            if i == chosen:  # its draft already scored the positions it covered
-                known = min(count, chosen_alphas.shape[0])
-                part = [chosen_alphas[:known].to(target_probs.dtype)]
-                if count > known:
-                    part.append(drafter.score(context, start + known, count - known, target_probs[known:]))
-                parts.append(torch.cat(part))
-            else:
-                parts.append(drafter.score(context, start, count, target_probs))
-        flat = torch.cat(parts).double().tolist()  # [n_drafters * count]
-        return [flat[i * count : (i + 1) * count] for i in range(len(self.drafters))]
+            parts, span = [], []  # span: consecutive pending rounds this drafter did not draft
+            for round_ in pending:
+                if round_.arm != i:
+                    span.append(round_)
+                    continue
+                parts.extend(self._score_span(drafter, context, span))
+                span = []
+                known = min(round_.count, round_.alphas.shape[0])  # its draft scored these already
+                parts.append(round_.alphas[:known].to(round_.target_probs.dtype))
+                if round_.count > known:
+                    parts.append(drafter.score(context, round_.start + known, round_.count - known,
+                                               round_.target_probs[known:]))
+            parts.extend(self._score_span(drafter, context, span))
+            per_drafter.append(torch.cat(parts))
+        flat = torch.cat(per_drafter).double().tolist()  # [n_drafters * positions]: one sync
+        total = sum(r.count for r in pending)
+        rows = [flat[i * total : (i + 1) * total] for i in range(len(self.drafters))]
+        out, offset = [], 0
+        for round_ in pending:
+            gammas = [row[offset : offset + round_.count] for row in rows]
+            offset += round_.count
+            fb = round_.feedback
+            out.append(RoundFeedback(fb.arm, fb.drafted, fb.accepted, fb.alphas, fb.round_seconds, gammas))
+        return out
+
+    @staticmethod
+    def _score_span(drafter: Drafter, context: list[int], span: list["_PendingRound"]) -> list[torch.Tensor]:
+        if not span:
+            return []
+        probs = torch.cat([r.target_probs for r in span]) if len(span) > 1 else span[0].target_probs
+        return [drafter.score(context, span[0].start, sum(r.count for r in span), probs)]
+
+
+@dataclass
+class _PendingRound:
+    start: int  # context length before the round committed
+    count: int  # tokens it committed
+    arm: int
+    alphas: torch.Tensor  # [k] the chosen drafter's alignment at its drafted positions
+    target_probs: torch.Tensor  # [count, V] the target's distributions at the committed positions
+    feedback: RoundFeedback

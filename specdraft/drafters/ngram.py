@@ -41,6 +41,8 @@ class NgramDrafter(Drafter):
     def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor) -> torch.Tensor:
         # Each position is scored by the one token a fresh lookup there would propose:
         # gamma = p(proposal), 0 when the lookup finds nothing.
+        if start < self.indexed_to:  # the index already holds later n-grams: rebuild, never peek ahead
+            self.reset()
         proposals = []
         for position in range(start, start + count):
             self._index_until(context, position)

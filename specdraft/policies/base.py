@@ -131,6 +131,11 @@ class Policy(ABC):
     def learn(self, feedback: RoundFeedback) -> None:
         """Policy-specific learning; the default learns nothing."""
 
+    def evaluation_interval(self) -> int:
+        """With full-information evaluation: how many rounds the engine may batch before
+        evaluating the drafters and passing the feedback on (1 = every round)."""
+        return 1
+
     def scores(self) -> dict[str, float] | None:
         """Per-arm weight or index for the live panel, or None when the policy has none."""
         return None

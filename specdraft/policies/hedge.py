@@ -7,8 +7,10 @@ verified text every round, so no exploration is needed.
 
 Losses (options): `loss = "length"` (1 - EAL / (K + 1), default) or `"acceptance"`
 (mean 1 - gamma); `hybrid_rounds` uses the acceptance loss for the first rounds (the
-"hybrid" warm-up of appendix B.5); `update_every = m` applies losses in batches of m rounds
-after `warmup_rounds` (the "skip" trick). `game = "chunk"` scores each round's chunk
+"hybrid" warm-up of appendix B.5); `update_every = m`, after `warmup_rounds`, has the
+engine evaluate the drafters once every m rounds, in one forward per drafter over all m
+chunks, and apply the m loss vectors together (the "skip" trick, which is what makes
+full-information evaluation affordable when drafters are not tiny). `game = "chunk"` scores each round's chunk
 (positions beyond it are censored); `game = "token"` plays one game per committed token
 with delayed feedback: a token's loss is applied once the K positions after it are
 verified (QFI-D queue, appendix B.1).
@@ -28,8 +30,9 @@ HEDGE_OPTIONS = {
     "hybrid_rounds": OptionSpec((int,), 0, lambda v: v >= 0, "must be >= 0",
                                 "rounds that use the acceptance loss before the length loss"),
     "warmup_rounds": OptionSpec((int,), 0, lambda v: v >= 0, "must be >= 0",
-                                "rounds updated every time before update_every applies"),
-    "update_every": OptionSpec((int,), 1, lambda v: v >= 1, "must be >= 1", "apply losses in batches of m rounds"),
+                                "rounds evaluated one by one before update_every applies"),
+    "update_every": OptionSpec((int,), 1, lambda v: v >= 1, "must be >= 1",
+                               "evaluate drafters and update once every m rounds (batched)"),
     "select": OptionSpec((str,), "sample", _one_of("sample", "argmax"), 'must be "sample" or "argmax"',
                          "draw the drafter from the weights, or take the heaviest"),
 }
@@ -41,7 +44,6 @@ class HedgeFamily(Policy):
 
     def fresh(self) -> None:
         self.rounds = 0
-        self.pending: list[list[float]] = []  # loss vectors not yet applied (skip trick)
         self.history: list[list[float]] = []  # token game: per-arm gammas at every committed position
         self.scored_until = 0  # token game: positions whose loss was already produced
         self.weights_state = self.initial_weights_state()
@@ -66,12 +68,13 @@ class HedgeFamily(Policy):
         if fb.gammas is None:
             raise ValueError(f'policy "{self.name}" needs full-information feedback (evaluate = "all")')
         self.rounds += 1
-        self.pending.extend(self._losses(fb))
-        batch = self.rounds <= self.options["warmup_rounds"] or self.rounds % self.options["update_every"] == 0
-        if batch:
-            for losses in self.pending:
-                self.apply(losses)
-            self.pending = []
+        for losses in self._losses(fb):
+            self.apply(losses)
+
+    def evaluation_interval(self) -> int:
+        # The "skip" trick: after the warm-up, evaluate and update once every m rounds; the
+        # engine batches the m rounds' evaluation into one forward per drafter.
+        return 1 if self.rounds < self.options["warmup_rounds"] else self.options["update_every"]
 
     def _losses(self, fb: RoundFeedback) -> list[list[float]]:
         k = self.draft_tokens
