@@ -29,10 +29,13 @@ from specdraft.session import PromptRun  # noqa: E402
 
 TEXT_A = ("The city council met on Tuesday evening to discuss the proposed changes to the public library's opening "
           "hours. After a long debate, members agreed to keep the main branch open until nine o'clock on weekdays, "
-          "while the two smaller branches will close at six.")
+          "while the two smaller branches will close at six. The council also approved a modest increase in the "
+          "budget for children's books, asked the library director to report back in March on visitor numbers, and "
+          "thanked the volunteers who run the Saturday reading club for young children and their parents.")
 TEXT_B = ("Our team shipped the new billing service in March. It replaced three older scripts, cut the monthly "
           "invoice run from six hours to forty minutes, and removed the manual checks that the finance group used "
-          "to do every Friday.")
+          "to do every Friday. Customers now receive their invoices on the first day of the month, and the support "
+          "team reports fewer questions about late or duplicated charges. Next quarter we plan to add refunds.")
 PROMPTS = {
     "rewrite-library": "Rewrite the following text in formal English, keeping every fact:\n\n" + TEXT_A,
     "open-story": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -44,16 +47,19 @@ CONFIGS = {
     "ucb": "ucb",
     "normalhedge cost-aware": "normalhedge+cost",
     "ucb cost-aware": "ucb+cost",
+    "normalhedge cost-aware, update_every=4": "normalhedge+cost+skip",
 }
 
 
 def policy_for(profile, spec: str):
-    flag, _, extra = spec.partition("+")
+    flag, *extras = spec.split("+")
     overridden = profile.with_overrides(policy=flag)
     name = overridden.policy.name
     options = dict(overridden.policy.options) | {"evaluate": "all"}
-    if extra == "cost":
+    if "cost" in extras:
         options |= {"cost_aware": True, "allow_none": True}
+    if "skip" in extras:
+        options |= {"warmup_rounds": 6, "update_every": 4}
     from dataclasses import replace
 
     from specdraft.profile import PolicyConfig

@@ -159,7 +159,7 @@ class SpeculativeEngine:
         for i, drafter in enumerate(self.drafters):
             parts, span = [], []  # span: consecutive pending rounds this drafter did not draft
             for round_ in pending:
-                if round_.arm != i:
+                if round_.arm != i or not drafter.draft_alignment_is_score:
                     span.append(round_)
                     continue
                 parts.extend(self._score_span(drafter, context, span))

@@ -34,6 +34,10 @@ class DraftContext:
 
 class Drafter(ABC):
     kind: str = ""
+    # True when the alignment of its draft at a position equals what `score` gives there
+    # (autoregressive models: q depends only on the context). A prompt-lookup draft is one
+    # lookup's whole span, so its per-position score is a fresh lookup instead.
+    draft_alignment_is_score: bool = False
 
     def __init__(self, name: str, ctx: DraftContext):
         self.name = name

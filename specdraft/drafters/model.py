@@ -19,6 +19,7 @@ from specdraft.drafters.base import Draft, DraftContext, Drafter
 
 class ModelDrafter(Drafter):
     kind = "model"
+    draft_alignment_is_score = True
 
     def __init__(self, name: str, ctx: DraftContext, model: torch.nn.Module):
         super().__init__(name, ctx)

@@ -1,0 +1,89 @@
+"""Prompt datasets for `bench`, `trace` and `calibrate-beta`.
+
+JSONL (`prompt`, optional `task`, optional `id`), CSV with a `prompt` column (and
+optional `task`, `id`), or plain text with one prompt per line. A malformed line is
+reported with its line number and skipped; it never ends the run and is never dropped
+silently.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from specdraft.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Example:
+    id: str
+    prompt: str
+    task: str = "default"
+
+
+def load_dataset(file: str | Path, warn: Callable[[str], None], limit: int | None = None) -> list[Example]:
+    path = Path(file)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"--data {file}: file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--data {file}: cannot read: {exc}") from None
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        examples = _jsonl(text, str(file), warn)
+    elif suffix == ".csv":
+        examples = _csv(text, str(file), warn)
+    else:
+        examples = [Example(f"{i}", line.rstrip("\r"), "default")
+                    for i, line in enumerate(text.split("\n"), start=1) if line.strip()]
+    ids = [e.id for e in examples]
+    if len(set(ids)) != len(ids):
+        raise UsageError(f"--data {file}: ids must be unique")
+    if not examples:
+        raise UsageError(f"--data {file}: no usable prompts")
+    return examples[:limit] if limit else examples
+
+
+def _jsonl(text: str, file: str, warn: Callable[[str], None]) -> list[Example]:
+    out = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            warn(f"{file}:{number}: skipped: not JSON ({exc.msg})")
+            continue
+        example = _example(row, number, file, warn)
+        if example:
+            out.append(example)
+    return out
+
+
+def _csv(text: str, file: str, warn: Callable[[str], None]) -> list[Example]:
+    reader = csv.DictReader(text.splitlines())
+    if not reader.fieldnames or "prompt" not in reader.fieldnames:
+        raise UsageError(f"--data {file}: a CSV needs a 'prompt' column (found: {', '.join(reader.fieldnames or [])})")
+    out = []
+    for row in reader:
+        example = _example(row, reader.line_num, file, warn)
+        if example:
+            out.append(example)
+    return out
+
+
+def _example(row: object, number: int, file: str, warn: Callable[[str], None]) -> Example | None:
+    if not isinstance(row, dict):
+        warn(f"{file}:{number}: skipped: expected an object with a 'prompt'")
+        return None
+    prompt = row.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        warn(f"{file}:{number}: skipped: missing or empty 'prompt'")
+        return None
+    task = row.get("task") or "default"
+    ident = row.get("id")
+    return Example(str(ident) if ident not in (None, "") else str(number), prompt, str(task))
