@@ -66,6 +66,72 @@ def generate(
     _run(console, verbose, lambda: run_generate(options, console))
 
 
+@app.command()
+def bench(
+    pool: Annotated[Optional[str], typer.Option("--pool", "-p", help="TOML drafter-pool profile (optional with --replay).")] = None,
+    data: Annotated[Optional[str], typer.Option(help="Prompts: .jsonl (prompt, task, id), .csv (prompt column) or text (one per line).")] = None,
+    policies: Annotated[Optional[str], typer.Option(help="Comma-separated, e.g. ucb,normalhedge,fixed:lookup (default: the profile's policy and each drafter fixed).")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", "-n")] = None,
+    limit: Annotated[Optional[int], typer.Option(help="Use only the first N prompts.")] = None,
+    repeat: Annotated[int, typer.Option(help="Measured passes over the prompts (after one warm-up).")] = 1,
+    baseline: Annotated[Optional[str], typer.Option(help="transformers: also time transformers' greedy, assisted and prompt-lookup generation.")] = None,
+    out: Annotated[Optional[str], typer.Option(help="Write every measurement and the summary as JSON.")] = None,
+    csv_file: Annotated[Optional[str], typer.Option("--csv", help="Write the summary table as CSV.")] = None,
+    plot: Annotated[Optional[str], typer.Option(help="Draw speedups and regret curves to a PNG (needs matplotlib).")] = None,
+    replay: Annotated[Optional[str], typer.Option(help="Replay policies offline over a trace instead of running models.")] = None,
+    chat: Annotated[Optional[bool], typer.Option("--chat/--raw", show_default=False)] = None,
+    seed: Annotated[Optional[int], typer.Option()] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Measure speedup over plain decoding on a dataset, live or replayed from a trace."""
+    from specdraft.commands.bench import BenchOptions, run_bench_command
+
+    console = err_console()
+    options = BenchOptions(pool, data, policies, max_new_tokens, limit, repeat, baseline, out, csv_file, plot,
+                           replay, chat, seed)
+    _run(console, verbose, lambda: run_bench_command(options, console))
+
+
+@app.command()
+def trace(
+    pool: Pool,
+    data: Annotated[str, typer.Option(help="Prompts file (jsonl, csv or text).")],
+    out: Annotated[str, typer.Option(help="Trace file to write (JSON lines).")],
+    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", "-n")] = None,
+    limit: Annotated[Optional[int], typer.Option()] = None,
+    chat: Annotated[Optional[bool], typer.Option("--chat/--raw", show_default=False)] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Decode each prompt once and score every drafter on it, for offline replay."""
+    from specdraft.commands.bench import run_trace_command
+
+    console = err_console()
+    _run(console, verbose, lambda: run_trace_command(pool, data, out, max_new_tokens, limit, chat, console))
+
+
+@app.command("calibrate-beta")
+def calibrate_beta(
+    pool: Pool,
+    data: Annotated[Optional[str], typer.Option(help="Calibration prompts (to record a trace).")] = None,
+    trace_file: Annotated[Optional[str], typer.Option("--trace", help="Reuse this trace (recorded and saved here if missing).")] = None,
+    grid: Annotated[Optional[str], typer.Option(help="Comma-separated values to try.")] = None,
+    reward: Annotated[Optional[str], typer.Option(help="bd or be (UCB-family reward).")] = None,
+    param: Annotated[str, typer.Option(help="Parameter to tune: beta, or e.g. gamma (exp3), discount (ducb), window (swucb), c (halving), eta (hedge).")] = "beta",
+    policy: Annotated[Optional[str], typer.Option(help="Policy to tune (default: the profile's, else ucb).")] = None,
+    write: Annotated[bool, typer.Option("--write", help="Write the best value into the profile's [policy] table.")] = False,
+    limit: Annotated[Optional[int], typer.Option()] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", "-n")] = None,
+    chat: Annotated[Optional[bool], typer.Option("--chat/--raw", show_default=False)] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Find the best UCB exploration strength (or another parameter) by offline replay."""
+    from specdraft.commands.calibrate import CalibrateOptions, run_calibrate
+
+    console = err_console()
+    options = CalibrateOptions(pool, data, trace_file, grid, reward, param, policy, write, limit, max_new_tokens, chat)
+    _run(console, verbose, lambda: run_calibrate(options, console))
+
+
 def _run(console, verbose: bool, body) -> None:
     try:
         with exit_codes(console):

@@ -58,7 +58,7 @@ def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bo
             drafters.append(NgramDrafter(config.name, ctx, config.min_ngram, config.max_ngram))
         elif config.kind == "layers":
             view = truncated_view(target.model, config.layers, (file, f"{key}.layers"))
-            drafters.append(ModelDrafter(config.name, ctx, view))
+            drafters.append(ModelDrafter(config.name, ctx, view, kind="layers"))
         else:
             loaded = load_model(config.model, file, key)
             check_tokenizers(target, loaded, file, key)

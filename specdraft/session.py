@@ -52,6 +52,7 @@ class PromptRun:
         self.stops = StopStringFilter(runtime.profile.decode.stop)
         self.stats = GenerationStats([d.name for d in runtime.drafters], runtime.profile.decode.draft_tokens)
         self.pieces: list[str] = []
+        self.records: list[RoundRecord] = []
         self.finish: str | None = None
         self._start = 0.0
 
@@ -64,6 +65,7 @@ class PromptRun:
         rounds = self.runtime.engine.generate(self.prompt_ids)
         try:
             for record in rounds:
+                self.records.append(record)
                 self.stats.add(record)
                 self.stats.elapsed_s = time.perf_counter() - self._start
                 delta = self.stops.push(self.detokenizer.add(record.tokens))

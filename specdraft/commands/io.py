@@ -23,7 +23,9 @@ class CommandExit(Exception):
 
 
 def err_console() -> Console:
-    return Console(stderr=True, highlight=False)
+    # Redirected stderr (a log file, CI) gets wide tables rather than 80-column wrapping.
+    wide = None if sys.stderr.isatty() else 200
+    return Console(stderr=True, highlight=False, width=wide)
 
 
 def quiet_libraries(verbose: bool) -> None:

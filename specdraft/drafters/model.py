@@ -21,8 +21,9 @@ class ModelDrafter(Drafter):
     kind = "model"
     draft_alignment_is_score = True
 
-    def __init__(self, name: str, ctx: DraftContext, model: torch.nn.Module):
+    def __init__(self, name: str, ctx: DraftContext, model: torch.nn.Module, kind: str = "model"):
         super().__init__(name, ctx)
+        self.kind = kind  # "model", or "layers" for a view of the target
         self.lm = CachedLM(model, logits_size=ctx.vocab_size)
         self._drafted_from = 0  # context length when the last draft started
         self._fed_drafts = 0  # drafted tokens that went into the cache

@@ -1,0 +1,202 @@
+"""Live benchmarks: every configuration on every prompt, interleaved, timed by wall clock.
+
+A configuration is plain decoding (the baseline every speedup is a ratio to), a policy
+over the pool, or one of transformers' own generation modes (greedy, assisted generation
+with a model drafter, prompt lookup). Runs are interleaved (the configuration order
+rotates per prompt and repeat) so machine drift does not favour one. Every greedy output
+is compared token for token with plain decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from specdraft.data import Example
+from specdraft.errors import UsageError
+from specdraft.profile import Profile
+from specdraft.runtime import Runtime, build_runtime
+from specdraft.session import PromptRun, prompt_token_ids
+
+PLAIN = "plain"
+
+
+@dataclass
+class Sample:
+    id: str
+    task: str
+    config: str
+    repeat: int
+    tokens: int
+    rounds: int
+    elapsed_s: float
+    accepted_at: list[int] = field(default_factory=list)
+    drafted_at: list[int] = field(default_factory=list)
+    regret: float | None = None
+    best_drafter: str | None = None
+    best_arm_share: float | None = None
+    mismatch: bool = False
+    regret_curve: list[float] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out.pop("ids")
+        out["tokens_per_s"] = round(self.tokens_per_s, 3)
+        out["mean_accepted"] = round(self.tokens / self.rounds, 4) if self.rounds else None
+        return out
+
+
+@dataclass
+class Config:
+    label: str
+    run: Callable[[Example], Sample]
+
+
+def policy_configs(profile: Profile, flags: Sequence[str] | None, runtime: Runtime, chat: bool | None) -> list[Config]:
+    """`--policies ucb,normalhedge,fixed:lookup`; default: the profile's policy and each drafter fixed."""
+    if not flags:
+        flags = [profile.policy.name] + [f"fixed:{d.name}" for d in profile.drafters]
+        if profile.policy.name == "fixed":
+            flags = flags[1:]
+    configs, seen = [], set()
+    for flag in flags:
+        if flag in seen:
+            continue
+        seen.add(flag)
+        variant = profile.with_overrides(policy=flag)
+        configs.append(_engine_config(flag, build_runtime(variant, runtime.target), chat))
+    return configs
+
+
+def plain_config(profile: Profile, runtime: Runtime, chat: bool | None) -> Config:
+    return _engine_config(PLAIN, build_runtime(profile, runtime.target, plain=True), chat)
+
+
+def _engine_config(label: str, runtime: Runtime, chat: bool | None) -> Config:
+    def run(example: Example) -> Sample:
+        prompt_run = PromptRun(runtime, example.prompt, chat)
+        curve = []
+        start = time.perf_counter()
+        for _ in prompt_run:
+            regret = prompt_run.stats.regret
+            if regret is not None:
+                curve.append(round(regret, 4))
+        elapsed = time.perf_counter() - start
+        stats = prompt_run.stats
+        accepted_at, drafted_at = _per_position(prompt_run, runtime.profile.decode.draft_tokens)
+        return Sample(example.id, example.task, label, 0, stats.tokens, stats.rounds, elapsed, accepted_at,
+                      drafted_at, stats.regret, stats.best_drafter, stats.best_arm_share,
+                      regret_curve=curve, ids=list(prompt_run.detokenizer.ids))
+
+    return Config(label, run)
+
+
+def _per_position(prompt_run: PromptRun, k: int) -> tuple[list[int], list[int]]:
+    accepted, drafted = [0] * k, [0] * k
+    for record in prompt_run.records:
+        for j in range(record.drafted):
+            drafted[j] += 1
+            accepted[j] += j < record.accepted
+    return accepted, drafted
+
+
+def transformers_configs(profile: Profile, runtime: Runtime, chat: bool | None) -> list[Config]:
+    """transformers' greedy `generate`, assisted generation with each model drafter, and
+    prompt lookup, on the same prompts in the same run."""
+    k = profile.decode.draft_tokens
+    configs = [_hf_config("transformers greedy", runtime, {}, chat),
+               _hf_config("transformers prompt-lookup", runtime, {"prompt_lookup_num_tokens": k}, chat)]
+    for drafter in runtime.drafters:
+        if drafter.kind in ("model", "layers"):  # a layers view is a causal LM that generate() accepts
+            configs.append(_hf_config(f"transformers assisted:{drafter.name}", runtime,
+                                      {"assistant_model": drafter.lm.model, "num_assistant_tokens": k,
+                                       "num_assistant_tokens_schedule": "constant"}, chat))
+    return configs
+
+
+def _hf_config(label: str, runtime: Runtime, kwargs: dict, chat: bool | None) -> Config:
+    model, tokenizer = runtime.target.model, runtime.tokenizer
+    max_new = runtime.profile.decode.max_new_tokens
+
+    @torch.inference_mode()
+    def run(example: Example) -> Sample:
+        ids = prompt_token_ids(tokenizer, example.prompt, chat)
+        inputs = torch.tensor([ids], device=runtime.engine.target.device)
+        start = time.perf_counter()
+        out = model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new,
+                             do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id, **kwargs)
+        elapsed = time.perf_counter() - start
+        new = out[0, len(ids):].tolist()
+        return Sample(example.id, example.task, label, 0, len(new), 0, elapsed, ids=new)
+
+    return Config(label, run)
+
+
+def run_bench(configs: Sequence[Config], examples: Sequence[Example], repeat: int,
+              tick: Callable[[str], None] = lambda label: None) -> list[Sample]:
+    """Warm each configuration up once, then `repeat` interleaved passes over the prompts."""
+    if not configs or configs[0].label != PLAIN:
+        raise UsageError("the plain baseline must come first")
+    for config in configs:
+        config.run(examples[0])
+        tick(f"warm-up {config.label}")
+    samples = []
+    for rep in range(1, repeat + 1):
+        for index, example in enumerate(examples):
+            shift = (index + rep) % len(configs)
+            order = configs[shift:] + configs[:shift]
+            done = {}
+            for config in order:
+                sample = config.run(example)
+                sample.repeat = rep
+                done[config.label] = sample
+                tick(config.label)
+            reference = done[PLAIN].ids
+            for sample in done.values():
+                sample.mismatch = sample.ids != reference
+                samples.append(sample)
+    return samples
+
+
+def summarize(samples: Sequence[Sample]) -> list[dict]:
+    """Per task and configuration, plus an "all" row per configuration."""
+    groups: dict[tuple[str, str], list[Sample]] = defaultdict(list)
+    for s in samples:
+        groups[(s.task, s.config)].append(s)
+        groups[("all", s.config)].append(s)
+    plain_time = defaultdict(float)
+    for (task, config), group in groups.items():
+        if config == PLAIN:
+            plain_time[task] = sum(s.elapsed_s for s in group)
+    order = list(dict.fromkeys(s.config for s in samples))
+    rows = []
+    for (task, config), group in sorted(groups.items(),
+                                        key=lambda kv: (kv[0][0] == "all", kv[0][0], order.index(kv[0][1]))):
+        elapsed = sum(s.elapsed_s for s in group)
+        tokens = sum(s.tokens for s in group)
+        rounds = sum(s.rounds for s in group)
+        k = max((len(s.drafted_at) for s in group), default=0)
+        drafted = [sum(s.drafted_at[j] for s in group if j < len(s.drafted_at)) for j in range(k)]
+        accepted = [sum(s.accepted_at[j] for s in group if j < len(s.accepted_at)) for j in range(k)]
+        regrets = [s.regret for s in group if s.regret is not None]
+        shares = [s.best_arm_share for s in group if s.best_arm_share is not None]
+        rows.append({
+            "task": task, "config": config, "prompts": len({(s.id, s.repeat) for s in group}),
+            "speedup": plain_time[task] / elapsed if elapsed else None,
+            "mean_accepted": tokens / rounds if rounds else None,
+            "acceptance_at": [a / d if d else None for a, d in zip(accepted, drafted)],
+            "tokens_per_s": tokens / elapsed if elapsed else 0.0,
+            "best_arm_share": sum(shares) / len(shares) if shares else None,
+            "regret": sum(regrets) / len(regrets) if regrets else None,
+            "mismatches": sum(s.mismatch for s in group),
+        })
+    return rows

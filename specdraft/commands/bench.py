@@ -1,0 +1,165 @@
+"""`specdraft bench` (live or `--replay`) and `specdraft trace`."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from specdraft.bench import plain_config, policy_configs, run_bench, summarize, transformers_configs
+from specdraft.commands.io import EXIT_OK
+from specdraft.data import load_dataset
+from specdraft.errors import UsageError
+from specdraft.profile import PolicyConfig, load_profile
+from specdraft.replay import replay
+from specdraft.runtime import build_runtime
+from specdraft.trace import Trace, record_trace
+from specdraft.ui.tables import bench_table
+
+
+@dataclass
+class BenchOptions:
+    pool: str | None
+    data: str | None = None
+    policies: str | None = None
+    max_new_tokens: int | None = None
+    limit: int | None = None
+    repeat: int = 1
+    baseline: str | None = None
+    out: str | None = None
+    csv: str | None = None
+    plot: str | None = None
+    replay: str | None = None
+    chat: bool | None = None
+    seed: int | None = None
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("eta"), TimeRemainingColumn(), console=console, transient=True,
+                    redirect_stdout=False, redirect_stderr=False, disable=not console.is_terminal)
+
+
+def run_bench_command(opts: BenchOptions, console: Console) -> int:
+    if opts.replay:
+        return _replay_command(opts, console)
+    if not opts.pool or not opts.data:
+        raise UsageError("bench needs --pool and --data (or --replay TRACE)")
+    if opts.baseline not in (None, "transformers"):
+        raise UsageError(f'--baseline: unknown "{opts.baseline}"; expected transformers')
+    if opts.repeat < 1:
+        raise UsageError("--repeat must be at least 1")
+    profile = load_profile(opts.pool).with_overrides(max_new_tokens=opts.max_new_tokens, seed=opts.seed)
+    examples = load_dataset(opts.data, lambda m: console.print(f"[yellow]warning:[/] {m}", soft_wrap=True), opts.limit)
+    runtime = build_runtime(profile)
+    flags = [f.strip() for f in opts.policies.split(",") if f.strip()] if opts.policies else None
+    configs = [plain_config(profile, runtime, opts.chat)] + policy_configs(profile, flags, runtime, opts.chat)
+    if opts.baseline == "transformers":
+        configs += transformers_configs(profile, runtime, opts.chat)
+    total = len(configs) * (1 + opts.repeat * len(examples))
+    with _progress(console) as progress:
+        task = progress.add_task("bench", total=total)
+        samples = run_bench(configs, examples, opts.repeat, lambda label: progress.update(task, advance=1,
+                                                                                          description=label))
+    rows = summarize(samples)
+    console.print(bench_table(rows, f"specdraft bench · {len(examples)} prompts × {opts.repeat} repeats · "
+                                    f"speedup = wall time of plain decoding / wall time"))
+    mismatched = sum(s.mismatch for s in samples if s.config != "plain")
+    if mismatched:
+        console.print(f"[bold red]{mismatched} greedy outputs differ from plain decoding[/]")
+    _write_outputs(opts, rows, [s.as_dict() for s in samples])
+    if opts.plot:
+        from specdraft.plot import plot_bench
+
+        plot_bench(rows, samples, Path(opts.plot))
+    return EXIT_OK
+
+
+def _replay_command(opts: BenchOptions, console: Console) -> int:
+    trace = Trace.load(opts.replay)
+    base = load_profile(opts.pool).policy if opts.pool else PolicyConfig("random")
+    flags = [f.strip() for f in (opts.policies or "").split(",") if f.strip()]
+    if not flags:
+        flags = [base.name] + [f"fixed:{name}" for name in trace.header.drafters]
+    samples_out, rows = [], []
+    for flag in flags:
+        config = _policy_from_flag(flag, base, trace)
+        results = replay(trace, config, seed=opts.seed or 0)
+        for r in results:
+            samples_out.append({"config": flag, **{k: v for k, v in asdict(r).items() if k != "chosen"},
+                                "mean_accepted": r.mean_accepted, "simulated_speedup": r.simulated_speedup})
+        for task in sorted({r.task for r in results}) + ["all"]:
+            group = [r for r in results if task in ("all", r.task)]
+            rows.append(_replay_row(task, flag, group))
+    rows.sort(key=lambda r: (r["task"] == "all", r["task"]))
+    console.print(bench_table(rows, f"specdraft bench --replay {opts.replay} · {len(trace.prompts)} prompts · "
+                                    "simulated from measured forward costs", simulated=True))
+    _write_outputs(opts, rows, samples_out)
+    return EXIT_OK
+
+
+def _policy_from_flag(flag: str, base: PolicyConfig, trace: Trace) -> PolicyConfig:
+    from specdraft.policies import POLICIES
+    from specdraft.policies.base import COMMON_OPTIONS
+
+    name, _, arg = flag.partition(":")
+    if name not in POLICIES:
+        raise UsageError(f'--policies: unknown policy "{name}"; expected one of {", ".join(POLICIES)}')
+    options = dict(base.options) if name == base.name else {
+        k: v for k, v in base.options.items() if k in COMMON_OPTIONS and k != "evaluate"}
+    if arg:
+        if arg not in trace.header.drafters and arg != "none":
+            raise UsageError(f'--policies: no drafter "{arg}" in the trace ({", ".join(trace.header.drafters)})')
+        options["drafter"] = arg
+    if POLICIES[name].FULL_INFORMATION:
+        options["evaluate"] = "all"
+    return PolicyConfig(name, options)
+
+
+def _replay_row(task: str, config: str, group) -> dict:
+    tokens, rounds = sum(r.tokens for r in group), sum(r.rounds for r in group)
+    k = len(group[0].drafted_at) if group else 0
+    drafted = [sum(r.drafted_at[j] for r in group) for j in range(k)]
+    accepted = [sum(r.accepted_at[j] for r in group) for j in range(k)]
+    regrets = [r.regret for r in group if r.regret is not None]
+    shares = [r.best_arm_share for r in group if r.best_arm_share is not None]
+    spent = sum(r.simulated_s for r in group)
+    return {"task": task, "config": config, "prompts": len(group),
+            "speedup": sum(r.plain_simulated_s for r in group) / spent if spent else None,
+            "mean_accepted": tokens / rounds if rounds else None,
+            "acceptance_at": [a / d if d else None for a, d in zip(accepted, drafted)],
+            "tokens_per_s": None, "best_arm_share": sum(shares) / len(shares) if shares else None,
+            "regret": sum(regrets) / len(regrets) if regrets else None, "mismatches": None}
+
+
+def _write_outputs(opts: BenchOptions, rows: list[dict], samples: list[dict]) -> None:
+    if opts.out:
+        Path(opts.out).write_text(json.dumps({"summary": rows, "samples": samples}, indent=1), encoding="utf-8")
+    if opts.csv:
+        with open(opts.csv, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            writer.writeheader()
+            for row in rows:
+                writer.writerow({k: (" ".join("" if a is None else f"{a:.4f}" for a in v) if isinstance(v, list) else v)
+                                 for k, v in row.items()})
+
+
+def run_trace_command(pool: str, data: str, out: str, max_new_tokens: int | None, limit: int | None,
+                      chat: bool | None, console: Console) -> int:
+    profile = load_profile(pool).with_overrides(max_new_tokens=max_new_tokens)
+    examples = load_dataset(data, lambda m: console.print(f"[yellow]warning:[/] {m}", soft_wrap=True), limit)
+    runtime = build_runtime(profile)
+    trace = record_trace_with_progress(runtime, examples, chat, console)
+    trace.save(out)
+    console.print(f"traced {len(trace.prompts)} prompts, {sum(len(p.tokens) for p in trace.prompts)} tokens → {out}")
+    return EXIT_OK
+
+
+def record_trace_with_progress(runtime, examples, chat, console) -> Trace:
+    with _progress(console) as progress:
+        task = progress.add_task("trace", total=len(examples))
+        return record_trace(runtime, examples, chat, lambda e: progress.update(task, advance=1, description=e.id))

@@ -1,0 +1,211 @@
+"""Recording traces: decode each prompt once, then teacher-force the trajectory through
+every drafter once (DESIGN.md section 4).
+
+Per prompt and drafter, for every generated position t (context = prompt + tokens[:t]):
+- `alpha[t]`: gamma at t, sum_v min(p_t, q_t) (plain softmax), a fresh lookup's p(proposal)
+  for prompt lookup: what full-information evaluation scores;
+- `drafted[t]`, `run[t]`: how many tokens it would draft at t and how many of them match
+  the trajectory (its accepted run under greedy);
+- `span[t]`: the alignment of each drafted position (teacher-forced past the first miss).
+Plus measured per-forward costs of the target and each drafter, for simulated timing.
+Greedy only: the trajectory is then the same whichever drafters run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from specdraft.cached_lm import CachedLM
+from specdraft.data import Example
+from specdraft.decoding.sampling import plain_probs
+from specdraft.drafters import Drafter, ModelDrafter, NgramDrafter, PlainDecoding
+from specdraft.errors import UsageError
+from specdraft.runtime import Runtime, build_runtime
+from specdraft.session import PromptRun
+
+TRACE_VERSION = 1
+
+
+@dataclass
+class DrafterTrace:
+    alpha: list[float]
+    drafted: list[int]
+    run: list[int]
+    span: list[list[float]]
+
+
+@dataclass
+class PromptTrace:
+    id: str
+    task: str
+    prompt_tokens: int
+    tokens: list[int]
+    drafters: dict[str, DrafterTrace]
+
+
+@dataclass
+class ForwardCost:
+    """Seconds for a forward of n tokens with a warm cache: fixed + per_token * n."""
+
+    fixed: float
+    per_token: float
+
+    def __call__(self, n: int) -> float:
+        return self.fixed + self.per_token * n if n > 0 else 0.0
+
+
+@dataclass
+class TraceHeader:
+    draft_tokens: int
+    max_new_tokens: int
+    drafters: list[str]
+    kinds: list[str]
+    costs: dict[str, ForwardCost]
+    profile: str = ""
+    version: int = TRACE_VERSION
+    type: str = "header"
+
+
+@dataclass
+class Trace:
+    header: TraceHeader
+    prompts: list[PromptTrace] = field(default_factory=list)
+
+    def save(self, file: str | Path) -> None:
+        with open(file, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(asdict(self.header)) + "\n")
+            for prompt in self.prompts:
+                fh.write(json.dumps(asdict(prompt)) + "\n")
+
+    @classmethod
+    def load(cls, file: str | Path) -> "Trace":
+        try:
+            lines = Path(file).read_text(encoding="utf-8").splitlines()
+            head = json.loads(lines[0])
+            if head.get("type") != "header" or head.get("version") != TRACE_VERSION:
+                raise ValueError("not a specdraft trace (version %s)" % TRACE_VERSION)
+            head["costs"] = {k: ForwardCost(**v) for k, v in head["costs"].items()}
+            header = TraceHeader(**head)
+            prompts = []
+            for line in lines[1:]:
+                row = json.loads(line)
+                row["drafters"] = {k: DrafterTrace(**v) for k, v in row["drafters"].items()}
+                prompts.append(PromptTrace(**row))
+        except (OSError, IndexError, ValueError, TypeError, KeyError) as exc:
+            raise UsageError(f"--trace {file}: cannot read trace: {exc}") from None
+        return cls(header, prompts)
+
+
+def record_trace(runtime: Runtime, examples: Sequence[Example], chat: bool | None,
+                 progress: Callable[[Example], None] = lambda e: None) -> Trace:
+    profile = runtime.profile
+    if not profile.decode.greedy:
+        raise UsageError("traces need greedy decoding (temperature = 0): only then is the trajectory drafter-free")
+    plain = build_runtime(profile, runtime.target, plain=True)
+    k = profile.decode.draft_tokens
+    drafters = runtime.drafters
+    trace = Trace(TraceHeader(k, profile.decode.max_new_tokens, [d.name for d in drafters], [d.kind for d in drafters],
+                              measure_costs(runtime, k), str(profile.file)))
+    for example in examples:
+        run = PromptRun(plain, example.prompt, chat).run()
+        context = run.prompt_ids + run.detokenizer.ids
+        trace.prompts.append(trace_prompt(runtime, example, len(run.prompt_ids), context, k))
+        progress(example)
+    return trace
+
+
+@torch.inference_mode()
+def trace_prompt(runtime: Runtime, example: Example, prompt_len: int, context: list[int], k: int) -> PromptTrace:
+    generated = context[prompt_len:]
+    n = len(generated)
+    ids = torch.tensor([context], device=runtime.engine.target.device)
+    target_logits = runtime.target.model(ids).logits[0, prompt_len - 1 : prompt_len - 1 + n]  # [n, V]
+    p = plain_probs(target_logits)  # [n, V]
+    out = {}
+    for drafter in runtime.drafters:
+        drafter.reset()
+        if isinstance(drafter, ModelDrafter):
+            out[drafter.name] = _trace_model(drafter, ids, p, generated, prompt_len, k)
+        elif isinstance(drafter, NgramDrafter):
+            out[drafter.name] = _trace_lookup(drafter, p, context, prompt_len, k)
+        elif isinstance(drafter, PlainDecoding):
+            out[drafter.name] = DrafterTrace([0.0] * n, [0] * n, [0] * n, [[] for _ in range(n)])
+        else:  # pragma: no cover - every kind must say how it is traced
+            raise UsageError(f"drafter kind {drafter.kind!r} cannot be traced")
+    return PromptTrace(example.id, example.task, prompt_len, generated, out)
+
+
+def _trace_model(drafter: ModelDrafter, ids: torch.Tensor, p: torch.Tensor, generated: list[int],
+                 prompt_len: int, k: int) -> DrafterTrace:
+    n = len(generated)
+    logits = drafter.lm._fit(drafter.lm.model(ids.to(drafter.lm.device)).logits[0])
+    logits = logits[prompt_len - 1 : prompt_len - 1 + n].to(p.device)  # [n, V]
+    alpha = torch.minimum(p, plain_probs(logits)).sum(-1).tolist()
+    match = (logits.argmax(-1) == torch.tensor(generated, device=p.device)).tolist()
+    runs = []
+    for t in range(n):
+        r = 0
+        while r < k and t + r < n and match[t + r]:
+            r += 1
+        runs.append(r)
+    drafted = [k] * n
+    span = [alpha[t : t + k] for t in range(n)]
+    return DrafterTrace(alpha, drafted, runs, span)
+
+
+def _trace_lookup(drafter: NgramDrafter, p: torch.Tensor, context: list[int], prompt_len: int, k: int) -> DrafterTrace:
+    n = len(context) - prompt_len
+    alpha, drafted, runs, span = [], [], [], []
+    for t in range(n):
+        position = prompt_len + t
+        proposal = drafter.propose(context[:position], k).tokens.tolist()
+        r = 0
+        while r < len(proposal) and t + r < n and proposal[r] == context[position + r]:
+            r += 1
+        drafted.append(len(proposal))
+        runs.append(r)
+        rows = [(t + j, token) for j, token in enumerate(proposal) if t + j < n]
+        values = p[[i for i, _ in rows], [tok for _, tok in rows]].tolist() if rows else []
+        span.append(values)
+        alpha.append(values[0] if values else 0.0)
+    return DrafterTrace(alpha, drafted, runs, span)
+
+
+def measure_costs(runtime: Runtime, k: int, repeats: int = 5) -> dict[str, ForwardCost]:
+    """Median seconds of a forward of 1 and of k + 1 tokens after a 64-token prefill."""
+    costs = {"target": _forward_cost(runtime.engine.target.model, k, repeats)}
+    for drafter in runtime.drafters:
+        if isinstance(drafter, ModelDrafter):
+            costs[drafter.name] = _forward_cost(drafter.lm.model, k, repeats)
+        else:
+            costs[drafter.name] = ForwardCost(0.0, 0.0)  # host-side lookups: not a model forward
+    return costs
+
+
+@torch.inference_mode()
+def _forward_cost(model: torch.nn.Module, k: int, repeats: int) -> ForwardCost:
+    lm = CachedLM(model)
+    device = lm.device
+    lm.feed(torch.arange(3, 67, device=device) % 100, keep=1)
+    samples = {1: [], k + 1: []}
+    for _ in range(repeats):
+        for width in samples:
+            tokens = torch.full((width,), 5, dtype=torch.long, device=device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            lm.feed(tokens, keep=0)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            samples[width].append(time.perf_counter() - start)
+            lm.crop(64)
+    one, wide = statistics.median(samples[1]), statistics.median(samples[k + 1])
+    per_token = max(0.0, (wide - one) / k)
+    return ForwardCost(max(0.0, one - per_token), per_token)

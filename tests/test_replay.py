@@ -1,0 +1,84 @@
+"""Traces and offline replay: a replayed greedy run takes the same rounds as the live run
+of the same policy, so policies and parameters can be compared without a model."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdraft.data import Example
+from specdraft.profile import load_profile
+from specdraft.replay import replay
+from specdraft.runtime import build_runtime
+from specdraft.session import PromptRun
+from specdraft.trace import Trace, record_trace
+
+EXAMPLES = [Example("a", "hello there hello there", "copy"), Example("b", "abc", "open"),
+            Example("c", "the cat sat on the mat, the cat", "copy")]
+
+POLICIES = [
+    ("fixed:half", {}),
+    ("fixed:lookup", {}),
+    ("random", {}),
+    ("ucb", {"reward": "be"}),
+    ("exp3", {"reward": "be"}),
+    ("halving", {"reward": "be", "c": 2.0}),
+    ("normalhedge", {}),
+    ("normalhedge", {"warmup_rounds": 2, "update_every": 3}),
+    ("hedge", {"game": "token"}),
+    ("ucb", {"reward": "be", "evaluate": "all", "allow_none": True}),
+]
+
+
+@pytest.fixture(scope="module")
+def traced(tiny_models, tmp_path_factory):
+    from conftest import POOL
+
+    file = tmp_path_factory.mktemp("replay") / "pool.toml"
+    file.write_text(POOL.format(root=tiny_models).replace("max_new_tokens = 24", "max_new_tokens = 40\nseed = 3"))
+    profile = load_profile(file)
+    runtime = build_runtime(profile)
+    trace = record_trace(runtime, EXAMPLES, chat=False)
+    return profile, runtime, trace
+
+
+def live(profile, runtime, flag, options):
+    from dataclasses import replace
+
+    from specdraft.profile import PolicyConfig
+
+    p = profile.with_overrides(policy=flag)
+    p = replace(p, policy=PolicyConfig(p.policy.name, dict(p.policy.options) | options))
+    rt = build_runtime(p, runtime.target)
+    return p.policy, [PromptRun(rt, e.prompt, False).run() for e in EXAMPLES]
+
+
+@pytest.mark.parametrize("flag, options", POLICIES, ids=[f"{f}{o}" for f, o in POLICIES])
+def test_replayed_rounds_match_the_live_run(traced, flag, options):
+    profile, runtime, trace = traced
+    config, runs = live(profile, runtime, flag, options)
+    results = replay(trace, config, seed=3)
+    for run, result in zip(runs, results):
+        assert result.tokens == run.stats.tokens
+        assert result.rounds == run.stats.rounds, (flag, options)
+        assert result.mean_accepted == pytest.approx(run.stats.mean_accepted)
+        if run.stats.regret is not None:
+            assert result.regret == pytest.approx(run.stats.regret, abs=1e-6)
+            assert result.best_drafter == run.stats.best_drafter
+
+
+def test_trace_round_trips_through_its_file(traced, tmp_path):
+    _, _, trace = traced
+    trace.save(tmp_path / "t.jsonl")
+    again = Trace.load(tmp_path / "t.jsonl")
+    assert again == trace
+    assert set(trace.header.costs) == {"target", "lookup", "small", "half"}
+    assert trace.header.costs["target"](1) > 0
+
+
+def test_trace_records_the_plain_greedy_trajectory(traced):
+    profile, runtime, trace = traced
+    plain = build_runtime(profile, runtime.target, plain=True)
+    for example, prompt in zip(EXAMPLES, trace.prompts):
+        assert prompt.tokens == PromptRun(plain, example.prompt, False).run().detokenizer.ids
+        lookup = prompt.drafters["lookup"]
+        assert all(r <= d for r, d in zip(lookup.run, lookup.drafted))
