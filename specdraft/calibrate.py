@@ -55,9 +55,10 @@ def sweep(trace: Trace, base: PolicyConfig, param: str, grid: list[float], seed:
     return rows
 
 
-def best_row(rows: list[SweepRow]) -> SweepRow:
-    """Fastest by simulated speedup; mean accepted tokens breaks ties."""
-    return max(rows, key=lambda r: (round(r.simulated_speedup, 6), r.mean_accepted))
+def best_row(rows: list[SweepRow], prefer: float | None = None) -> SweepRow:
+    """Fastest by simulated speedup; mean accepted tokens breaks ties, then the `prefer`red
+    (published) value, so a flat sweep does not move a setting for nothing."""
+    return max(rows, key=lambda r: (round(r.simulated_speedup, 6), round(r.mean_accepted, 6), r.value == prefer))
 
 
 _SECTION = re.compile(r"^\s*\[([^\[\]]+)\]\s*(#.*)?$")

@@ -49,8 +49,8 @@ def run_calibrate(opts: CalibrateOptions, console: Console) -> int:
 
     trace = _trace(opts, profile, console)
     rows = sweep(trace, base, opts.param, grid)
-    best = best_row(rows)
     paper = PAPER_DEFAULTS.get((name, opts.param))
+    best = best_row(rows, prefer=paper)
     console.print(sweep_table(name, opts.param, rows, best, paper))
     line = f"best {opts.param} = {best.value:g}: simulated speedup {best.simulated_speedup:.3f}x, mean accepted {best.mean_accepted:.3f}"
     reference = next((r for r in rows if paper is not None and r.value == paper), None)
@@ -64,7 +64,7 @@ def run_calibrate(opts: CalibrateOptions, console: Console) -> int:
                              f"set [policy] name = \"{name}\" first")
         write_policy_option(Path(opts.pool), opts.param, best.value)
         load_profile(opts.pool)  # the edited file must still be a valid profile
-        console.print(f"wrote [policy] {opts.param} = {best.value:g} to {opts.pool}")
+        console.print(f"wrote [policy] {opts.param} = {best.value:g} to {opts.pool}", markup=False)
     return EXIT_OK
 
 
