@@ -43,6 +43,14 @@ def test_bench_runs_every_config_interleaved_and_reports_no_mismatch(pool_file, 
     assert (tmp_path / "r.csv").read_text().startswith("task,config,prompts,speedup")
 
 
+def test_plot_draws_a_png(pool_file, data_file, tmp_path):
+    png = tmp_path / "p.png"
+    result = runner.invoke(app, ["bench", "--pool", str(pool_file), "--data", str(data_file), "--policies",
+                                 "normalhedge", "--plot", str(png), "-n", "8"])
+    assert result.exit_code == 0, result.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_trace_then_replay_and_calibrate(pool_file, data_file, tmp_path):
     trace = tmp_path / "t.jsonl"
     result = runner.invoke(app, ["trace", "--pool", str(pool_file), "--data", str(data_file), "--out", str(trace)])
