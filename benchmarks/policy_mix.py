@@ -48,6 +48,7 @@ CONFIGS = {
     "normalhedge cost-aware": "normalhedge+cost",
     "ucb cost-aware": "ucb+cost",
     "normalhedge cost-aware, update_every=4": "normalhedge+cost+skip",
+    "ucb cost-aware (evaluate=chosen)": "ucb+cost+chosen",
 }
 
 
@@ -58,6 +59,8 @@ def policy_for(profile, spec: str):
     options = dict(overridden.policy.options) | {"evaluate": "all"}
     if "cost" in extras:
         options |= {"cost_aware": True, "allow_none": True}
+    if "chosen" in extras:  # no evaluation phase at all: only the chosen drafter is scored
+        options["evaluate"] = "chosen"
     if "skip" in extras:
         options |= {"warmup_rounds": 6, "update_every": 4}
     from dataclasses import replace
@@ -72,6 +75,7 @@ def main() -> None:
     parser.add_argument("--pool", default="profiles/demo-wide.toml")
     parser.add_argument("-n", "--max-new-tokens", type=int, default=96)
     parser.add_argument("--json")
+    parser.add_argument("--only", help="comma-separated configuration labels to run (plain always runs)")
     args = parser.parse_args()
     quiet_libraries(False)
     torch.set_grad_enabled(False)
@@ -79,6 +83,9 @@ def main() -> None:
     target = load_model(profile.target, str(profile.file), "target")
     configs = dict(CONFIGS) | {f"fixed:{d.name}": f"fixed:{d.name}" for d in profile.drafters}
     runtimes = {label: build_runtime(policy_for(profile, spec), target) for label, spec in configs.items()}
+    if args.only:
+        wanted = {w.strip() for w in args.only.split(",")}
+        runtimes = {k: v for k, v in runtimes.items() if k in wanted}
     runtimes["plain"] = build_runtime(profile, target, plain=True)
 
     results = []
