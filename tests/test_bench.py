@@ -59,7 +59,8 @@ def test_trace_then_replay_and_calibrate(pool_file, data_file, tmp_path):
                                    "--out", str(tmp_path / "rep.json")])
     assert replayed.exit_code == 0, replayed.stderr
     summary = json.loads((tmp_path / "rep.json").read_text())["summary"]
-    assert {r["config"] for r in summary} == {"ucb", "normalhedge", "fixed:lookup"}
+    assert {r["config"] for r in summary} == {"plain", "ucb", "normalhedge", "fixed:lookup"}
+    assert all(r["speedup"] > 0 for r in summary)
 
     text = pool_file.read_text().replace('[policy]\nname = "random"', '[policy]\n# learner\nname = "ucb"  # MetaSD\n')
     pool_file.write_text(text)

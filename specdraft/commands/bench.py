@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from specdraft.bench import plain_config, policy_configs, run_bench, summarize, transformers_configs
+from specdraft.bench import (PLAIN, Sample, plain_config, policy_configs, run_bench, summarize,
+                             transformers_configs)
 from specdraft.commands.io import EXIT_OK
 from specdraft.data import load_dataset
 from specdraft.errors import UsageError
@@ -85,20 +86,20 @@ def _replay_command(opts: BenchOptions, console: Console) -> int:
     flags = [f.strip() for f in (opts.policies or "").split(",") if f.strip()]
     if not flags:
         flags = [base.name] + [f"fixed:{name}" for name in trace.header.drafters]
-    samples_out, rows = [], []
-    for flag in flags:
-        config = _policy_from_flag(flag, base, trace)
-        results = replay(trace, config, seed=opts.seed or 0)
-        for r in results:
-            samples_out.append({"config": flag, **{k: v for k, v in asdict(r).items() if k != "chosen"},
-                                "mean_accepted": r.mean_accepted, "simulated_speedup": r.simulated_speedup})
-        for task in sorted({r.task for r in results}) + ["all"]:
-            group = [r for r in results if task in ("all", r.task)]
-            rows.append(_replay_row(task, flag, group))
-    rows.sort(key=lambda r: (r["task"] == "all", r["task"]))
+    samples = []
+    for index, flag in enumerate(dict.fromkeys(flags)):
+        results = replay(trace, _policy_from_flag(flag, base, trace), seed=opts.seed or 0)
+        if index == 0:  # the plain baseline every simulated speedup is a ratio to
+            samples += [Sample(r.id, r.task, PLAIN, 1, r.tokens, r.tokens, r.plain_simulated_s) for r in results]
+        samples += [Sample(r.id, r.task, flag, 1, r.tokens, r.rounds, r.simulated_s, r.accepted_at, r.drafted_at,
+                           r.regret, r.best_drafter, r.best_arm_share) for r in results]
+    rows = summarize(samples)
+    for row in rows:
+        row["tokens_per_s"] = None  # simulated time: only ratios are meaningful
+        row["mismatches"] = None  # replay follows the recorded trajectory by construction
     console.print(bench_table(rows, f"specdraft bench --replay {opts.replay} · {len(trace.prompts)} prompts · "
                                     "simulated from measured forward costs", simulated=True))
-    _write_outputs(opts, rows, samples_out)
+    _write_outputs(opts, rows, [s.as_dict() for s in samples])
     return EXIT_OK
 
 
@@ -118,22 +119,6 @@ def _policy_from_flag(flag: str, base: PolicyConfig, trace: Trace) -> PolicyConf
     if POLICIES[name].FULL_INFORMATION:
         options["evaluate"] = "all"
     return PolicyConfig(name, options)
-
-
-def _replay_row(task: str, config: str, group) -> dict:
-    tokens, rounds = sum(r.tokens for r in group), sum(r.rounds for r in group)
-    k = len(group[0].drafted_at) if group else 0
-    drafted = [sum(r.drafted_at[j] for r in group) for j in range(k)]
-    accepted = [sum(r.accepted_at[j] for r in group) for j in range(k)]
-    regrets = [r.regret for r in group if r.regret is not None]
-    shares = [r.best_arm_share for r in group if r.best_arm_share is not None]
-    spent = sum(r.simulated_s for r in group)
-    return {"task": task, "config": config, "prompts": len(group),
-            "speedup": sum(r.plain_simulated_s for r in group) / spent if spent else None,
-            "mean_accepted": tokens / rounds if rounds else None,
-            "acceptance_at": [a / d if d else None for a, d in zip(accepted, drafted)],
-            "tokens_per_s": None, "best_arm_share": sum(shares) / len(shares) if shares else None,
-            "regret": sum(regrets) / len(regrets) if regrets else None, "mismatches": None}
 
 
 def _write_outputs(opts: BenchOptions, rows: list[dict], samples: list[dict]) -> None:
