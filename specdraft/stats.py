@@ -4,8 +4,6 @@ panel and the benchmarks, so every number means the same thing everywhere."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
-
 from specdraft.feedback import RegretTracker, expected_accept_length
 
 
@@ -98,10 +96,3 @@ class GenerationStats:
             "best_arm_share": None if self.best_arm_share is None else round(self.best_arm_share, 4),
         }
 
-
-def summarize(records: Iterable, drafter_names: list[str], elapsed_s: float, draft_tokens: int = 5) -> GenerationStats:
-    stats = GenerationStats(list(drafter_names), draft_tokens)
-    for record in records:
-        stats.add(record)
-    stats.elapsed_s = elapsed_s
-    return stats

@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from specdraft.policies.base import OptionSpec, Policy, RoundFeedback, _one_of
+from specdraft.policies.base import OptionSpec, Policy, RoundFeedback, one_of
 
-REWARD = OptionSpec((str,), "bd", _one_of("bd", "be"), 'must be "bd" or "be"',
+REWARD = OptionSpec((str,), "bd", one_of("bd", "be"), 'must be "bd" or "be"',
                     "bd: block divergence (mean 1 - TV); be: block efficiency (accepted / drafted)")
 BETA = OptionSpec((float, int), 0.01, lambda v: v >= 0, "must be >= 0", "exploration strength")
 

@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Sequence
 
-from specdraft.feedback import expected_accept_length
+from specdraft.feedback import bd_reward, be_reward, expected_accept_length
 
 
 @dataclass(frozen=True)
@@ -45,14 +45,14 @@ class OptionSpec:
     help: str = ""
 
 
-def _one_of(*values: str) -> Callable[[Any], bool]:
+def one_of(*values: str) -> Callable[[Any], bool]:
     return lambda value: value in values
 
 
 COMMON_OPTIONS: dict[str, OptionSpec] = {
-    "reset": OptionSpec((str,), "prompt", _one_of("prompt", "never"), 'must be "prompt" or "never"',
+    "reset": OptionSpec((str,), "prompt", one_of("prompt", "never"), 'must be "prompt" or "never"',
                         "forget what was learned before each prompt, or keep learning across prompts"),
-    "evaluate": OptionSpec((str,), "chosen", _one_of("all", "chosen"), 'must be "all" or "chosen"',
+    "evaluate": OptionSpec((str,), "chosen", one_of("all", "chosen"), 'must be "all" or "chosen"',
                            "score every drafter on the verified text each round (full information)"),
     "cost_aware": OptionSpec((bool,), False, help="rank drafters by estimated tokens per second"),
     "allow_none": OptionSpec((bool,), False, help='add a "none" arm: plain decoding for a round'),
@@ -144,11 +144,8 @@ class Policy(ABC):
 
     def chosen_reward(self, fb: RoundFeedback, kind: str = "bd") -> float:
         """Bandit reward in [0, 1] for the chosen arm: BD or BE, or a tokens/s score."""
-        k = max(fb.drafted, 1)
         if not self.cost_aware:
-            if kind == "be":
-                return fb.accepted / k if fb.drafted else 0.0
-            return sum(fb.alphas) / len(fb.alphas) if fb.alphas else 0.0
+            return be_reward(fb.accepted, fb.drafted) if kind == "be" else bd_reward(fb.alphas)
         expected = fb.accepted + 1 if kind == "be" else expected_accept_length(fb.alphas)
         return self.costs.rate_score(fb.arm, expected, self.draft_tokens + 1)
 

@@ -21,19 +21,19 @@ from __future__ import annotations
 import math
 
 from specdraft.feedback import acceptance_loss, expected_accept_length, length_loss
-from specdraft.policies.base import OptionSpec, Policy, RoundFeedback, _one_of
+from specdraft.policies.base import OptionSpec, Policy, RoundFeedback, one_of
 
 HEDGE_OPTIONS = {
-    "evaluate": OptionSpec((str,), "all", _one_of("all"), 'must be "all": these learners score every drafter'),
-    "loss": OptionSpec((str,), "length", _one_of("length", "acceptance"), 'must be "length" or "acceptance"'),
-    "game": OptionSpec((str,), "chunk", _one_of("chunk", "token"), 'must be "chunk" or "token"'),
+    "evaluate": OptionSpec((str,), "all", one_of("all"), 'must be "all": these learners score every drafter'),
+    "loss": OptionSpec((str,), "length", one_of("length", "acceptance"), 'must be "length" or "acceptance"'),
+    "game": OptionSpec((str,), "chunk", one_of("chunk", "token"), 'must be "chunk" or "token"'),
     "hybrid_rounds": OptionSpec((int,), 0, lambda v: v >= 0, "must be >= 0",
                                 "rounds that use the acceptance loss before the length loss"),
     "warmup_rounds": OptionSpec((int,), 0, lambda v: v >= 0, "must be >= 0",
                                 "rounds evaluated one by one before update_every applies"),
     "update_every": OptionSpec((int,), 1, lambda v: v >= 1, "must be >= 1",
                                "evaluate drafters and update once every m rounds (batched)"),
-    "select": OptionSpec((str,), "sample", _one_of("sample", "argmax"), 'must be "sample" or "argmax"',
+    "select": OptionSpec((str,), "sample", one_of("sample", "argmax"), 'must be "sample" or "argmax"',
                          "draw the drafter from the weights, or take the heaviest"),
 }
 
