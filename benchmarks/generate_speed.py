@@ -74,7 +74,7 @@ def main() -> None:
                 if rep > 0:
                     rows.setdefault((task, name), []).append(sample)
 
-    print(f"\n| prompt | configuration | tokens/s (median) | speedup vs transformers plain | mean accepted | outside forwards | greedy text = plain |")
+    print("\n| prompt | configuration | tokens/s (median) | speedup vs transformers plain | mean accepted | outside forwards | greedy text = plain |")
     print("|---|---|---|---|---|---|---|")
     summary = []
     for task in PROMPTS:

@@ -54,6 +54,11 @@ class RegretTracker:
     def __post_init__(self) -> None:
         self.totals = [0.0] * len(self.arms)
 
+    def add_round(self, chosen: int, gammas: Sequence[Sequence[float]], draft_tokens: int) -> None:
+        """One evaluated round: every arm's gammas at its committed positions, the first
+        `draft_tokens` of which bound what a drafter could have had accepted."""
+        self.add(chosen, [expected_accept_length(g[:draft_tokens]) for g in gammas])
+
     def add(self, chosen: int, eal: Sequence[float]) -> None:
         for i, value in enumerate(eal):
             self.totals[i] += value

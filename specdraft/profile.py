@@ -198,21 +198,27 @@ def parse_profile(text: str, path: Path) -> Profile:
 
 
 def parse_policy_flag(flag: str, profile: Profile) -> PolicyConfig:
-    """`--policy ucb` or `--policy fixed:ngram`; options other than the name keep their profile values
-    only when the name is unchanged, since another policy's parameters would not fit."""
+    """`--policy ucb` or `--policy fixed:ngram` over the profile's policy, validated."""
     from specdraft.policies import validate_policy
 
+    config = policy_from_flag(flag, profile.policy)
+    validate_policy(config, profile, key="--policy")
+    return config
+
+
+def policy_from_flag(flag: str, base: PolicyConfig) -> PolicyConfig:
+    """`NAME` or `NAME:DRAFTER` applied over `base` (not validated): options keep their base
+    values only when the name is unchanged, since another policy's own parameters would not
+    fit; the options every policy shares carry over, except `evaluate`, whose default differs."""
     from specdraft.policies.base import COMMON_OPTIONS
 
     name, _, arg = flag.partition(":")
-    options = dict(profile.policy.options)
-    if name != profile.policy.name:  # another policy's own parameters would not fit; shared ones do
+    options = dict(base.options)
+    if name != base.name:
         options = {k: v for k, v in options.items() if k in COMMON_OPTIONS and k != "evaluate"}
     if arg:
         options["drafter"] = arg
-    config = PolicyConfig(name, options)
-    validate_policy(config, profile, key="--policy")
-    return config
+    return PolicyConfig(name, options)
 
 
 def _parse_model(table: _Table, base: Path) -> ModelSpec:

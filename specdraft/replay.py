@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specdraft.feedback import RegretTracker, expected_accept_length
+from specdraft.feedback import RegretTracker
 from specdraft.policies import build_policy, option_value
 from specdraft.policies.base import RoundFeedback
 from specdraft.profile import PolicyConfig
@@ -93,7 +93,7 @@ def _replay_prompt(trace: Trace, prompt: PromptTrace, policy, arms: list[str], e
             if position + count >= total or len(pending) >= policy.evaluation_interval():
                 for fb, start, n in pending:
                     gammas = [_gammas(prompt, name, start, n) for name in arms]
-                    tracker.add(fb.arm, [expected_accept_length(g[:k_max]) for g in gammas])
+                    tracker.add_round(fb.arm, gammas, k_max)
                     policy.update(RoundFeedback(fb.arm, fb.drafted, fb.accepted, fb.alphas, fb.round_seconds, gammas))
                 pending = []
         else:

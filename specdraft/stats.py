@@ -4,7 +4,7 @@ panel and the benchmarks, so every number means the same thing everywhere."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from specdraft.feedback import RegretTracker, expected_accept_length
+from specdraft.feedback import RegretTracker
 
 
 @dataclass
@@ -50,8 +50,7 @@ class GenerationStats:
         for arm, gammas in record.evaluated or ():
             if self.regret_tracker is None:
                 self.regret_tracker = RegretTracker(list(self.drafter_names))
-            k = self.draft_tokens
-            self.regret_tracker.add(arm, [expected_accept_length(g[:k]) for g in gammas])
+            self.regret_tracker.add_round(arm, gammas, self.draft_tokens)
         self.last_drafter, self.last_accepted, self.last_drafted = record.drafter, record.accepted, record.drafted
         use = self.usage.setdefault(record.drafter, DrafterUsage())
         use.rounds += 1

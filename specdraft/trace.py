@@ -25,7 +25,7 @@ import torch
 from specdraft.cached_lm import CachedLM
 from specdraft.data import Example
 from specdraft.decoding.sampling import plain_probs
-from specdraft.drafters import Drafter, ModelDrafter, NgramDrafter, PlainDecoding
+from specdraft.drafters import ModelDrafter, NgramDrafter, PlainDecoding
 from specdraft.errors import UsageError
 from specdraft.runtime import Runtime, build_runtime
 from specdraft.session import PromptRun

@@ -3,7 +3,6 @@ greedy output equals transformers' own greedy `generate`, token for token."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 from pathlib import Path

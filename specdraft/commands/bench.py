@@ -15,7 +15,7 @@ from specdraft.bench import (PLAIN, Sample, plain_config, policy_configs, run_be
 from specdraft.commands.io import EXIT_OK
 from specdraft.data import load_dataset
 from specdraft.errors import UsageError
-from specdraft.profile import PolicyConfig, load_profile
+from specdraft.profile import PolicyConfig, load_profile, policy_from_flag
 from specdraft.replay import replay
 from specdraft.runtime import build_runtime
 from specdraft.trace import Trace, record_trace
@@ -104,21 +104,16 @@ def _replay_command(opts: BenchOptions, console: Console) -> int:
 
 
 def _policy_from_flag(flag: str, base: PolicyConfig, trace: Trace) -> PolicyConfig:
+    """Like `--policy`, but checked against the trace's drafters instead of a profile."""
     from specdraft.policies import POLICIES
-    from specdraft.policies.base import COMMON_OPTIONS
 
-    name, _, arg = flag.partition(":")
-    if name not in POLICIES:
-        raise UsageError(f'--policies: unknown policy "{name}"; expected one of {", ".join(POLICIES)}')
-    options = dict(base.options) if name == base.name else {
-        k: v for k, v in base.options.items() if k in COMMON_OPTIONS and k != "evaluate"}
-    if arg:
-        if arg not in trace.header.drafters and arg != "none":
-            raise UsageError(f'--policies: no drafter "{arg}" in the trace ({", ".join(trace.header.drafters)})')
-        options["drafter"] = arg
-    if POLICIES[name].FULL_INFORMATION:
-        options["evaluate"] = "all"
-    return PolicyConfig(name, options)
+    config = policy_from_flag(flag, base)
+    if config.name not in POLICIES:
+        raise UsageError(f'--policies: unknown policy "{config.name}"; expected one of {", ".join(POLICIES)}')
+    drafter = config.options.get("drafter")
+    if drafter is not None and drafter not in trace.header.drafters and drafter != "none":
+        raise UsageError(f'--policies: no drafter "{drafter}" in the trace ({", ".join(trace.header.drafters)})')
+    return config
 
 
 def _write_outputs(opts: BenchOptions, rows: list[dict], samples: list[dict]) -> None:

@@ -3,7 +3,7 @@ workload, from replays of one trace, optionally written back into the profile.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console

@@ -42,11 +42,16 @@ class RoundRecord:
     verify_s: float
     overhead_s: float
     finish: str | None = None  # "eos" or "length" on the last round
-    gammas: list[list[float]] | None = None  # per drafter, per committed position, once evaluated
     evaluate_s: float = 0.0
     # Rounds whose evaluation finished in this round, as (chosen arm, gammas): this round
     # alone, or several when the policy batches evaluation every m rounds.
     evaluated: list[tuple[int, list[list[float]]]] | None = None
+
+    @property
+    def gammas(self) -> list[list[float]] | None:
+        """This round's gammas per drafter and committed position, if evaluated now (it is
+        always the last of the rounds evaluated together)."""
+        return self.evaluated[-1][1] if self.evaluated else None
 
     @property
     def seconds(self) -> float:
@@ -143,8 +148,7 @@ class SpeculativeEngine:
                 self.policy.update(done)
             t6 = time.perf_counter()
             yield RoundRecord(arm, drafter.name, k, n, tokens, alphas, t2 - t1, t3 - t2,
-                              (t1 - t0) + (t4 - t3) + (t6 - t5), finish,
-                              evaluated[-1].gammas if evaluated else None, t5 - t4,
+                              (t1 - t0) + (t4 - t3) + (t6 - t5), finish, t5 - t4,
                               [(fb.arm, fb.gammas) for fb in evaluated] if evaluated else None)
             if finish:
                 return

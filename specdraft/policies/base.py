@@ -96,8 +96,7 @@ class Policy(ABC):
         if not arms:
             raise ValueError("a policy needs at least one arm")
         self.arms = list(arms)
-        specs = {**COMMON_OPTIONS, **self.OPTIONS}
-        self.options = {k: spec.default for k, spec in specs.items()} | dict(options or {})
+        self.options = {k: spec.default for k, spec in self.all_options().items()} | dict(options or {})
         self.draft_tokens = draft_tokens
         self.horizon = horizon
         self.rng = random.Random(seed)
