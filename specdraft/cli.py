@@ -6,6 +6,7 @@ No logic lives here; each command fills an options object and calls its runner i
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Annotated, Optional
 
@@ -61,8 +62,7 @@ def generate(
     from specdraft.commands.generate import GenerateOptions, run_generate
 
     console = err_console()
-    options = GenerateOptions(pool, prompt, each_line, json_output, chat, panel, stats, policy, draft_tokens,
-                              temperature, top_k, top_p, max_new_tokens, seed, policy_state)
+    options = _options(GenerateOptions, locals())
     _run(console, verbose, lambda: run_generate(options, console))
 
 
@@ -87,8 +87,7 @@ def bench(
     from specdraft.commands.bench import BenchOptions, run_bench_command
 
     console = err_console()
-    options = BenchOptions(pool, data, policies, max_new_tokens, limit, repeat, baseline, out, csv_file, plot,
-                           replay, chat, seed)
+    options = _options(BenchOptions, locals())
     _run(console, verbose, lambda: run_bench_command(options, console))
 
 
@@ -103,7 +102,7 @@ def trace(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Decode each prompt once and score every drafter on it, for offline replay."""
-    from specdraft.commands.bench import run_trace_command
+    from specdraft.commands.trace import run_trace_command
 
     console = err_console()
     _run(console, verbose, lambda: run_trace_command(pool, data, out, max_new_tokens, limit, chat, console))
@@ -128,8 +127,14 @@ def calibrate_beta(
     from specdraft.commands.calibrate import CalibrateOptions, run_calibrate
 
     console = err_console()
-    options = CalibrateOptions(pool, data, trace_file, grid, reward, param, policy, write, limit, max_new_tokens, chat)
+    options = _options(CalibrateOptions, locals())
     _run(console, verbose, lambda: run_calibrate(options, console))
+
+
+def _options(cls, values: dict):
+    """The command's options object from its parameters (`locals()`): every dataclass field
+    is a parameter of the same name, so adding an option is one line in each place."""
+    return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
 
 
 def _run(console, verbose: bool, body) -> None:

@@ -23,6 +23,6 @@ class ProfileError(UsageError):
     """An invalid TOML profile; the message names the file and the key path."""
 
     def __init__(self, file: str | None, key: str | None, message: str):
-        self.file, self.key, self.detail = file, key, message
+        self.file, self.key = file, key
         where = ": ".join(part for part in (file, key) if part)
         super().__init__(f"{where}: {message}" if where else message)

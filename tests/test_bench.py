@@ -7,9 +7,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from specdraft.calibrate import SweepRow, best_row, write_policy_option
+from specdraft.config.edit import write_policy_option
+from specdraft.measurement.sweeps import SweepRow, best_row
 from specdraft.cli import app
-from specdraft.profile import load_profile
+from specdraft.config.profile import load_profile
 
 runner = CliRunner()
 

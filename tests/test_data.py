@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdraft.data import load_dataset
+from specdraft.measurement.datasets import load_dataset
 from specdraft.errors import UsageError
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdraft.cached_lm import CachedLM
+from specdraft.models.cached_lm import CachedLM
 from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
 from specdraft.decoding.sampling import SamplingParams
 from specdraft.drafters import DraftContext, ModelDrafter, NgramDrafter
 from specdraft.drafters.layers import truncated_view
-from specdraft.policies.base import Policy
-from specdraft.policies.simple import FixedPolicy, RandomPolicy
+from specdraft.learning.policies.base import Policy
+from specdraft.learning.policies.simple import FixedPolicy, RandomPolicy
 from tiny import VOCAB, plain_greedy, tiny_llama
 
 PROMPTS = [[5, 9, 11, 3, 7, 5, 9], [1, 40, 41, 42, 40, 41], [17]]
@@ -42,7 +42,7 @@ def pool(target):
     return [
         NgramDrafter("lookup", ctx, 1, 3),
         ModelDrafter("small", ctx, tiny_llama(seed=1, layers=1)),
-        ModelDrafter("half", ctx, truncated_view(target, 2, ("f", "k"))),
+        ModelDrafter("half", ctx, truncated_view(target, 2)),
         ModelDrafter("twin", ctx, target),  # identical to the target: everything is accepted
     ]
 
@@ -118,7 +118,7 @@ def test_records_carry_alphas_and_timings(target, pool):
 
 
 def test_layers_view_shares_weights_and_leaves_the_target_whole(target):
-    view = truncated_view(target, 2, ("f", "k"))
+    view = truncated_view(target, 2)
     assert len(target.model.layers) == 3 and target.config.num_hidden_layers == 3
     assert view.model.layers[0] is target.model.layers[0]
     assert view.lm_head.weight.data_ptr() == target.lm_head.weight.data_ptr()
@@ -137,16 +137,13 @@ def test_empty_prompt_is_refused(target, pool):
 # --- learning policies and full-information evaluation ---------------------------------
 
 from specdraft.drafters import PlainDecoding  # noqa: E402
-from specdraft.policies import POLICIES, build_policy  # noqa: E402
-from specdraft.profile import PolicyConfig  # noqa: E402
+from specdraft.learning.policies import POLICIES, build_policy  # noqa: E402
 
 
 def policy_engine(target, drafters, name, k=4, max_new=40, **options):
     options = {"drafter": drafters[0].name} | options if name == "fixed" else options
-    full = POLICIES[name].FULL_INFORMATION or options.get("evaluate") == "all"
-    policy = build_policy(PolicyConfig(name, options), [d.name for d in drafters], seed=0, draft_tokens=k,
-                          horizon=max_new)
-    settings = EngineSettings(k, max_new, SamplingParams(), evaluate_all=full)
+    policy = build_policy(name, options, [d.name for d in drafters], seed=0, draft_tokens=k, horizon=max_new)
+    settings = EngineSettings(k, max_new, SamplingParams())
     return SpeculativeEngine(CachedLM(target), drafters, policy, settings)
 
 
@@ -160,7 +157,7 @@ def test_every_policy_keeps_greedy_output_identical(target, pool, name, options)
     for _ in range(2):  # a second prompt starts from reset state (or keeps it): same text either way
         records = list(engine.generate(PROMPTS[0]))
         assert committed(records) == reference
-        assert all((r.gammas is not None) == engine.settings.evaluate_all for r in records)
+        assert all((r.gammas is not None) == engine.driver.full_information for r in records)
 
 
 def test_full_information_keeps_every_cache_in_sync(target, pool):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdraft.feedback import (RegretTracker, acceptance_loss, bd_reward, be_reward, expected_accept_length,
+from specdraft.learning.feedback import (RegretTracker, acceptance_loss, bd_reward, be_reward, expected_accept_length,
                                 length_loss)
 
 

@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from specdraft.feedback import RegretTracker, expected_accept_length
-from specdraft.policies import POLICIES, RoundFeedback
-from specdraft.policies.bandits import Exp3Policy
-from specdraft.policies.halving import HalvingPolicy
-from specdraft.policies.hedge import normalhedge_scale
+from specdraft.learning.feedback import RegretTracker, expected_accept_length
+from specdraft.learning.policies import POLICIES, RoundFeedback
+from specdraft.learning.policies.bandits import Exp3Policy
+from specdraft.learning.policies.halving import HalvingPolicy
+from specdraft.learning.policies.hedge import normalhedge_scale
 
 K = 5
 
@@ -66,7 +66,7 @@ def share(chosen, arm, last):
 
 
 def test_no_policy_imports_torch():
-    code = "import sys, specdraft.policies, specdraft.feedback; print('torch' in sys.modules)"
+    code = "import sys, specdraft.learning.policies, specdraft.learning.feedback; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

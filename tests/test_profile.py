@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from specdraft.errors import ProfileError
-from specdraft.profile import load_profile, parse_profile
+from specdraft.config.profile import load_profile, parse_profile
 
 GOOD = """
 [target]
@@ -49,7 +49,7 @@ def test_good_profile_maps_onto_dataclasses(tmp_path):
     assert profile.target.hub == "org/model" and profile.target.dtype == "auto"
     assert profile.decode.draft_tokens == 3 and profile.decode.stop == ("###",) and profile.decode.greedy
     assert [d.name for d in profile.drafters] == ["lookup", "early"]
-    assert profile.drafters[0].max_ngram == 4 and profile.drafters[1].layers == 8
+    assert profile.drafters[0].options.max_ngram == 4 and profile.drafters[1].options.layers == 8
     assert profile.policy.name == "fixed" and profile.policy.options == {"drafter": "lookup"}
 
 

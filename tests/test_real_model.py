@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdraft.loading import load_model
-from specdraft.profile import load_profile
+from specdraft.models.loading import load_model
+from specdraft.config.profile import load_profile
 from specdraft.runtime import build_runtime
-from specdraft.session import PromptRun
+from specdraft.session.prompt_run import PromptRun
 
 DEMO = Path(__file__).resolve().parent.parent / "profiles" / "demo.toml"
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from specdraft.data import Example
-from specdraft.profile import load_profile
-from specdraft.replay import replay
+from specdraft.measurement.datasets import Example
+from specdraft.config.profile import load_profile
+from specdraft.measurement.replay import replay
 from specdraft.runtime import build_runtime
-from specdraft.session import PromptRun
-from specdraft.trace import Trace, record_trace
+from specdraft.session.prompt_run import PromptRun
+from specdraft.measurement.traces import Trace, record_trace
 
 EXAMPLES = [Example("a", "hello there hello there", "copy"), Example("b", "abc", "open"),
             Example("c", "the cat sat on the mat, the cat", "copy")]
@@ -44,7 +44,7 @@ def traced(tiny_models, tmp_path_factory):
 def live(profile, runtime, flag, options):
     from dataclasses import replace
 
-    from specdraft.profile import PolicyConfig
+    from specdraft.config.profile import PolicyConfig
 
     p = profile.with_overrides(policy=flag)
     p = replace(p, policy=PolicyConfig(p.policy.name, dict(p.policy.options) | options))

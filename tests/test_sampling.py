@@ -10,13 +10,13 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdraft.cached_lm import CachedLM
+from specdraft.models.cached_lm import CachedLM
 from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
 from specdraft.decoding.sampling import SamplingParams, sampling_probs
 from specdraft.decoding.verify import verify_sampling
 from specdraft.drafters import DraftContext, ModelDrafter, NgramDrafter
 from specdraft.drafters.layers import truncated_view
-from specdraft.policies.simple import FixedPolicy, RandomPolicy
+from specdraft.learning.policies.simple import FixedPolicy, RandomPolicy
 from tiny import tiny_llama
 
 P_MIN = 1e-3  # a correct sampler fails one of these tests about once in a thousand runs
@@ -73,7 +73,7 @@ def test_generated_sequences_follow_the_target(params):
     ctx = DraftContext(params, gen, torch.device("cpu"), vocab)
     drafters = [ModelDrafter("small", ctx, tiny_llama(seed=5, vocab=vocab, layers=1, scale=8.0)),
                 NgramDrafter("lookup", ctx, 1, 2),
-                ModelDrafter("half", ctx, truncated_view(target, 1, ("f", "k")))]
+                ModelDrafter("half", ctx, truncated_view(target, 1))]
     policy = RandomPolicy([d.name for d in drafters], seed=2)
     engine = SpeculativeEngine(CachedLM(target), drafters, policy, EngineSettings(3, 3, params), gen)
     pairs, thirds, n_draws = Counter(), Counter(), 1500

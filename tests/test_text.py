@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from specdraft.text import Detokenizer, StopStringFilter
+from specdraft.session.text import Detokenizer, StopStringFilter
 from tiny import byte_tokenizer
 
 

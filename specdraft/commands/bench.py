@@ -1,4 +1,5 @@
-"""`specdraft bench` (live or `--replay`) and `specdraft trace`."""
+"""`specdraft bench`: live (every configuration on every prompt, interleaved) or
+`--replay TRACE` (policies replayed offline)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from specdraft.bench import (PLAIN, Sample, plain_config, policy_configs, run_bench, summarize,
-                             transformers_configs)
-from specdraft.commands.io import EXIT_OK
-from specdraft.data import load_dataset
+from specdraft.commands.io import EXIT_OK, warner
+from specdraft.config.profile import PolicyConfig, load_profile, policy_from_flag
 from specdraft.errors import UsageError
-from specdraft.profile import PolicyConfig, load_profile, policy_from_flag
-from specdraft.replay import replay
+from specdraft.learning.policies import POLICIES
+from specdraft.measurement.baselines import transformers_configs
+from specdraft.measurement.benchmark import PLAIN, Sample, plain_config, policy_configs, run_bench, summarize
+from specdraft.measurement.datasets import load_dataset
+from specdraft.measurement.replay import replay
+from specdraft.measurement.traces import Trace
 from specdraft.runtime import build_runtime
-from specdraft.trace import Trace, record_trace
+from specdraft.ui.progress import progress_bar
 from specdraft.ui.tables import bench_table
 
 
@@ -32,17 +34,11 @@ class BenchOptions:
     repeat: int = 1
     baseline: str | None = None
     out: str | None = None
-    csv: str | None = None
+    csv_file: str | None = None
     plot: str | None = None
     replay: str | None = None
     chat: bool | None = None
     seed: int | None = None
-
-
-def _progress(console: Console) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("eta"), TimeRemainingColumn(), console=console, transient=True,
-                    redirect_stdout=False, redirect_stderr=False, disable=not console.is_terminal)
 
 
 def run_bench_command(opts: BenchOptions, console: Console) -> int:
@@ -55,17 +51,15 @@ def run_bench_command(opts: BenchOptions, console: Console) -> int:
     if opts.repeat < 1:
         raise UsageError("--repeat must be at least 1")
     profile = load_profile(opts.pool).with_overrides(max_new_tokens=opts.max_new_tokens, seed=opts.seed)
-    examples = load_dataset(opts.data, lambda m: console.print(f"[yellow]warning:[/] {m}", soft_wrap=True), opts.limit)
+    examples = load_dataset(opts.data, warner(console), opts.limit)
     runtime = build_runtime(profile)
     flags = [f.strip() for f in opts.policies.split(",") if f.strip()] if opts.policies else None
     configs = [plain_config(profile, runtime, opts.chat)] + policy_configs(profile, flags, runtime, opts.chat)
     if opts.baseline == "transformers":
         configs += transformers_configs(profile, runtime, opts.chat)
     total = len(configs) * (1 + opts.repeat * len(examples))
-    with _progress(console) as progress:
-        task = progress.add_task("bench", total=total)
-        samples = run_bench(configs, examples, opts.repeat, lambda label: progress.update(task, advance=1,
-                                                                                          description=label))
+    with progress_bar(console, "bench", total) as tick:
+        samples = run_bench(configs, examples, opts.repeat, tick)
     rows = summarize(samples)
     console.print(bench_table(rows, f"specdraft bench · {len(examples)} prompts × {opts.repeat} repeats · "
                                     f"speedup = wall time of plain decoding / wall time"))
@@ -74,7 +68,7 @@ def run_bench_command(opts: BenchOptions, console: Console) -> int:
         console.print(f"[bold red]{mismatched} greedy outputs differ from plain decoding[/]")
     _write_outputs(opts, rows, [s.as_dict() for s in samples])
     if opts.plot:
-        from specdraft.plot import plot_bench
+        from specdraft.measurement.plot import plot_bench
 
         plot_bench(rows, samples, Path(opts.plot))
     return EXIT_OK
@@ -105,8 +99,6 @@ def _replay_command(opts: BenchOptions, console: Console) -> int:
 
 def _policy_from_flag(flag: str, base: PolicyConfig, trace: Trace) -> PolicyConfig:
     """Like `--policy`, but checked against the trace's drafters instead of a profile."""
-    from specdraft.policies import POLICIES
-
     config = policy_from_flag(flag, base)
     if config.name not in POLICIES:
         raise UsageError(f'--policies: unknown policy "{config.name}"; expected one of {", ".join(POLICIES)}')
@@ -119,27 +111,10 @@ def _policy_from_flag(flag: str, base: PolicyConfig, trace: Trace) -> PolicyConf
 def _write_outputs(opts: BenchOptions, rows: list[dict], samples: list[dict]) -> None:
     if opts.out:
         Path(opts.out).write_text(json.dumps({"summary": rows, "samples": samples}, indent=1), encoding="utf-8")
-    if opts.csv:
-        with open(opts.csv, "w", newline="", encoding="utf-8") as fh:
+    if opts.csv_file:
+        with open(opts.csv_file, "w", newline="", encoding="utf-8") as fh:
             writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
             writer.writeheader()
             for row in rows:
                 writer.writerow({k: (" ".join("" if a is None else f"{a:.4f}" for a in v) if isinstance(v, list) else v)
                                  for k, v in row.items()})
-
-
-def run_trace_command(pool: str, data: str, out: str, max_new_tokens: int | None, limit: int | None,
-                      chat: bool | None, console: Console) -> int:
-    profile = load_profile(pool).with_overrides(max_new_tokens=max_new_tokens)
-    examples = load_dataset(data, lambda m: console.print(f"[yellow]warning:[/] {m}", soft_wrap=True), limit)
-    runtime = build_runtime(profile)
-    trace = record_trace_with_progress(runtime, examples, chat, console)
-    trace.save(out)
-    console.print(f"traced {len(trace.prompts)} prompts, {sum(len(p.tokens) for p in trace.prompts)} tokens → {out}")
-    return EXIT_OK
-
-
-def record_trace_with_progress(runtime, examples, chat, console) -> Trace:
-    with _progress(console) as progress:
-        task = progress.add_task("trace", total=len(examples))
-        return record_trace(runtime, examples, chat, lambda e: progress.update(task, advance=1, description=e.id))

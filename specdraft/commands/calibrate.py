@@ -8,14 +8,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from specdraft.calibrate import PAPER_DEFAULTS, TUNABLE, best_row, check_tunable, sweep, write_policy_option
-from specdraft.commands.bench import record_trace_with_progress
-from specdraft.commands.io import EXIT_OK
-from specdraft.data import load_dataset
+from specdraft.commands.io import EXIT_OK, warner
+from specdraft.commands.trace import trace_with_progress
+from specdraft.config.edit import write_policy_option
+from specdraft.config.profile import PolicyConfig, load_profile
 from specdraft.errors import UsageError
-from specdraft.profile import PolicyConfig, load_profile
-from specdraft.runtime import build_runtime
-from specdraft.trace import Trace
+from specdraft.measurement.datasets import load_dataset
+from specdraft.measurement.sweeps import PAPER_DEFAULTS, TUNABLE, best_row, check_tunable, sweep
+from specdraft.measurement.traces import Trace
 from specdraft.ui.tables import sweep_table
 
 
@@ -23,7 +23,7 @@ from specdraft.ui.tables import sweep_table
 class CalibrateOptions:
     pool: str
     data: str | None = None
-    trace: str | None = None
+    trace_file: str | None = None
     grid: str | None = None
     reward: str | None = None
     param: str = "beta"
@@ -69,15 +69,15 @@ def run_calibrate(opts: CalibrateOptions, console: Console) -> int:
 
 
 def _trace(opts: CalibrateOptions, profile, console: Console) -> Trace:
-    if opts.trace and Path(opts.trace).exists():
-        return Trace.load(opts.trace)
+    if opts.trace_file and Path(opts.trace_file).exists():
+        return Trace.load(opts.trace_file)
     if not opts.data:
         raise UsageError("calibrate-beta needs --data to record a trace (or --trace with an existing trace file)")
     profile = profile.with_overrides(max_new_tokens=opts.max_new_tokens)
-    examples = load_dataset(opts.data, lambda m: console.print(f"[yellow]warning:[/] {m}", soft_wrap=True), opts.limit)
-    trace = record_trace_with_progress(build_runtime(profile), examples, opts.chat, console)
-    if opts.trace:
-        trace.save(opts.trace)
+    examples = load_dataset(opts.data, warner(console), opts.limit)
+    trace = trace_with_progress(profile, examples, opts.chat, console)
+    if opts.trace_file:
+        trace.save(opts.trace_file)
     return trace
 
 

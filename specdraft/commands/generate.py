@@ -13,9 +13,9 @@ from rich.console import Console
 
 from specdraft.commands.io import EXIT_INTERRUPTED, EXIT_OK, CommandExit
 from specdraft.errors import UsageError
-from specdraft.profile import load_profile
+from specdraft.config.profile import load_profile
 from specdraft.runtime import build_runtime
-from specdraft.session import PromptRun
+from specdraft.session.prompt_run import PromptRun
 from specdraft.ui.panel import LiveView, stats_panel, summary_line
 
 

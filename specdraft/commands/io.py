@@ -28,6 +28,11 @@ def err_console() -> Console:
     return Console(stderr=True, highlight=False, width=wide)
 
 
+def warner(console: Console):
+    """`warn(message)` for recoverable problems (a skipped dataset line, ...)."""
+    return lambda message: console.print(f"[yellow]warning:[/] {message}", soft_wrap=True)
+
+
 def quiet_libraries(verbose: bool) -> None:
     """transformers' progress bars and warnings would clutter stderr around the panel."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

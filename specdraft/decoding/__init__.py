@@ -1,1 +1,2 @@
-"""The decode core: sampling transforms, lossless verification and the round loop."""
+"""The decode core: sampling transforms, lossless verification, the round loop, and the
+live full-information evaluator. Token ids only; no text, no printing."""

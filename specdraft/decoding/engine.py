@@ -1,23 +1,28 @@
-"""The round loop (DESIGN.md section 1): select, draft, verify, accept, commit, feedback.
+"""The round (ARCHITECTURE.md, "The round"): choose, draft, verify, commit, learn.
 
 The engine knows nothing about text: it takes prompt token ids and yields one RoundRecord
 per round with the tokens that round committed. It never branches on drafter kind or
-policy. One host synchronisation per round: reading the packed verdict.
+policy: the PolicyDriver decides what the policy learns and when, the PoolEvaluator
+scores drafters when the policy asks for full information. One host synchronisation per
+round: reading the packed verdict.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
 
-from specdraft.cached_lm import CachedLM
+from specdraft.decoding.evaluation import PoolEvaluator, RoundEvidence
 from specdraft.decoding.sampling import SamplingParams, plain_probs, sampling_probs
+from specdraft.decoding.stopwatch import Stopwatch
 from specdraft.decoding.verify import verify_greedy, verify_sampling
-from specdraft.drafters.base import Drafter
-from specdraft.policies.base import Policy, RoundFeedback
+from specdraft.drafters.base import Draft, Drafter
+from specdraft.learning.driver import Gammas, PolicyDriver, RoundOutcome
+from specdraft.learning.feedback import RoundFeedback
+from specdraft.learning.policies.base import Policy
+from specdraft.models.cached_lm import CachedLM
 
 
 @dataclass(frozen=True)
@@ -26,8 +31,6 @@ class EngineSettings:
     max_new_tokens: int
     sampling: SamplingParams
     eos_ids: frozenset[int] = frozenset()
-    reset_policy: bool = True  # forget what the policy learned before each prompt
-    evaluate_all: bool = False  # full information: score every drafter on each verified chunk
 
 
 @dataclass
@@ -40,165 +43,131 @@ class RoundRecord:
     alphas: list[float]  # 1 - TV(p_j, q_j) per drafted position
     draft_s: float
     verify_s: float
-    overhead_s: float
-    finish: str | None = None  # "eos" or "length" on the last round
+    overhead_s: float  # choosing, committing, policy updates: everything but the three phases
     evaluate_s: float = 0.0
+    finish: str | None = None  # "eos" or "length" on the last round
     # Rounds whose evaluation finished in this round, as (chosen arm, gammas): this round
     # alone, or several when the policy batches evaluation every m rounds.
-    evaluated: list[tuple[int, list[list[float]]]] | None = None
+    evaluated: list[tuple[int, Gammas]] | None = None
 
     @property
-    def gammas(self) -> list[list[float]] | None:
+    def gammas(self) -> Gammas | None:
         """This round's gammas per drafter and committed position, if evaluated now (it is
         always the last of the rounds evaluated together)."""
         return self.evaluated[-1][1] if self.evaluated else None
 
-    @property
-    def seconds(self) -> float:
-        return self.draft_s + self.verify_s + self.overhead_s + self.evaluate_s
 
+@dataclass
+class _Verified:
+    """The verify step's result, read from the device once."""
 
-class SpeculativeEngine:
-    def __init__(
-        self,
-        target: CachedLM,
-        drafters: Sequence[Drafter],
-        policy: Policy,
-        settings: EngineSettings,
-        generator: torch.Generator | None = None,
-    ):
-        self.target = target
-        self.drafters = list(drafters)
-        self.policy = policy
-        self.settings = settings
-        self.generator = generator
+    accepted: int
+    tokens: list[int]  # accepted drafts + the recovered or bonus token
+    alphas: list[float]
+    next_input: torch.Tensor  # [1] the last committed token: the next verify feeds it
+    alphas_on_device: torch.Tensor  # [k]
+    logits: torch.Tensor  # [k + 1, V]
+    probs: torch.Tensor | None  # [k + 1, V] processed p under sampling, None under greedy
 
-    def generate(self, prompt_ids: Sequence[int]) -> Iterator[RoundRecord]:
-        if not prompt_ids:
-            raise ValueError("the prompt is empty: nothing to condition on")
-        s = self.settings
-        device = self.target.device
-        self.target.reset()
-        for drafter in self.drafters:
-            drafter.reset()
-        if s.reset_policy:
-            self.policy.reset()
-
-        context = list(prompt_ids)
-        if len(context) > 1:  # prefill all but the last token; the first verify feeds that one
-            self.target.feed(torch.tensor(context[:-1], dtype=torch.long, device=device), keep=1)
-        last = torch.tensor(context[-1:], dtype=torch.long, device=device)  # [1]
-        produced = 0
-        pending: list[_PendingRound] = []  # committed rounds awaiting full-information evaluation
-        while produced < s.max_new_tokens:
-            t0 = time.perf_counter()
-            arm = self.policy.select()
-            drafter = self.drafters[arm]
-            # Never draft past the budget: the round commits at most k + 1 tokens.
-            k = min(s.draft_tokens, s.max_new_tokens - produced - 1)
-            t1 = time.perf_counter()
-            draft = drafter.propose(context, k) if k > 0 else drafter.empty_draft()
-            k = draft.tokens.shape[0]
-            t2 = time.perf_counter()
-
-            logits = self.target.feed(torch.cat([last, draft.tokens]), keep=0)  # [k + 1, V]
-            if s.sampling.greedy:
-                p = None
-                verdict = verify_greedy(logits, draft.tokens, draft.probs)
-            else:
-                p = sampling_probs(logits, s.sampling)
-                verdict = verify_sampling(p, draft.tokens, draft.probs, self.generator)
-            # The round's single device-to-host sync: accepted count, tokens and alphas at once.
-            # float64 holds every token id exactly.
-            packed = torch.cat(
-                [verdict.n_accepted.view(1).double(), verdict.tokens.double(), verdict.alphas.double()]
-            ).tolist()
-            n = int(packed[0])
-            tokens = [int(t) for t in packed[1 : n + 2]]
-            alphas = packed[k + 2 :]
-            t3 = time.perf_counter()
-
-            start = len(context)
-            self.target.crop(start + n)  # keeps context[:-1] + last + n accepted drafts
-            drafter.on_commit(n)
-            last = verdict.tokens.index_select(0, verdict.n_accepted.view(1))
-            finish = None
-            for i, token in enumerate(tokens):
-                if token in s.eos_ids:
-                    tokens, finish = tokens[: i + 1], "eos"
-                    break
-            if produced + len(tokens) >= s.max_new_tokens:
-                tokens = tokens[: s.max_new_tokens - produced]
-                finish = finish or "length"
-            context.extend(tokens)
-            produced += len(tokens)
-            t4 = time.perf_counter()
-            feedback = RoundFeedback(arm, k, n, alphas, t3 - t0)
-            evaluated = None
-            if s.evaluate_all:
-                target_probs = plain_probs(logits[: len(tokens)]) if p is None else p[: len(tokens)]
-                pending.append(_PendingRound(start, len(tokens), arm, verdict.alphas, target_probs, feedback))
-                if finish or len(pending) >= self.policy.evaluation_interval():
-                    evaluated = self._evaluate(context, pending)
-                    pending = []
-            t5 = time.perf_counter()
-            if not s.evaluate_all:
-                self.policy.update(feedback)
-            for done in evaluated or ():
-                self.policy.update(done)
-            t6 = time.perf_counter()
-            yield RoundRecord(arm, drafter.name, k, n, tokens, alphas, t2 - t1, t3 - t2,
-                              (t1 - t0) + (t4 - t3) + (t6 - t5), finish, t5 - t4,
-                              [(fb.arm, fb.gammas) for fb in evaluated] if evaluated else None)
-            if finish:
-                return
-
-    def _evaluate(self, context: list[int], pending: list["_PendingRound"]) -> list[RoundFeedback]:
-        """HedgeSpec's evaluation phase over the pending rounds: gamma of every drafter at
-        every committed position. Every drafter ends caught up, so switching later costs
-        nothing. Positions a drafter did not draft are scored in one forward per contiguous
-        span (batching m rounds into one forward is what makes `update_every` cheap); one
-        host sync reads everything."""
-        per_drafter = []
-        for i, drafter in enumerate(self.drafters):
-            parts, span = [], []  # span: consecutive pending rounds this drafter did not draft
-            for round_ in pending:
-                if round_.arm != i or not drafter.draft_alignment_is_score:
-                    span.append(round_)
-                    continue
-                parts.extend(self._score_span(drafter, context, span))
-                span = []
-                known = min(round_.count, round_.alphas.shape[0])  # its draft scored these already
-                parts.append(round_.alphas[:known].to(round_.target_probs.dtype))
-                if round_.count > known:
-                    parts.append(drafter.score(context, round_.start + known, round_.count - known,
-                                               round_.target_probs[known:]))
-            parts.extend(self._score_span(drafter, context, span))
-            per_drafter.append(torch.cat(parts))
-        flat = torch.cat(per_drafter).double().tolist()  # [n_drafters * positions]: one sync
-        total = sum(r.count for r in pending)
-        rows = [flat[i * total : (i + 1) * total] for i in range(len(self.drafters))]
-        out, offset = [], 0
-        for round_ in pending:
-            gammas = [row[offset : offset + round_.count] for row in rows]
-            offset += round_.count
-            fb = round_.feedback
-            out.append(RoundFeedback(fb.arm, fb.drafted, fb.accepted, fb.alphas, fb.round_seconds, gammas))
-        return out
-
-    @staticmethod
-    def _score_span(drafter: Drafter, context: list[int], span: list["_PendingRound"]) -> list[torch.Tensor]:
-        if not span:
-            return []
-        probs = torch.cat([r.target_probs for r in span]) if len(span) > 1 else span[0].target_probs
-        return [drafter.score(context, span[0].start, sum(r.count for r in span), probs)]
+    def target_probs(self, count: int) -> torch.Tensor:
+        """The target's distributions at the first `count` positions [count, V]."""
+        return plain_probs(self.logits[:count]) if self.probs is None else self.probs[:count]
 
 
 @dataclass
-class _PendingRound:
-    start: int  # context length before the round committed
-    count: int  # tokens it committed
-    arm: int
-    alphas: torch.Tensor  # [k] the chosen drafter's alignment at its drafted positions
-    target_probs: torch.Tensor  # [count, V] the target's distributions at the committed positions
-    feedback: RoundFeedback
+class _Prompt:
+    context: list[int]  # committed tokens, prompt included
+    next_input: torch.Tensor  # [1]
+    produced: int = 0
+
+
+class SpeculativeEngine:
+    def __init__(self, target: CachedLM, drafters: Sequence[Drafter], policy: Policy, settings: EngineSettings,
+                 generator: torch.Generator | None = None):
+        self.target = target
+        self.drafters = list(drafters)
+        self.settings = settings
+        self.generator = generator
+        self.driver = PolicyDriver(policy, settings.draft_tokens, settings.max_new_tokens)
+
+    @property
+    def policy(self) -> Policy:
+        return self.driver.policy
+
+    def generate(self, prompt_ids: Sequence[int]) -> Iterator[RoundRecord]:
+        state = self._start(prompt_ids)
+        while state.produced < self.settings.max_new_tokens:
+            watch = Stopwatch()
+            arm, k = self.driver.choose(state.produced)
+            drafter = self.drafters[arm]
+            watch.lap("overhead")
+            draft = drafter.propose(state.context, k) if k > 0 else drafter.empty_draft()
+            watch.lap("draft")
+            verified = self._verify(state.next_input, draft)
+            watch.lap("verify")
+            start = len(state.context)
+            tokens, finish = self._commit(state, drafter, verified)
+            feedback = RoundFeedback(arm, len(verified.alphas), verified.accepted, verified.alphas, watch.elapsed)
+            evidence = RoundEvidence(verified.alphas_on_device, verified.target_probs(len(tokens))) \
+                if self.driver.full_information else None
+            learned = self.driver.finish_round(RoundOutcome(feedback, start, len(tokens), evidence),
+                                               last=finish is not None)
+            watch.lap("overhead")
+            watch.move(learned.evaluate_s, "overhead", "evaluate")
+            yield RoundRecord(arm=arm, drafter=drafter.name, drafted=feedback.drafted, accepted=verified.accepted,
+                              tokens=tokens, alphas=verified.alphas, draft_s=watch["draft"],
+                              verify_s=watch["verify"], overhead_s=watch["overhead"],
+                              evaluate_s=watch["evaluate"], finish=finish, evaluated=learned.evaluated or None)
+            if finish:
+                return
+
+    def _start(self, prompt_ids: Sequence[int]) -> _Prompt:
+        """Reset every cache and the policy (as it asks), and prefill the prompt."""
+        if not prompt_ids:
+            raise ValueError("the prompt is empty: nothing to condition on")
+        self.target.reset()
+        for drafter in self.drafters:
+            drafter.reset()
+        context = list(prompt_ids)
+        self.driver.start_prompt(PoolEvaluator(self.drafters, context) if self.driver.full_information else None)
+        device = self.target.device
+        if len(context) > 1:  # prefill all but the last token; the first verify feeds that one
+            self.target.feed(torch.tensor(context[:-1], dtype=torch.long, device=device), keep=1)
+        return _Prompt(context, torch.tensor(context[-1:], dtype=torch.long, device=device))
+
+    def _verify(self, next_input: torch.Tensor, draft: Draft) -> _Verified:
+        """One target forward over [last committed token, draft] and lossless acceptance."""
+        k = draft.tokens.shape[0]
+        logits = self.target.feed(torch.cat([next_input, draft.tokens]), keep=0)  # [k + 1, V]
+        probs = None
+        if self.settings.sampling.greedy:
+            verdict = verify_greedy(logits, draft.tokens, draft.probs)
+        else:
+            probs = sampling_probs(logits, self.settings.sampling)
+            verdict = verify_sampling(probs, draft.tokens, draft.probs, self.generator)
+        # The round's single device-to-host sync: accepted count, tokens and alphas at once.
+        # float64 holds every token id exactly.
+        packed = torch.cat(
+            [verdict.n_accepted.view(1).double(), verdict.tokens.double(), verdict.alphas.double()]
+        ).tolist()
+        n = int(packed[0])
+        return _Verified(n, [int(t) for t in packed[1 : n + 2]], packed[k + 2 :],
+                         verdict.tokens.index_select(0, verdict.n_accepted.view(1)), verdict.alphas, logits, probs)
+
+    def _commit(self, state: _Prompt, drafter: Drafter, verified: _Verified) -> tuple[list[int], str | None]:
+        """Keep the accepted tokens: crop rejected positions from the caches, cut at EOS and
+        at the budget. Returns the committed tokens and why generation ends, if it does."""
+        self.target.crop(len(state.context) + verified.accepted)  # context[:-1] + last + accepted drafts
+        drafter.on_commit(verified.accepted)
+        tokens, finish = verified.tokens, None
+        for i, token in enumerate(tokens):
+            if token in self.settings.eos_ids:
+                tokens, finish = tokens[: i + 1], "eos"
+                break
+        room = self.settings.max_new_tokens - state.produced
+        if len(tokens) >= room:
+            tokens, finish = tokens[:room], finish or "length"
+        state.context.extend(tokens)
+        state.produced += len(tokens)
+        state.next_input = verified.next_input
+        return tokens, finish

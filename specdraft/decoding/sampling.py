@@ -50,6 +50,12 @@ def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return torch.softmax(scores, dim=-1)
 
 
+def distributions(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """A drafter's q [n, V] as decoding compares it with the target's p: processed for
+    sampling, and at temperature 1 under greedy (where it only feeds alignment feedback)."""
+    return plain_probs(logits) if params.greedy else sampling_probs(logits, params)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One token id per row of `probs` [n, V] -> [n], with no host synchronisation."""
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

@@ -26,12 +26,17 @@ class Verdict:
     alphas: torch.Tensor  # [k] float: 1 - TV(p_j, q_j), the acceptance probability per position
 
 
+def overlap(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """1 - TV(p, q) = sum_v min(p(v), q(v)) per row: [n, V] x [n, V] -> [n]."""
+    return torch.minimum(p, q.to(p.dtype)).sum(dim=-1)
+
+
 def alignment(p: torch.Tensor, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> torch.Tensor:
-    """alpha_j = sum_v min(p_j(v), q_j(v)) [k]; for one-hot q that is p_j(y_j)."""
+    """alpha_j = 1 - TV(p_j, q_j) [k]; for one-hot q (draft_probs None) that is p_j(y_j)."""
     # p: [k, V]; draft_tokens: [k]; draft_probs: [k, V] or None
     if draft_probs is None:
         return p.gather(-1, draft_tokens.view(-1, 1)).squeeze(-1)
-    return torch.minimum(p, draft_probs.to(p.dtype)).sum(dim=-1)
+    return overlap(p, draft_probs)
 
 
 def _leading_true(flags: torch.Tensor) -> torch.Tensor:

@@ -1,19 +1,29 @@
-"""The one interface every drafter kind implements, so the round never branches on kind.
+"""The one interface every drafter kind implements, so nothing outside this package
+branches on kind.
 
 A drafter sees the committed context (token ids), proposes up to k tokens with the
 distributions it drew them from, and is told afterwards how many were accepted so it can
 roll its own state back. A deterministic drafter returns `probs=None` (one-hot q).
+Each kind also reads its own profile keys (`parse_options`), builds itself (`build`),
+scores itself along a finished trajectory for offline replay (`trajectory_scores`), and
+says which causal LM it drafts with, if any (`causal_lm`), for cost measurement and
+transformers' assisted-generation baseline.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import torch
 
 from specdraft.decoding.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from specdraft.config.tables import Table
+    from specdraft.models.loading import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -32,16 +42,55 @@ class DraftContext:
     vocab_size: int  # width of the target's logits
 
 
+@dataclass(frozen=True)
+class PoolContext:
+    """What building a drafter may need besides its own options."""
+
+    draft: DraftContext
+    target: "LoadedModel"
+    file: str  # the profile, for error messages
+    seed: int  # the run's seed; model drafters on another device derive their own generator from it
+
+
+@dataclass
+class TrajectoryScores:
+    """A drafter teacher-forced along a finished greedy trajectory, per generated position t:
+    `alpha[t]` its gamma at t (what full-information evaluation scores), `drafted[t]` how many
+    tokens it would draft there, `run[t]` how many of them match the trajectory (its accepted
+    run under greedy), `span[t]` the alignment of each drafted position."""
+
+    alpha: list[float]
+    drafted: list[int]
+    run: list[int]
+    span: list[list[float]]
+
+
 class Drafter(ABC):
-    kind: str = ""
+    kind: ClassVar[str] = ""
     # True when the alignment of its draft at a position equals what `score` gives there
     # (autoregressive models: q depends only on the context). A prompt-lookup draft is one
     # lookup's whole span, so its per-position score is a fresh lookup instead.
-    draft_alignment_is_score: bool = False
+    draft_alignment_is_score: ClassVar[bool] = False
 
     def __init__(self, name: str, ctx: DraftContext):
         self.name = name
         self.ctx = ctx
+
+    # --- from the profile -------------------------------------------------------------
+
+    @classmethod
+    def parse_options(cls, table: "Table", base: Path) -> Any:
+        """Read this kind's keys from its `[[drafters]]` table (name and kind are read already);
+        `base` is the profile's folder. Returns a frozen options object for `build`."""
+        table.finish()
+        return None
+
+    @classmethod
+    def build(cls, name: str, options: Any, pool: PoolContext, key: str) -> "Drafter":
+        """A ready drafter; `key` (e.g. "drafters[2]") names it in errors."""
+        raise NotImplementedError(f"drafter kind {cls.kind!r} cannot be built from a profile")
+
+    # --- the round -------------------------------------------------------------------
 
     def reset(self) -> None:
         """Forget the previous prompt."""
@@ -63,17 +112,17 @@ class Drafter(ABC):
     def empty_draft(self) -> Draft:
         return Draft(torch.empty(0, dtype=torch.long, device=self.ctx.device), None)
 
+    # --- measurement -----------------------------------------------------------------
 
-class PlainDecoding(Drafter):
-    """The `none` arm: drafts nothing, so the round is one plain target step."""
+    @property
+    def causal_lm(self) -> torch.nn.Module | None:
+        """The causal LM this drafter drafts with (a draft token costs one of its forwards),
+        or None when drafting happens on the host."""
+        return None
 
-    kind = "none"
-
-    def __init__(self, ctx: DraftContext, name: str = "none"):
-        super().__init__(name, ctx)
-
-    def propose(self, context: Sequence[int], k: int) -> Draft:
-        return self.empty_draft()
-
-    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor) -> torch.Tensor:
-        return target_probs.new_zeros(count)  # proposes nothing, so nothing is ever accepted
+    @abstractmethod
+    def trajectory_scores(self, context: list[int], prompt_len: int, target_probs: torch.Tensor,
+                          k: int) -> TrajectoryScores:
+        """Teacher-force the finished trajectory `context` (prompt of `prompt_len` tokens, then
+        the generated ones) through this drafter; `target_probs` [generated, V] are the
+        target's distributions at the generated positions."""

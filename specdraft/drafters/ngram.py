@@ -7,15 +7,38 @@ not a rescan of the whole prompt.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from specdraft.drafters.base import Draft, DraftContext, Drafter
+from specdraft.config.tables import Table
+from specdraft.drafters.base import Draft, DraftContext, Drafter, PoolContext, TrajectoryScores
+
+
+@dataclass(frozen=True)
+class NgramOptions:
+    min_ngram: int = 1
+    max_ngram: int = 3
 
 
 class NgramDrafter(Drafter):
     kind = "ngram"
+
+    @classmethod
+    def parse_options(cls, table: Table, base: Path) -> NgramOptions:
+        min_n, max_n = table.get("min_ngram", int, 1), table.get("max_ngram", int, 3)
+        if min_n < 1:
+            raise table.error("min_ngram", f"must be at least 1 (got {min_n})")
+        if max_n < min_n:
+            raise table.error("max_ngram", f"must be at least min_ngram = {min_n} (got {max_n})")
+        table.finish()
+        return NgramOptions(min_n, max_n)
+
+    @classmethod
+    def build(cls, name: str, options: NgramOptions, pool: PoolContext, key: str) -> "NgramDrafter":
+        return cls(name, pool.draft, options.min_ngram, options.max_ngram)
 
     def __init__(self, name: str, ctx: DraftContext, min_ngram: int = 1, max_ngram: int = 3):
         super().__init__(name, ctx)
@@ -51,6 +74,25 @@ class NgramDrafter(Drafter):
         tokens = torch.tensor(proposals, dtype=torch.long, device=target_probs.device)
         picked = target_probs.gather(-1, tokens.clamp_min(0).view(-1, 1)).squeeze(-1)
         return torch.where(tokens >= 0, picked, torch.zeros_like(picked))
+
+    def trajectory_scores(self, context: list[int], prompt_len: int, target_probs: torch.Tensor,
+                          k: int) -> TrajectoryScores:
+        self.reset()
+        n = len(context) - prompt_len
+        scores = TrajectoryScores([], [], [], [])
+        for t in range(n):
+            position = prompt_len + t
+            proposal = self.propose(context[:position], k).tokens.tolist()
+            r = 0
+            while r < len(proposal) and t + r < n and proposal[r] == context[position + r]:
+                r += 1
+            rows = [(t + j, token) for j, token in enumerate(proposal) if t + j < n]
+            values = target_probs[[i for i, _ in rows], [tok for _, tok in rows]].tolist() if rows else []
+            scores.drafted.append(len(proposal))
+            scores.run.append(r)
+            scores.span.append(values)
+            scores.alpha.append(values[0] if values else 0.0)
+        return scores
 
     def _lookup(self, context: Sequence[int], length: int) -> int | None:
         """Where the continuation of context[:length] starts, for the longest suffix found."""

@@ -1,1 +1,1 @@
-"""Terminal display: the live Rich panel, always on stderr."""
+"""What the terminal shows on stderr: the live panel, result tables, progress bars."""

@@ -16,7 +16,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from specdraft.stats import GenerationStats
+from specdraft.session.stats import GenerationStats
 
 
 def stats_panel(stats: GenerationStats, policy: str, scores: dict[str, float] | None = None,

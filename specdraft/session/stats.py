@@ -4,7 +4,7 @@ panel and the benchmarks, so every number means the same thing everywhere."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from specdraft.feedback import RegretTracker
+from specdraft.learning.feedback import RegretTracker
 
 
 @dataclass

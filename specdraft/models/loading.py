@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from specdraft.errors import ProfileError
-from specdraft.profile import ModelSpec
+from specdraft.config.model_spec import ModelSpec
 
 log = logging.getLogger("specdraft")
 

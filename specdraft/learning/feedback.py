@@ -15,6 +15,20 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 
+@dataclass(frozen=True)
+class RoundFeedback:
+    """What one round reveals. `alphas[j]` = 1 - TV(p_j, q_j) at the chosen drafter's drafted
+    position j; `gammas[i]`, with full-information evaluation, the same quantity for every
+    arm i at every committed position of the round (None under bandit feedback)."""
+
+    arm: int
+    drafted: int
+    accepted: int  # drafted tokens accepted (the bonus/recovered token not counted)
+    alphas: Sequence[float] = ()
+    round_seconds: float = 0.0  # select + draft + verify, evaluation excluded
+    gammas: Sequence[Sequence[float]] | None = None
+
+
 def bd_reward(alphas: Sequence[float]) -> float:
     return sum(alphas) / len(alphas) if alphas else 0.0
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from specdraft.policies.base import OptionSpec, Policy
+from typing import Any, Mapping, Sequence
+
+from specdraft.learning.policies.base import OptionSpec, Policy
 
 
 class FixedPolicy(Policy):
@@ -10,6 +12,13 @@ class FixedPolicy(Policy):
     OPTIONS = {
         "drafter": OptionSpec((str,), None, help="name of the drafter to use every round"),
     }
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any], drafters: Sequence[str]) -> list[tuple[str, str]]:
+        problems = super().check_options(options, drafters)
+        if not problems and options.get("drafter") is None and len(drafters) > 1:
+            problems.append(("drafter", "fixed needs drafter = the name of one drafter in the pool"))
+        return problems
 
     def fresh(self) -> None:
         drafter = self.options["drafter"]

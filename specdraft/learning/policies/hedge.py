@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import math
 
-from specdraft.feedback import acceptance_loss, expected_accept_length, length_loss
-from specdraft.policies.base import OptionSpec, Policy, RoundFeedback, one_of
+from specdraft.learning.feedback import acceptance_loss, expected_accept_length, length_loss
+from specdraft.learning.policies.base import OptionSpec, Policy, RoundFeedback, one_of
 
 HEDGE_OPTIONS = {
     "evaluate": OptionSpec((str,), "all", one_of("all"), 'must be "all": these learners score every drafter'),

@@ -13,8 +13,8 @@ from typing import Any, Iterator
 from specdraft.decoding.engine import RoundRecord
 from specdraft.errors import UsageError
 from specdraft.runtime import Runtime
-from specdraft.stats import GenerationStats
-from specdraft.text import Detokenizer, StopStringFilter
+from specdraft.session.stats import GenerationStats
+from specdraft.session.text import Detokenizer, StopStringFilter
 
 
 def has_chat_template(tokenizer: Any) -> bool:

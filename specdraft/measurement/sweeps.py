@@ -1,17 +1,15 @@
-"""`calibrate-beta`: sweep a policy parameter over replays of a trace, and write the best
-value back into the profile without disturbing its comments or layout."""
+"""`calibrate-beta`'s engine: sweep a policy parameter over replays of a trace and pick
+the best value (writing it into the profile is config/edit.py's job)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from specdraft.errors import UsageError
-from specdraft.policies import POLICIES
-from specdraft.profile import PolicyConfig
-from specdraft.replay import replay
-from specdraft.trace import Trace
+from specdraft.learning.policies import POLICIES
+from specdraft.config.profile import PolicyConfig
+from specdraft.measurement.replay import replay
+from specdraft.measurement.traces import Trace
 
 # Parameters a sweep can explain: policy -> parameter -> default grid.
 TUNABLE = {
@@ -59,32 +57,3 @@ def best_row(rows: list[SweepRow], prefer: float | None = None) -> SweepRow:
     """Fastest by simulated speedup; mean accepted tokens breaks ties, then the `prefer`red
     (published) value, so a flat sweep does not move a setting for nothing."""
     return max(rows, key=lambda r: (round(r.simulated_speedup, 6), round(r.mean_accepted, 6), r.value == prefer))
-
-
-_SECTION = re.compile(r"^\s*\[([^\[\]]+)\]\s*(#.*)?$")
-
-
-def write_policy_option(file: Path, key: str, value: float) -> None:
-    """Set `[policy] key = value` in place: the line is rewritten if present (its comment
-    kept), else added at the end of the table; nothing else in the file changes."""
-    lines = Path(file).read_text(encoding="utf-8").splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if (m := _SECTION.match(line)) and m.group(1).strip() == "policy"),
-                 None)
-    if start is None:
-        raise UsageError(f"{file}: has no [policy] table to write {key} into")
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
-    literal = repr(value) if isinstance(value, float) else str(value)
-    pattern = re.compile(rf"^(\s*{re.escape(key)}\s*=\s*)([^#\r\n]*?)(\s*#[^\r\n]*)?(\r?\n)?$")
-    for i in range(start + 1, end):
-        match = pattern.match(lines[i])
-        if match:
-            lines[i] = f"{match.group(1)}{literal}{match.group(3) or ''}{match.group(4) or ''}"
-            break
-    else:
-        insert = end
-        while insert > start + 1 and not lines[insert - 1].strip():
-            insert -= 1  # keep blank lines that separate tables after the new key
-        if insert > 0 and not lines[insert - 1].endswith("\n"):
-            lines[insert - 1] += "\n"
-        lines.insert(insert, f"{key} = {literal}\n")
-    Path(file).write_text("".join(lines), encoding="utf-8")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 
-from specdraft.policies.base import OptionSpec, Policy, RoundFeedback
-from specdraft.policies.bandits import REWARD
+from specdraft.learning.policies.base import OptionSpec, Policy, RoundFeedback
+from specdraft.learning.policies.bandits import REWARD
 
 
 class HalvingPolicy(Policy):

@@ -1,5 +1,5 @@
 """Recording traces: decode each prompt once, then teacher-force the trajectory through
-every drafter once (DESIGN.md section 4).
+every drafter once (ARCHITECTURE.md, "Replay").
 
 Per prompt and drafter, for every generated position t (context = prompt + tokens[:t]):
 - `alpha[t]`: gamma at t, sum_v min(p_t, q_t) (plain softmax), a fresh lookup's p(proposal)
@@ -22,23 +22,18 @@ from typing import Callable, Sequence
 
 import torch
 
-from specdraft.cached_lm import CachedLM
-from specdraft.data import Example
 from specdraft.decoding.sampling import plain_probs
-from specdraft.drafters import ModelDrafter, NgramDrafter, PlainDecoding
+from specdraft.drafters.base import TrajectoryScores
 from specdraft.errors import UsageError
+from specdraft.measurement.datasets import Example
+from specdraft.models.cached_lm import CachedLM
 from specdraft.runtime import Runtime, build_runtime
-from specdraft.session import PromptRun
+from specdraft.session.prompt_run import PromptRun
 
 TRACE_VERSION = 1
 
 
-@dataclass
-class DrafterTrace:
-    alpha: list[float]
-    drafted: list[int]
-    run: list[int]
-    span: list[list[float]]
+DrafterTrace = TrajectoryScores  # one drafter's lane of a prompt's trace
 
 
 @dataclass
@@ -123,69 +118,20 @@ def record_trace(runtime: Runtime, examples: Sequence[Example], chat: bool | Non
 
 @torch.inference_mode()
 def trace_prompt(runtime: Runtime, example: Example, prompt_len: int, context: list[int], k: int) -> PromptTrace:
-    generated = context[prompt_len:]
-    n = len(generated)
-    ids = torch.tensor([context], device=runtime.engine.target.device)
-    target_logits = runtime.target.model(ids).logits[0, prompt_len - 1 : prompt_len - 1 + n]  # [n, V]
-    p = plain_probs(target_logits)  # [n, V]
-    out = {}
-    for drafter in runtime.drafters:
-        drafter.reset()
-        if isinstance(drafter, ModelDrafter):
-            out[drafter.name] = _trace_model(drafter, ids, p, generated, prompt_len, k)
-        elif isinstance(drafter, NgramDrafter):
-            out[drafter.name] = _trace_lookup(drafter, p, context, prompt_len, k)
-        elif isinstance(drafter, PlainDecoding):
-            out[drafter.name] = DrafterTrace([0.0] * n, [0] * n, [0] * n, [[] for _ in range(n)])
-        else:  # pragma: no cover - every kind must say how it is traced
-            raise UsageError(f"drafter kind {drafter.kind!r} cannot be traced")
-    return PromptTrace(example.id, example.task, prompt_len, generated, out)
-
-
-def _trace_model(drafter: ModelDrafter, ids: torch.Tensor, p: torch.Tensor, generated: list[int],
-                 prompt_len: int, k: int) -> DrafterTrace:
-    n = len(generated)
-    logits = drafter.lm._fit(drafter.lm.model(ids.to(drafter.lm.device)).logits[0])
-    logits = logits[prompt_len - 1 : prompt_len - 1 + n].to(p.device)  # [n, V]
-    alpha = torch.minimum(p, plain_probs(logits)).sum(-1).tolist()
-    match = (logits.argmax(-1) == torch.tensor(generated, device=p.device)).tolist()
-    runs = []
-    for t in range(n):
-        r = 0
-        while r < k and t + r < n and match[t + r]:
-            r += 1
-        runs.append(r)
-    drafted = [k] * n
-    span = [alpha[t : t + k] for t in range(n)]
-    return DrafterTrace(alpha, drafted, runs, span)
-
-
-def _trace_lookup(drafter: NgramDrafter, p: torch.Tensor, context: list[int], prompt_len: int, k: int) -> DrafterTrace:
     n = len(context) - prompt_len
-    alpha, drafted, runs, span = [], [], [], []
-    for t in range(n):
-        position = prompt_len + t
-        proposal = drafter.propose(context[:position], k).tokens.tolist()
-        r = 0
-        while r < len(proposal) and t + r < n and proposal[r] == context[position + r]:
-            r += 1
-        drafted.append(len(proposal))
-        runs.append(r)
-        rows = [(t + j, token) for j, token in enumerate(proposal) if t + j < n]
-        values = p[[i for i, _ in rows], [tok for _, tok in rows]].tolist() if rows else []
-        span.append(values)
-        alpha.append(values[0] if values else 0.0)
-    return DrafterTrace(alpha, drafted, runs, span)
+    target_logits = runtime.engine.target.uncached_logits(context)[prompt_len - 1 : prompt_len - 1 + n]  # [n, V]
+    p = plain_probs(target_logits)  # [n, V]
+    scores = {d.name: d.trajectory_scores(context, prompt_len, p, k) for d in runtime.drafters}
+    return PromptTrace(example.id, example.task, prompt_len, context[prompt_len:], scores)
 
 
 def measure_costs(runtime: Runtime, k: int, repeats: int = 5) -> dict[str, ForwardCost]:
-    """Median seconds of a forward of 1 and of k + 1 tokens after a 64-token prefill."""
+    """Median seconds of a forward of 1 and of k + 1 tokens after a 64-token prefill;
+    drafters that draft on the host cost nothing."""
     costs = {"target": _forward_cost(runtime.engine.target.model, k, repeats)}
     for drafter in runtime.drafters:
-        if isinstance(drafter, ModelDrafter):
-            costs[drafter.name] = _forward_cost(drafter.lm.model, k, repeats)
-        else:
-            costs[drafter.name] = ForwardCost(0.0, 0.0)  # host-side lookups: not a model forward
+        model = drafter.causal_lm
+        costs[drafter.name] = _forward_cost(model, k, repeats) if model is not None else ForwardCost(0.0, 0.0)
     return costs
 
 

@@ -1,8 +1,7 @@
 """Live benchmarks: every configuration on every prompt, interleaved, timed by wall clock.
 
 A configuration is plain decoding (the baseline every speedup is a ratio to), a policy
-over the pool, or one of transformers' own generation modes (greedy, assisted generation
-with a model drafter, prompt lookup). Runs are interleaved (the configuration order
+over the pool, or one of transformers' own generation modes (baselines.py). Runs are interleaved (the configuration order
 rotates per prompt and repeat) so machine drift does not favour one. Every greedy output
 is compared token for token with plain decoding.
 """
@@ -14,13 +13,11 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
-import torch
-
-from specdraft.data import Example
+from specdraft.measurement.datasets import Example
 from specdraft.errors import UsageError
-from specdraft.profile import Profile
+from specdraft.config.profile import Profile
 from specdraft.runtime import Runtime, build_runtime
-from specdraft.session import PromptRun, prompt_token_ids
+from specdraft.session.prompt_run import PromptRun
 
 PLAIN = "plain"
 
@@ -107,38 +104,6 @@ def _per_position(prompt_run: PromptRun, k: int) -> tuple[list[int], list[int]]:
             drafted[j] += 1
             accepted[j] += j < record.accepted
     return accepted, drafted
-
-
-def transformers_configs(profile: Profile, runtime: Runtime, chat: bool | None) -> list[Config]:
-    """transformers' greedy `generate`, assisted generation with each model drafter, and
-    prompt lookup, on the same prompts in the same run."""
-    k = profile.decode.draft_tokens
-    configs = [_hf_config("transformers greedy", runtime, {}, chat),
-               _hf_config("transformers prompt-lookup", runtime, {"prompt_lookup_num_tokens": k}, chat)]
-    for drafter in runtime.drafters:
-        if drafter.kind in ("model", "layers"):  # a layers view is a causal LM that generate() accepts
-            configs.append(_hf_config(f"transformers assisted:{drafter.name}", runtime,
-                                      {"assistant_model": drafter.lm.model, "num_assistant_tokens": k,
-                                       "num_assistant_tokens_schedule": "constant"}, chat))
-    return configs
-
-
-def _hf_config(label: str, runtime: Runtime, kwargs: dict, chat: bool | None) -> Config:
-    model, tokenizer = runtime.target.model, runtime.tokenizer
-    max_new = runtime.profile.decode.max_new_tokens
-
-    @torch.inference_mode()
-    def run(example: Example) -> Sample:
-        ids = prompt_token_ids(tokenizer, example.prompt, chat)
-        inputs = torch.tensor([ids], device=runtime.engine.target.device)
-        start = time.perf_counter()
-        out = model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new,
-                             do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id, **kwargs)
-        elapsed = time.perf_counter() - start
-        new = out[0, len(ids):].tolist()
-        return Sample(example.id, example.task, label, 0, len(new), 0, elapsed, ids=new)
-
-    return Config(label, run)
 
 
 def run_bench(configs: Sequence[Config], examples: Sequence[Example], repeat: int,

@@ -2,9 +2,10 @@
 
 Policies are plain Python (no torch): `select()` returns the index of the drafter for the
 next round, `update(feedback)` learns from the round's alignment feedback. Each policy
-declares its options (name -> OptionSpec) so a profile's `[policy]` table is validated
-before any model loads; options every policy shares (reset, evaluate, cost_aware,
-allow_none) are declared here once.
+declares its options (name -> OptionSpec) and checks them itself (`check_options` returns
+problems; the profile adds key paths), so a `[policy]` table is validated before any
+model loads; options every policy shares (reset, evaluate, cost_aware, allow_none) are
+declared here once, and exposed as properties so callers never dig in `options`.
 
 Cost awareness lives here too, so every policy gets it the same way: with
 `cost_aware = true` a reward or loss is built from estimated tokens per second
@@ -13,27 +14,15 @@ Cost awareness lives here too, so every policy gets it the same way: with
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from abc import ABC, abstractmethod
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
-from specdraft.feedback import bd_reward, be_reward, expected_accept_length
-
-
-@dataclass(frozen=True)
-class RoundFeedback:
-    """What one round reveals. `alphas[j]` = 1 - TV(p_j, q_j) at the chosen drafter's drafted
-    position j; `gammas[i]`, with full-information evaluation, the same quantity for every
-    arm i at every committed position of the round (None under bandit feedback)."""
-
-    arm: int
-    drafted: int
-    accepted: int  # drafted tokens accepted (the bonus/recovered token not counted)
-    alphas: Sequence[float] = ()
-    round_seconds: float = 0.0  # select + draft + verify, evaluation excluded
-    gammas: Sequence[Sequence[float]] | None = None
+from specdraft.learning.feedback import RoundFeedback, bd_reward, be_reward, expected_accept_length
 
 
 @dataclass(frozen=True)
@@ -108,6 +97,44 @@ class Policy(ABC):
     def all_options(cls) -> dict[str, OptionSpec]:
         return {**COMMON_OPTIONS, **cls.OPTIONS}
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any], drafters: Sequence[str]) -> list[tuple[str, str]]:
+        """Problems with `options` for a pool of `drafters`, as (option, message) pairs."""
+        specs, problems = cls.all_options(), []
+        for opt, value in options.items():
+            spec = specs.get(opt)
+            if spec is None:
+                problems.append((opt, f'unknown option for policy "{cls.name}"; its options: {", ".join(specs)}'))
+            elif (isinstance(value, bool) and bool not in spec.types) or not isinstance(value, spec.types):
+                expected = " or ".join(t.__name__ for t in spec.types)
+                problems.append((opt, f"expected {expected}, got {type(value).__name__}"))
+            elif not spec.check(value):
+                problems.append((opt, f"{spec.requirement} (got {value!r})"))
+        if problems:
+            return problems
+        if cls.FULL_INFORMATION and options.get("evaluate", specs["evaluate"].default) != "all":
+            problems.append(("evaluate", f'policy "{cls.name}" learns from every drafter each round: set evaluate = "all"'))
+        drafter = options.get("drafter")
+        if drafter is not None and drafter not in drafters and not (drafter == "none" and options.get("allow_none")):
+            problems.append(("drafter", f'no drafter named "{drafter}"; the pool has {", ".join(drafters)}'))
+        return problems
+
+    # --- what callers need to know about how this policy is driven -------------------------
+
+    @property
+    def full_information(self) -> bool:
+        """Every drafter is scored on the verified text each round (evaluate = "all")."""
+        return self.options["evaluate"] == "all"
+
+    @property
+    def resets_per_prompt(self) -> bool:
+        return self.options["reset"] == "prompt"
+
+    @property
+    def allows_none(self) -> bool:
+        """The pool gets a "none" arm: plain decoding for a round."""
+        return bool(self.options["allow_none"])
+
     def reset(self) -> None:
         """Forget what was learned (before each prompt unless reset = "never"); a loaded
         state is where every reset starts from."""
@@ -166,17 +193,57 @@ class Policy(ABC):
                 f"saved state is for policy {saved.get('policy')!r} with arms {saved.get('arms')}, "
                 f"not {self.name!r} with {self.arms}"
             )
-        self._initial_state = saved["state"]
+        state = saved.get("state")
+        if not isinstance(state, dict):
+            raise ValueError('saved state has no "state" object')
+        # A private copy: learning must never write into the caller's dict, and every
+        # reset must start from exactly what was saved.
+        candidate = copy.deepcopy(state)
+        try:
+            self.fresh()
+            self._apply_state(candidate)  # raises on garbage before anything is kept
+        except ValueError:
+            self.reset()
+            raise
+        self._initial_state = candidate
         self.reset()
 
     def _apply_state(self, state: dict) -> None:
         for key in self.STATE:
             if key in state:
-                current = getattr(self, key)
-                value = state[key]
-                setattr(self, key, type(current)(value) if not isinstance(current, (int, float)) else value)
+                setattr(self, key, _restored(key, getattr(self, key), copy.deepcopy(state[key])))
         if "costs" in state:
-            self.costs.seconds = list(state["costs"])
+            costs = state["costs"]
+            if not isinstance(costs, list) or len(costs) != len(self.arms) or not all(
+                    c is None or _is_number(c) for c in costs):
+                raise ValueError(f"state field costs: expected {len(self.arms)} numbers or nulls")
+            self.costs.seconds = list(costs)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _numeric(value: Any) -> bool:
+    """Numbers, or (nested) lists of numbers: the only shapes learned state takes."""
+    if isinstance(value, list):
+        return all(_numeric(v) for v in value)
+    return _is_number(value) or value is None
+
+
+def _restored(key: str, current: Any, value: Any) -> Any:
+    """`value` from JSON in the shape of the attribute it replaces, or ValueError."""
+    if not _numeric(value):
+        raise ValueError(f"state field {key}: expected numbers, got {value!r}"[:200])
+    if _is_number(current):
+        if not _is_number(value):
+            raise ValueError(f"state field {key}: expected a number")
+        return value
+    if not isinstance(value, list):
+        raise ValueError(f"state field {key}: expected a list")
+    if isinstance(current, deque):  # JSON has no deque: keep the window's maxlen, entries as tuples
+        return deque((tuple(v) if isinstance(v, list) else v for v in value), maxlen=current.maxlen)
+    return type(current)(value)
 
 
 def _jsonable(value: Any) -> Any:

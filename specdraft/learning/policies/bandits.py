@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from specdraft.policies.base import OptionSpec, Policy, RoundFeedback, one_of
+from specdraft.learning.policies.base import OptionSpec, Policy, RoundFeedback, one_of
 
 REWARD = OptionSpec((str,), "bd", one_of("bd", "be"), 'must be "bd" or "be"',
                     "bd: block divergence (mean 1 - TV); be: block efficiency (accepted / drafted)")

@@ -8,9 +8,9 @@ back to a shorter length so that rejected draft tokens leave no trace.
 from __future__ import annotations
 
 import time
+from typing import Sequence
 
 import torch
-from transformers import DynamicCache
 
 
 class CachedLM:
@@ -20,10 +20,11 @@ class CachedLM:
         # Pad or cut this model's logits to the target's width so that p and q line up.
         self.logits_size = logits_size
         self.forward_seconds = 0.0  # host time spent in forwards, for overhead accounting
-        self.forwards = 0
         self.reset()
 
     def reset(self) -> None:
+        from transformers import DynamicCache  # here, so that importing this module stays light
+
         self.cache = DynamicCache(config=self.model.config)
         self.length = 0
 
@@ -44,8 +45,13 @@ class CachedLM:
         self.length += n
         logits = self._fit(out.logits[0])
         self.forward_seconds += time.perf_counter() - start
-        self.forwards += 1
         return logits
+
+    @torch.inference_mode()
+    def uncached_logits(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Logits [n, V] at every position of `tokens` in one forward, leaving the cache alone."""
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+        return self._fit(self.model(ids).logits[0])
 
     def crop(self, length: int) -> None:
         """Forget everything after the first `length` tokens."""

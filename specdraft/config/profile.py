@@ -1,0 +1,187 @@
+"""The TOML drafter-pool profile: parsing, validation and the frozen dataclasses it becomes.
+
+A profile has four sections, each mapped onto one dataclass: `[target]` (ModelSpec),
+`[decode]` (DecodeConfig), `[policy]` (PolicyConfig) and `[[drafters]]` (DrafterConfig,
+whose kind-specific keys each drafter kind reads itself). Everything is checked once,
+here, so the rest of the code can trust its inputs; every error names the file and the
+key path (`drafters[2].kind: ...`) and becomes exit code 2. Checks that need a loaded
+model (a drafter's tokenizer, a layer count against the target's depth) happen when the
+pool is built and raise the same ProfileError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+from specdraft.config.model_spec import ModelSpec, parse_model_spec
+from specdraft.config.tables import Table
+from specdraft.drafters.registry import DrafterConfig, parse_drafter
+from specdraft.errors import ProfileError
+from specdraft.learning.policies import COMMON_OPTIONS, check_policy
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    draft_tokens: int = 5
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0  # 0 disables top-k filtering
+    top_p: float = 1.0  # 1.0 disables nucleus filtering
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    name: str = "random"
+    options: Mapping[str, Any] = field(default_factory=dict)  # checked by the policy itself
+
+
+@dataclass(frozen=True)
+class Profile:
+    file: Path
+    target: ModelSpec
+    decode: DecodeConfig
+    policy: PolicyConfig
+    drafters: tuple[DrafterConfig, ...]
+
+    def drafter_index(self, name: str) -> int | None:
+        return next((i for i, d in enumerate(self.drafters) if d.name == name), None)
+
+    def with_overrides(self, **decode_overrides: Any) -> "Profile":
+        """Apply command-line flags over the profile's values; None means 'not given'."""
+        given = {k: v for k, v in decode_overrides.items() if v is not None}
+        policy = given.pop("policy", None)
+        decode = dataclasses.replace(self.decode, **given)
+        _check_decode(decode, self.file, prefix="")
+        profile = dataclasses.replace(self, decode=decode)
+        if policy is not None:
+            profile = dataclasses.replace(profile, policy=parse_policy_flag(policy, profile))
+        return profile
+
+
+def load_profile(file: str | Path) -> Profile:
+    """Read and validate a profile file; raises ProfileError with file and key path."""
+    path = Path(file)
+    shown = str(file)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProfileError(shown, None, "profile file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(shown, None, f"cannot read profile: {exc}") from None
+    return parse_profile(text, path)
+
+
+def parse_profile(text: str, path: Path) -> Profile:
+    shown = str(path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(shown, None, f"TOML syntax error: {exc}") from None
+    root = Table(data, shown, "")
+    base = path.resolve().parent
+
+    target_data = root.get("target", dict)
+    if target_data is None:
+        raise ProfileError(shown, "target", "missing section [target]")
+    target = parse_model_spec(Table(target_data, shown, "target"), base)
+    decode = _parse_decode(Table(root.get("decode", dict, {}), shown, "decode"))
+
+    drafters_data = root.get("drafters", list, [])
+    drafters = tuple(parse_drafter(Table(d, shown, f"drafters[{i}]"), base) for i, d in enumerate(drafters_data))
+    seen: dict[str, int] = {}
+    for i, d in enumerate(drafters):
+        if d.name in seen:
+            raise ProfileError(
+                shown, f"drafters[{i}].name", f'duplicate drafter name "{d.name}" (also drafters[{seen[d.name]}])'
+            )
+        seen[d.name] = i
+
+    policy_table = Table(root.get("policy", dict, {}), shown, "policy")
+    name = policy_table.get("name", str, "random" if drafters else "fixed")
+    options = {k: v for k, v in policy_table.data.items() if k != "name"}
+    root.finish()
+    profile = Profile(path, target, decode, PolicyConfig(name, options), drafters)
+    _check_policy(profile.policy, profile, flag=False)
+    return profile
+
+
+def parse_policy_flag(flag: str, profile: Profile) -> PolicyConfig:
+    """`--policy ucb` or `--policy fixed:ngram` over the profile's policy, validated."""
+    config = policy_from_flag(flag, profile.policy)
+    _check_policy(config, profile, flag=True)
+    return config
+
+
+def policy_from_flag(flag: str, base: PolicyConfig) -> PolicyConfig:
+    """`NAME` or `NAME:DRAFTER` applied over `base` (not validated): options keep their base
+    values only when the name is unchanged, since another policy's own parameters would not
+    fit; the options every policy shares carry over, except `evaluate`, whose default differs."""
+    name, _, arg = flag.partition(":")
+    options = dict(base.options)
+    if name != base.name:
+        options = {k: v for k, v in options.items() if k in COMMON_OPTIONS and k != "evaluate"}
+    if arg:
+        options["drafter"] = arg
+    return PolicyConfig(name, options)
+
+
+def _check_policy(config: PolicyConfig, profile: Profile, flag: bool) -> None:
+    """The policy's own problems, as ProfileErrors at `policy.KEY` (or `--policy (NAME.KEY)`)."""
+    file = str(profile.file)
+    problems = check_policy(config.name, config.options, [d.name for d in profile.drafters])
+    if problems and problems[0][0] == "name":
+        raise ProfileError(file, "--policy" if flag else "policy.name", problems[0][1])
+    if not profile.drafters:
+        raise ProfileError(file, "drafters", "the pool is empty: add at least one [[drafters]] table")
+    if problems:
+        option, message = problems[0]
+        raise ProfileError(file, f"--policy ({config.name}.{option})" if flag else f"policy.{option}", message)
+
+
+def _parse_decode(table: Table) -> DecodeConfig:
+    stop = table.get("stop", (list, str), [])
+    if isinstance(stop, str):
+        stop = [stop]
+    if not all(isinstance(s, str) and s for s in stop):
+        raise table.error("stop", "expected a list of non-empty strings")
+    decode = DecodeConfig(
+        draft_tokens=table.get("draft_tokens", int, 5),
+        max_new_tokens=table.get("max_new_tokens", int, 256),
+        temperature=table.get("temperature", (int, float), 0.0),
+        top_k=table.get("top_k", int, 0),
+        top_p=table.get("top_p", (int, float), 1.0),
+        seed=table.get("seed", int, None),
+        stop=tuple(stop),
+    )
+    table.finish()
+    _check_decode(decode, table.file, prefix="decode.")
+    return decode
+
+
+def _check_decode(decode: DecodeConfig, file: Path | str, prefix: str) -> None:
+    checks = (
+        ("draft_tokens", 1 <= decode.draft_tokens <= 64, "must be between 1 and 64"),
+        ("max_new_tokens", decode.max_new_tokens >= 1, "must be at least 1"),
+        ("temperature", 0.0 <= decode.temperature <= 100.0, "must be between 0 and 100"),
+        ("top_k", decode.top_k >= 0, "must be 0 (off) or positive"),
+        ("top_p", 0.0 < decode.top_p <= 1.0, "must be in (0, 1]"),
+    )
+    for name, ok, message in checks:
+        if not ok:
+            where = f"{prefix}{name}" if prefix else f"--{name.replace('_', '-')}"
+            raise ProfileError(str(file), where, f"{message} (got {getattr(decode, name)})")

@@ -1,0 +1,68 @@
+"""Full-information evaluation (HedgeSpec's evaluation phase) against live drafters: gamma
+of every drafter at every committed position of a batch of rounds.
+
+Positions a drafter did not draft are scored in one forward per contiguous span, so
+batching m rounds (`update_every`) costs one forward per drafter, not m; the chosen
+drafter's own draft alignment is reused where it equals its score. Every drafter ends
+caught up, so switching later costs nothing. One host sync reads everything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from specdraft.drafters.base import Drafter
+from specdraft.learning.driver import Gammas, RoundOutcome
+
+
+@dataclass(frozen=True)
+class RoundEvidence:
+    """What the live evaluator needs from a round besides its position."""
+
+    alphas: torch.Tensor  # [k] the chosen drafter's alignment at its drafted positions
+    target_probs: torch.Tensor  # [count, V] the target's distributions at the committed positions
+
+
+class PoolEvaluator:
+    """Scores `drafters` on rounds committed to `context` (the live, growing token list)."""
+
+    def __init__(self, drafters: Sequence[Drafter], context: list[int]):
+        self.drafters = drafters
+        self.context = context
+
+    def __call__(self, rounds: Sequence[RoundOutcome]) -> list[Gammas]:
+        per_drafter = [torch.cat(self._score(i, drafter, rounds)) for i, drafter in enumerate(self.drafters)]
+        flat = torch.cat(per_drafter).double().tolist()  # [n_drafters * positions]: one sync
+        total = sum(r.count for r in rounds)
+        rows = [flat[i * total : (i + 1) * total] for i in range(len(self.drafters))]
+        out, offset = [], 0
+        for round_ in rounds:
+            out.append([row[offset : offset + round_.count] for row in rows])
+            offset += round_.count
+        return out
+
+    def _score(self, arm: int, drafter: Drafter, rounds: Sequence[RoundOutcome]) -> list[torch.Tensor]:
+        parts, span = [], []  # span: consecutive rounds whose positions the drafter must score
+        for round_ in rounds:
+            evidence: RoundEvidence = round_.evidence
+            if round_.feedback.arm != arm or not drafter.draft_alignment_is_score:
+                span.append(round_)
+                continue
+            parts.extend(self._score_span(drafter, span))
+            span = []
+            known = min(round_.count, evidence.alphas.shape[0])  # its draft scored these already
+            parts.append(evidence.alphas[:known].to(evidence.target_probs.dtype))
+            if round_.count > known:
+                parts.append(drafter.score(self.context, round_.start + known, round_.count - known,
+                                           evidence.target_probs[known:]))
+        parts.extend(self._score_span(drafter, span))
+        return parts
+
+    def _score_span(self, drafter: Drafter, span: list[RoundOutcome]) -> list[torch.Tensor]:
+        if not span:
+            return []
+        probs = torch.cat([r.evidence.target_probs for r in span])  # [positions, V]
+        return [drafter.score(self.context, span[0].start, sum(r.count for r in span), probs)]

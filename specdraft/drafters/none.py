@@ -1,0 +1,27 @@
+"""The `none` arm: plain decoding for a round (no draft, one target step)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specdraft.drafters.base import Draft, DraftContext, Drafter, TrajectoryScores
+
+
+class PlainDecoding(Drafter):
+    kind = "none"
+
+    def __init__(self, ctx: DraftContext, name: str = "none"):
+        super().__init__(name, ctx)
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        return self.empty_draft()
+
+    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor) -> torch.Tensor:
+        return target_probs.new_zeros(count)  # proposes nothing, so nothing is ever accepted
+
+    def trajectory_scores(self, context: list[int], prompt_len: int, target_probs: torch.Tensor,
+                          k: int) -> TrajectoryScores:
+        n = len(context) - prompt_len
+        return TrajectoryScores([0.0] * n, [0] * n, [0] * n, [[] for _ in range(n)])

@@ -1,0 +1,96 @@
+"""Driving a policy through the rounds of one prompt: the one piece of code that live
+decoding and offline replay share, so the two cannot drift apart.
+
+Per round the caller asks `choose(produced)` for an arm and a draft length, runs the
+round (live: draft and verify; replay: read the trace), and hands the outcome to
+`finish_round`. The driver decides what the policy learns from and when:
+- bandit feedback: the chosen drafter's round, at once;
+- full information: the round waits in a queue until the policy's evaluation interval
+  is reached (or the prompt ends), then an `Evaluator` scores every drafter on all the
+  queued rounds at once (live: drafter forwards; replay: the trace's teacher-forced
+  gammas) and the policy learns from each round in order.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Sequence
+
+from specdraft.learning.feedback import RoundFeedback
+from specdraft.learning.policies.base import Policy
+
+Gammas = list[list[float]]  # [arm][committed position of the round]
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What a finished round tells the driver."""
+
+    feedback: RoundFeedback  # the chosen drafter's view; gammas filled in by evaluation
+    start: int  # committed tokens before the round (prompt included)
+    count: int  # tokens the round committed
+    evidence: Any = None  # whatever the evaluator needs to score the round (live: the target's p)
+
+
+# Scores every drafter on the given rounds: one Gammas per round, in order.
+Evaluator = Callable[[Sequence[RoundOutcome]], list[Gammas]]
+
+
+@dataclass(frozen=True)
+class Learned:
+    """What `finish_round` did: the rounds evaluated now (chosen arm, gammas), and how long
+    the evaluation took."""
+
+    evaluated: list[tuple[int, Gammas]]
+    evaluate_s: float = 0.0
+
+
+NOTHING_LEARNED = Learned([])
+
+
+class PolicyDriver:
+    def __init__(self, policy: Policy, draft_tokens: int, max_new_tokens: int):
+        self.policy = policy
+        self.draft_tokens = draft_tokens
+        self.max_new_tokens = max_new_tokens
+        self.evaluator: Evaluator | None = None
+        self.pending: list[RoundOutcome] = []
+
+    @property
+    def full_information(self) -> bool:
+        return self.policy.full_information
+
+    def start_prompt(self, evaluator: Evaluator | None = None) -> None:
+        """Before each prompt: forget what was learned unless the policy keeps learning
+        across prompts; `evaluator` scores drafters when the policy needs full information."""
+        if self.policy.full_information and evaluator is None:
+            raise ValueError(f'policy "{self.policy.name}" needs an evaluator (evaluate = "all")')
+        if self.policy.resets_per_prompt:
+            self.policy.reset()
+        self.evaluator = evaluator
+        self.pending = []
+
+    def choose(self, produced: int) -> tuple[int, int]:
+        """(arm, draft length) for the next round after `produced` new tokens. Never draft
+        past the budget: a round commits at most draft length + 1 tokens."""
+        arm = self.policy.select()
+        return arm, max(0, min(self.draft_tokens, self.max_new_tokens - produced - 1))
+
+    def finish_round(self, outcome: RoundOutcome, last: bool) -> Learned:
+        """Let the policy learn from a finished round; `last` = the prompt ends with it."""
+        if not self.policy.full_information:
+            self.policy.update(outcome.feedback)
+            return NOTHING_LEARNED
+        self.pending.append(outcome)
+        if not last and len(self.pending) < self.policy.evaluation_interval():
+            return NOTHING_LEARNED
+        start = time.perf_counter()
+        scored = self.evaluator(self.pending)
+        evaluate_s = time.perf_counter() - start
+        evaluated = []
+        for round_, gammas in zip(self.pending, scored, strict=True):
+            self.policy.update(replace(round_.feedback, gammas=gammas))
+            evaluated.append((round_.feedback.arm, gammas))
+        self.pending = []
+        return Learned(evaluated, evaluate_s)

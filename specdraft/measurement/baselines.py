@@ -1,0 +1,47 @@
+"""transformers' own generation modes as bench configurations: greedy `generate`,
+prompt-lookup generation, and assisted generation with every drafter that drafts with a
+causal LM, on the same prompts in the same run as specdraft."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specdraft.config.profile import Profile
+from specdraft.measurement.benchmark import Config, Sample
+from specdraft.measurement.datasets import Example
+from specdraft.runtime import Runtime
+from specdraft.session.prompt_run import prompt_token_ids
+
+
+def transformers_configs(profile: Profile, runtime: Runtime, chat: bool | None) -> list[Config]:
+    """transformers' greedy `generate`, assisted generation with each model drafter, and
+    prompt lookup, on the same prompts in the same run."""
+    k = profile.decode.draft_tokens
+    configs = [_hf_config("transformers greedy", runtime, {}, chat),
+               _hf_config("transformers prompt-lookup", runtime, {"prompt_lookup_num_tokens": k}, chat)]
+    for drafter in runtime.drafters:
+        if drafter.causal_lm is not None:  # any drafter that drafts with a causal LM can assist generate()
+            configs.append(_hf_config(f"transformers assisted:{drafter.name}", runtime,
+                                      {"assistant_model": drafter.causal_lm, "num_assistant_tokens": k,
+                                       "num_assistant_tokens_schedule": "constant"}, chat))
+    return configs
+
+
+def _hf_config(label: str, runtime: Runtime, kwargs: dict, chat: bool | None) -> Config:
+    model, tokenizer = runtime.target.model, runtime.tokenizer
+    max_new = runtime.profile.decode.max_new_tokens
+
+    @torch.inference_mode()
+    def run(example: Example) -> Sample:
+        ids = prompt_token_ids(tokenizer, example.prompt, chat)
+        inputs = torch.tensor([ids], device=runtime.engine.target.device)
+        start = time.perf_counter()
+        out = model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new,
+                             do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id, **kwargs)
+        elapsed = time.perf_counter() - start
+        new = out[0, len(ids):].tolist()
+        return Sample(example.id, example.task, label, 0, len(new), 0, elapsed, ids=new)
+
+    return Config(label, run)
