@@ -22,10 +22,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from specdraft.commands.io import quiet_libraries  # noqa: E402
-from specdraft.loading import load_model  # noqa: E402
-from specdraft.profile import load_profile  # noqa: E402
+from specdraft.models.loading import load_model  # noqa: E402
+from specdraft.config.profile import load_profile  # noqa: E402
 from specdraft.runtime import build_runtime  # noqa: E402
-from specdraft.session import PromptRun  # noqa: E402
+from specdraft.session.prompt_run import PromptRun  # noqa: E402
 
 PARAGRAPH = (
     "The city council met on Tuesday evening to discuss the proposed changes to the public library's "
@@ -96,7 +96,7 @@ def main() -> None:
 
 def run_once(target, runtime, prompt: str, max_new: int, profile) -> dict:
     if runtime is None:
-        from specdraft.session import prompt_token_ids
+        from specdraft.session.prompt_run import prompt_token_ids
 
         ids = prompt_token_ids(target.tokenizer, prompt, None)
         start = time.perf_counter()

@@ -22,10 +22,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from specdraft.commands.io import quiet_libraries  # noqa: E402
-from specdraft.loading import load_model  # noqa: E402
-from specdraft.profile import load_profile  # noqa: E402
+from specdraft.models.loading import load_model  # noqa: E402
+from specdraft.config.profile import load_profile  # noqa: E402
 from specdraft.runtime import build_runtime  # noqa: E402
-from specdraft.session import PromptRun  # noqa: E402
+from specdraft.session.prompt_run import PromptRun  # noqa: E402
 
 TEXT_A = ("The city council met on Tuesday evening to discuss the proposed changes to the public library's opening "
           "hours. After a long debate, members agreed to keep the main branch open until nine o'clock on weekdays, "
@@ -65,7 +65,7 @@ def policy_for(profile, spec: str):
         options |= {"warmup_rounds": 6, "update_every": 4}
     from dataclasses import replace
 
-    from specdraft.profile import PolicyConfig
+    from specdraft.config.profile import PolicyConfig
 
     return replace(overridden, policy=PolicyConfig(name, options))
 

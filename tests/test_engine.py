@@ -114,7 +114,8 @@ def test_records_carry_alphas_and_timings(target, pool):
     for record in generate(PROMPTS[0]):
         assert len(record.alphas) == record.drafted
         assert all(0.0 <= a <= 1.0 + 1e-9 for a in record.alphas)
-        assert record.draft_s >= 0 and record.verify_s > 0 and record.overhead_s >= 0
+        # a model drafter drafting k tokens runs k forwards: its draft time is real time
+        assert record.draft_s > 0 and record.verify_s > 0 and record.overhead_s > 0
 
 
 def test_layers_view_shares_weights_and_leaves_the_target_whole(target):

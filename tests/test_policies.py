@@ -168,19 +168,41 @@ def test_state_round_trips_through_json_and_every_reset_starts_from_it(name):
     policy = make(name, **options)
     simulate(policy, Arms([0.3, 0.8, 0.5]), 60, full=full)
     saved = json.loads(json.dumps(policy.state_dict()))
+    expected = json.dumps(saved, sort_keys=True)  # a frozen copy: learning must not write into `saved`
     fresh = make(name, **options)
     fresh.load_state_dict(saved)
-    assert fresh.state_dict() == saved
+    assert json.dumps(fresh.state_dict(), sort_keys=True) == expected
     simulate(fresh, Arms([0.3, 0.8, 0.5]), 10, full=full)
+    assert json.dumps(saved, sort_keys=True) == expected, "learning mutated the caller's saved state"
     fresh.reset()
-    assert fresh.state_dict() == saved
+    assert json.dumps(fresh.state_dict(), sort_keys=True) == expected
     with pytest.raises(ValueError, match="saved state is for"):
         make(name, n=2, **options).load_state_dict(saved)
 
 
+def test_sliding_window_keeps_sliding_after_a_state_load():
+    policy = make("swucb", window=4)
+    simulate(policy, Arms([0.3, 0.8, 0.5]), 20)
+    fresh = make("swucb", window=4)
+    fresh.load_state_dict(json.loads(json.dumps(policy.state_dict())))
+    simulate(fresh, Arms([0.3, 0.8, 0.5]), 10)
+    assert len(fresh.history) == 4
+
+
+@pytest.mark.parametrize("garbage", [{"state": {"pulls": "x"}}, {"state": {"means": [1, "a", 2]}}, {"state": [1, 2]},
+                                     {"state": {"costs": [1]}}])
+def test_garbage_state_is_refused_and_leaves_the_policy_fresh(garbage):
+    policy = make("ucb")
+    with pytest.raises(ValueError, match="state"):
+        policy.load_state_dict({"policy": "ucb", "arms": policy.arms} | garbage)
+    assert policy.pulls == [0, 0, 0] and policy._initial_state is None
+
+
 def test_halving_budget_uses_the_horizon():
     policy = HalvingPolicy(["a", "b"], {"c": 2.0}, draft_tokens=K, horizon=100)
-    assert policy.budget == math.ceil(2.0 * math.log(100)) and len(policy.queue) == policy.budget // 1
+    assert policy.budget == math.ceil(2.0 * math.log(100))
+    # one phase for two arms: each pulled budget // 2 times, round-robin
+    assert policy.queue == [0, 1] * (policy.budget // 2)
 
 
 def test_exp3_is_reproducible_with_a_seed():

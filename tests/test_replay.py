@@ -82,3 +82,26 @@ def test_trace_records_the_plain_greedy_trajectory(traced):
         assert prompt.tokens == PromptRun(plain, example.prompt, False).run().detokenizer.ids
         lookup = prompt.drafters["lookup"]
         assert all(r <= d for r, d in zip(lookup.run, lookup.drafted))
+
+
+def test_live_and_replayed_rounds_go_through_the_same_policy_driver(traced, monkeypatch):
+    """Both paths must drive the policy through PolicyDriver, so they cannot drift apart."""
+    from specdraft.learning.driver import PolicyDriver
+
+    profile, runtime, trace = traced
+    calls = {"choose": 0, "finish_round": 0}
+    for method in calls:
+        original = getattr(PolicyDriver, method)
+
+        def counted(self, *args, _original=original, _name=method, **kwargs):
+            calls[_name] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(PolicyDriver, method, counted)
+    config, runs = live(profile, runtime, "normalhedge", {"update_every": 2})
+    live_rounds = sum(run.stats.rounds for run in runs)
+    assert calls == {"choose": live_rounds, "finish_round": live_rounds}
+    calls.update(choose=0, finish_round=0)
+    results = replay(trace, config, seed=3)
+    replayed_rounds = sum(r.rounds for r in results)
+    assert calls == {"choose": replayed_rounds, "finish_round": replayed_rounds}

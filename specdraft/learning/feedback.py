@@ -1,4 +1,4 @@
-"""Alignment feedback in plain Python: what policies learn from (DESIGN.md section 2).
+"""Alignment feedback in plain Python: what policies learn from (ARCHITECTURE.md, "Feedback").
 
 - alpha_j = 1 - TV(p_j, q_j): the probability drafted position j would be accepted.
 - BD reward (MetaSD): mean alpha over the chosen drafter's drafted positions.
