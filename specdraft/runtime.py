@@ -37,7 +37,7 @@ class Runtime:
 
 def sampling_params(profile: Profile) -> SamplingParams:
     d = profile.decode
-    return SamplingParams(d.temperature, d.top_k, d.top_p)
+    return SamplingParams(d.temperature, d.top_k, d.top_p, soft_feedback=d.feedback == "soft")
 
 
 def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bool = False) -> Runtime:

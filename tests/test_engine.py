@@ -217,3 +217,35 @@ def test_batched_evaluation_gives_the_same_gammas_as_per_round(target, pool, upd
     for (_, a), (_, b) in zip(every, batched):
         for row_a, row_b in zip(a, b, strict=True):
             assert row_a == pytest.approx(row_b, abs=1e-9)
+
+
+def test_greedy_alignment_is_exact_acceptance(target, pool):
+    """Under greedy decoding alpha is 1 exactly where the drafted token is the target's
+    argmax: the count of leading ones is the accepted length."""
+    _, generate = run(target, pool, EveryRound([d.name for d in pool]), 4)
+    for record in generate(PROMPTS[0]):
+        assert set(record.alphas) <= {0.0, 1.0}
+        leading = next((j for j, a in enumerate(record.alphas) if a == 0.0), len(record.alphas))
+        assert leading == record.accepted
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:2])
+def test_hindsight_best_by_regret_is_the_drafter_that_accepts_most_when_fixed(target, prompt):
+    ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
+    drafters = [NgramDrafter("lookup", ctx, 1, 3), ModelDrafter("small", ctx, tiny_llama(seed=1, layers=1)),
+                ModelDrafter("half", ctx, truncated_view(target, 2))]
+    accepted = {}
+    for d in drafters:
+        records = list(policy_engine(target, drafters, "fixed", drafter=d.name).generate(prompt))
+        accepted[d.name] = sum(r.accepted for r in records) / len(records)
+    engine = policy_engine(target, drafters, "normalhedge")
+    from specdraft.session.stats import GenerationStats
+
+    stats = GenerationStats([d.name for d in drafters], 4)
+    for record in engine.generate(prompt):
+        stats.add(record)
+    ranked = sorted(accepted, key=accepted.get, reverse=True)
+    assert accepted[ranked[0]] > accepted[ranked[1]], accepted  # a clear winner to agree with
+    assert stats.best_drafter == ranked[0], (accepted, stats.regret_tracker.totals)
+    totals = dict(zip([d.name for d in drafters], stats.regret_tracker.totals))
+    assert sorted(totals, key=totals.get, reverse=True) == ranked, (accepted, totals)

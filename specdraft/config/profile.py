@@ -38,6 +38,7 @@ class DecodeConfig:
     top_p: float = 1.0  # 1.0 disables nucleus filtering
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    feedback: str = "exact"  # greedy alignment: "exact" (argmax agreement) or "soft" (T = 1 overlap)
 
     @property
     def greedy(self) -> bool:
@@ -167,6 +168,7 @@ def _parse_decode(table: Table) -> DecodeConfig:
         top_p=table.get("top_p", (int, float), 1.0),
         seed=table.get("seed", int, None),
         stop=tuple(stop),
+        feedback=table.choice("feedback", ("exact", "soft"), "exact"),
     )
     table.finish()
     _check_decode(decode, table.file, prefix="decode.")

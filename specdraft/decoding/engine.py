@@ -15,7 +15,7 @@ from typing import Iterator, Sequence
 import torch
 
 from specdraft.decoding.evaluation import PoolEvaluator, RoundEvidence
-from specdraft.decoding.sampling import SamplingParams, plain_probs, sampling_probs
+from specdraft.decoding.sampling import SamplingParams, distributions, sampling_probs
 from specdraft.decoding.stopwatch import Stopwatch
 from specdraft.decoding.verify import verify_greedy, verify_sampling
 from specdraft.drafters.base import Draft, Drafter
@@ -69,9 +69,9 @@ class _Verified:
     logits: torch.Tensor  # [k + 1, V]
     probs: torch.Tensor | None  # [k + 1, V] processed p under sampling, None under greedy
 
-    def target_probs(self, count: int) -> torch.Tensor:
+    def target_probs(self, count: int, params: SamplingParams) -> torch.Tensor:
         """The target's distributions at the first `count` positions [count, V]."""
-        return plain_probs(self.logits[:count]) if self.probs is None else self.probs[:count]
+        return distributions(self.logits[:count], params) if self.probs is None else self.probs[:count]
 
 
 @dataclass
@@ -108,7 +108,7 @@ class SpeculativeEngine:
             start = len(state.context)
             tokens, finish = self._commit(state, drafter, verified)
             feedback = RoundFeedback(arm, len(verified.alphas), verified.accepted, verified.alphas, watch.elapsed)
-            evidence = RoundEvidence(verified.alphas_on_device, verified.target_probs(len(tokens))) \
+            evidence = RoundEvidence(verified.alphas_on_device, verified.target_probs(len(tokens), self.settings.sampling)) \
                 if self.driver.full_information else None
             learned = self.driver.finish_round(RoundOutcome(feedback, start, len(tokens), evidence),
                                                last=finish is not None)
@@ -141,7 +141,7 @@ class SpeculativeEngine:
         logits = self.target.feed(torch.cat([next_input, draft.tokens]), keep=0)  # [k + 1, V]
         probs = None
         if self.settings.sampling.greedy:
-            verdict = verify_greedy(logits, draft.tokens, draft.probs)
+            verdict = verify_greedy(logits, draft.tokens, draft.probs, self.settings.sampling)
         else:
             probs = sampling_probs(logits, self.settings.sampling)
             verdict = verify_sampling(probs, draft.tokens, draft.probs, self.generator)

@@ -17,6 +17,10 @@ class SamplingParams:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    # Under greedy decoding, alignment feedback compares temperature-1 softmaxes instead of
+    # the one-hot argmaxes that decide acceptance. Only for reproducing older numbers: it
+    # rewards a drafter whose distribution looks like the target's while its argmax disagrees.
+    soft_feedback: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -29,8 +33,14 @@ def _wide(logits: torch.Tensor) -> torch.Tensor:
 
 
 def plain_probs(logits: torch.Tensor) -> torch.Tensor:
-    """Softmax at temperature 1 [n, V]: the distributions alignment feedback uses under greedy."""
+    """Softmax at temperature 1 [n, V]."""
     return torch.softmax(_wide(logits), dim=-1)
+
+
+def argmax_one_hot(logits: torch.Tensor) -> torch.Tensor:
+    """One-hot at the argmax [n, V]: greedy decoding's p (and a greedy drafter's q)."""
+    wide = _wide(logits)
+    return torch.zeros_like(wide).scatter_(-1, wide.argmax(dim=-1, keepdim=True), 1.0)
 
 
 def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -51,9 +61,12 @@ def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
 
 
 def distributions(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """A drafter's q [n, V] as decoding compares it with the target's p: processed for
-    sampling, and at temperature 1 under greedy (where it only feeds alignment feedback)."""
-    return plain_probs(logits) if params.greedy else sampling_probs(logits, params)
+    """The distribution decoding draws from [n, V], for the target's p and every drafter's q
+    alike: processed for sampling; under greedy the one-hot argmax, so alignment
+    1 - TV(p, q) is exactly 1[argmax q == argmax p], the real acceptance."""
+    if not params.greedy:
+        return sampling_probs(logits, params)
+    return plain_probs(logits) if params.soft_feedback else argmax_one_hot(logits)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

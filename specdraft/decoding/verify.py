@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdraft.decoding.sampling import plain_probs
+from specdraft.decoding.sampling import SamplingParams, distributions
 
 
 @dataclass(frozen=True)
@@ -47,12 +47,17 @@ def _leading_true(flags: torch.Tensor) -> torch.Tensor:
 def verify_greedy(
     target_logits: torch.Tensor,  # [k + 1, V]
     draft_tokens: torch.Tensor,  # [k]
-    draft_probs: torch.Tensor | None,  # [k, V] at temperature 1, for alignment only
+    draft_probs: torch.Tensor | None,  # [k, V] as `distributions` gives them, for alignment only
+    params: SamplingParams = SamplingParams(),
 ) -> Verdict:
     k = draft_tokens.shape[0]
     best = target_logits.argmax(dim=-1)  # [k + 1]
-    n = _leading_true(draft_tokens == best[:k])
-    alphas = alignment(plain_probs(target_logits[:k]), draft_tokens, draft_probs)
+    matches = draft_tokens == best[:k]  # [k]
+    n = _leading_true(matches)
+    if params.soft_feedback:
+        alphas = alignment(distributions(target_logits[:k], params), draft_tokens, draft_probs)
+    else:  # exact: a drafted token is accepted iff it is the target's argmax
+        alphas = matches.to(torch.float64 if target_logits.dtype == torch.float64 else torch.float32)
     return Verdict(n, best, alphas)
 
 

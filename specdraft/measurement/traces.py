@@ -2,8 +2,9 @@
 every drafter once (ARCHITECTURE.md, "Replay").
 
 Per prompt and drafter, for every generated position t (context = prompt + tokens[:t]):
-- `alpha[t]`: gamma at t, sum_v min(p_t, q_t) (plain softmax), a fresh lookup's p(proposal)
-  for prompt lookup: what full-information evaluation scores;
+- `alpha[t]`: gamma at t, sum_v min(p_t, q_t) (exact under greedy: 1 when the drafter's
+  argmax is the target's), a fresh lookup's p(proposal) for prompt lookup: what
+  full-information evaluation scores;
 - `drafted[t]`, `run[t]`: how many tokens it would draft at t and how many of them match
   the trajectory (its accepted run under greedy);
 - `span[t]`: the alignment of each drafted position (teacher-forced past the first miss).
@@ -22,7 +23,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from specdraft.decoding.sampling import plain_probs
+from specdraft.decoding.sampling import distributions
 from specdraft.drafters.base import TrajectoryScores
 from specdraft.errors import UsageError
 from specdraft.measurement.datasets import Example
@@ -74,15 +75,19 @@ class Trace:
     prompts: list[PromptTrace] = field(default_factory=list)
 
     def save(self, file: str | Path) -> None:
-        with open(file, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(asdict(self.header)) + "\n")
+        with TraceWriter(file) as writer:
+            writer.header(self.header)
             for prompt in self.prompts:
-                fh.write(json.dumps(asdict(prompt)) + "\n")
+                writer.prompt(prompt)
 
     @classmethod
-    def load(cls, file: str | Path) -> "Trace":
+    def load(cls, file: str | Path, flag: str = "--trace") -> "Trace":
+        """`flag` names the option the file came from in error messages."""
         try:
-            lines = Path(file).read_text(encoding="utf-8").splitlines()
+            text = Path(file).read_text(encoding="utf-8")
+            lines = text.splitlines()
+            if len(lines) > 1 and not text.endswith("\n") and not _parses(lines[-1]):
+                lines.pop()  # a run killed mid-write: every complete line is still good
             head = json.loads(lines[0])
             if head.get("type") != "header" or head.get("version") != TRACE_VERSION:
                 raise ValueError("not a specdraft trace (version %s)" % TRACE_VERSION)
@@ -94,12 +99,48 @@ class Trace:
                 row["drafters"] = {k: DrafterTrace(**v) for k, v in row["drafters"].items()}
                 prompts.append(PromptTrace(**row))
         except (OSError, IndexError, ValueError, TypeError, KeyError) as exc:
-            raise UsageError(f"--trace {file}: cannot read trace: {exc}") from None
+            raise UsageError(f"{flag} {file}: cannot read trace: {exc}") from None
         return cls(header, prompts)
 
 
+class TraceWriter:
+    """A trace file written while it is recorded: the header line first, then one line per
+    prompt, flushed, so Ctrl-C or a crash keeps every prompt traced so far."""
+
+    def __init__(self, file: str | Path):
+        self.fh = open(file, "w", encoding="utf-8")
+
+    def header(self, header: TraceHeader) -> None:
+        self._line(asdict(header))
+
+    def prompt(self, prompt: PromptTrace) -> None:
+        self._line(asdict(prompt))
+
+    def _line(self, row: dict) -> None:
+        self.fh.write(json.dumps(row) + "\n")
+        self.fh.flush()
+
+    def close(self) -> None:
+        self.fh.close()
+
+    def __enter__(self) -> "TraceWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _parses(line: str) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
+
+
 def record_trace(runtime: Runtime, examples: Sequence[Example], chat: bool | None,
-                 progress: Callable[[Example], None] = lambda e: None) -> Trace:
+                 progress: Callable[[Example], None] = lambda e: None, sink: TraceWriter | None = None) -> Trace:
+    """`sink`, when given, receives the header and each prompt's trace as soon as they exist."""
     profile = runtime.profile
     if not profile.decode.greedy:
         raise UsageError("traces need greedy decoding (temperature = 0): only then is the trajectory drafter-free")
@@ -108,10 +149,14 @@ def record_trace(runtime: Runtime, examples: Sequence[Example], chat: bool | Non
     drafters = runtime.drafters
     trace = Trace(TraceHeader(k, profile.decode.max_new_tokens, [d.name for d in drafters], [d.kind for d in drafters],
                               measure_costs(runtime, k), str(profile.file)))
+    if sink is not None:
+        sink.header(trace.header)
     for example in examples:
         run = PromptRun(plain, example.prompt, chat).run()
         context = run.prompt_ids + run.detokenizer.ids
         trace.prompts.append(trace_prompt(runtime, example, len(run.prompt_ids), context, k))
+        if sink is not None:
+            sink.prompt(trace.prompts[-1])
         progress(example)
     return trace
 
@@ -120,7 +165,7 @@ def record_trace(runtime: Runtime, examples: Sequence[Example], chat: bool | Non
 def trace_prompt(runtime: Runtime, example: Example, prompt_len: int, context: list[int], k: int) -> PromptTrace:
     n = len(context) - prompt_len
     target_logits = runtime.engine.target.uncached_logits(context)[prompt_len - 1 : prompt_len - 1 + n]  # [n, V]
-    p = plain_probs(target_logits)  # [n, V]
+    p = distributions(target_logits, runtime.engine.settings.sampling)  # [n, V]
     scores = {d.name: d.trajectory_scores(context, prompt_len, p, k) for d in runtime.drafters}
     return PromptTrace(example.id, example.task, prompt_len, context[prompt_len:], scores)
 
