@@ -149,7 +149,8 @@ def policy_engine(target, drafters, name, k=4, max_new=40, **options):
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
-@pytest.mark.parametrize("options", [{}, {"evaluate": "all", "cost_aware": True}])
+@pytest.mark.parametrize("options", [{}, {"evaluate": "all", "cost_aware": True}, {"draft_length": "goodput"},
+                                     {"evaluate": "all", "draft_length": "goodput"}])
 def test_every_policy_keeps_greedy_output_identical(target, pool, name, options):
     ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
     drafters = pool + [PlainDecoding(ctx)]

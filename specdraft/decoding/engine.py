@@ -107,7 +107,8 @@ class SpeculativeEngine:
             watch.lap("verify")
             start = len(state.context)
             tokens, finish = self._commit(state, drafter, verified)
-            feedback = RoundFeedback(arm, len(verified.alphas), verified.accepted, verified.alphas, watch.elapsed)
+            feedback = RoundFeedback(arm, len(verified.alphas), verified.accepted, verified.alphas, watch.elapsed,
+                                     draft_seconds=watch["draft"], verify_seconds=watch["verify"])
             evidence = RoundEvidence(verified.alphas_on_device, verified.target_probs(len(tokens), self.settings.sampling)) \
                 if self.driver.full_information else None
             learned = self.driver.finish_round(RoundOutcome(feedback, start, len(tokens), evidence),

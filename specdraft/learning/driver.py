@@ -75,7 +75,8 @@ class PolicyDriver:
         """(arm, draft length) for the next round after `produced` new tokens. Never draft
         past the budget: a round commits at most draft length + 1 tokens."""
         arm = self.policy.select()
-        return arm, max(0, min(self.draft_tokens, self.max_new_tokens - produced - 1))
+        cap = max(0, min(self.draft_tokens, self.max_new_tokens - produced - 1))
+        return arm, self.policy.draft_length(arm, cap)
 
     def finish_round(self, outcome: RoundOutcome, last: bool) -> Learned:
         """Let the policy learn from a finished round; `last` = the prompt ends with it."""

@@ -27,6 +27,8 @@ class RoundFeedback:
     alphas: Sequence[float] = ()
     round_seconds: float = 0.0  # select + draft + verify, evaluation excluded
     gammas: Sequence[Sequence[float]] | None = None
+    draft_seconds: float = 0.0  # the split the round cost model is fitted on
+    verify_seconds: float = 0.0
 
 
 def bd_reward(alphas: Sequence[float]) -> float:

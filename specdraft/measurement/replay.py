@@ -66,8 +66,10 @@ def _replay_prompt(head: TraceHeader, prompt: PromptTrace, driver: PolicyDriver,
         drafted = min(lane.drafted[position], k) if lane else 0
         accepted = min(lane.run[position], drafted) if lane else 0
         count = min(accepted + 1, total - position)
-        seconds = target(drafted + 1) + _draft_seconds(head, arms[arm], drafted)
-        feedback = RoundFeedback(arm, drafted, accepted, lane.span[position][:drafted] if lane else [], seconds)
+        verify_s, draft_s = target(drafted + 1), _draft_seconds(head, arms[arm], drafted)
+        seconds = verify_s + draft_s
+        feedback = RoundFeedback(arm, drafted, accepted, lane.span[position][:drafted] if lane else [], seconds,
+                                 draft_seconds=draft_s, verify_seconds=verify_s)
         learned = driver.finish_round(RoundOutcome(feedback, position, count), last=position + count >= total)
         result.simulated_s += seconds
         if driver.full_information:  # every other model drafter catches up on the chunk

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from specdraft.learning.feedback import RoundFeedback, bd_reward, be_reward, expected_accept_length
+from specdraft.learning.goodput import AcceptanceByPosition, RoundCostModel, best_draft_length
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ COMMON_OPTIONS: dict[str, OptionSpec] = {
                            "score every drafter on the verified text each round (full information)"),
     "cost_aware": OptionSpec((bool,), False, help="rank drafters by estimated tokens per second"),
     "allow_none": OptionSpec((bool,), False, help='add a "none" arm: plain decoding for a round'),
+    "draft_length": OptionSpec((str,), "fixed", one_of("fixed", "goodput"), 'must be "fixed" or "goodput"',
+                               "draft K tokens every round, or the K in 0..K with the best estimated tokens/s"),
 }
 
 
@@ -139,6 +142,8 @@ class Policy(ABC):
         """Forget what was learned (before each prompt unless reset = "never"); a loaded
         state is where every reset starts from."""
         self.costs = CostModel(len(self.arms))
+        self.round_costs = RoundCostModel(len(self.arms))
+        self.acceptance = AcceptanceByPosition(len(self.arms), self.draft_tokens)
         self.fresh()
         if self._initial_state is not None:
             self._apply_state(self._initial_state)
@@ -152,7 +157,24 @@ class Policy(ABC):
     def update(self, feedback: RoundFeedback) -> None:
         """Learn from one round."""
         self.costs.observe(feedback.arm, feedback.round_seconds)
+        self.round_costs.observe(feedback.arm, feedback.drafted, feedback.draft_seconds, feedback.verify_seconds)
+        if feedback.gammas is not None:  # every arm's acceptance along the committed chunk
+            for arm, gammas in enumerate(feedback.gammas):
+                self.acceptance.observe(arm, gammas)
+        else:
+            self.acceptance.observe(feedback.arm, feedback.alphas)
         self.learn(feedback)
+
+    def draft_length(self, arm: int, cap: int) -> int:
+        """How many tokens `arm` drafts this round, at most `cap`: always `cap` with
+        draft_length = "fixed"; with "goodput", the K in 0..cap with the best estimated
+        tokens per second (`cap` until the costs are known, so every arm gets measured)."""
+        if self.options["draft_length"] != "goodput" or cap == 0:
+            return cap
+        seconds = [self.round_costs.round_seconds(arm, k) for k in range(cap + 1)]
+        if any(s is None for s in seconds):
+            return cap
+        return best_draft_length([self.acceptance.expected_committed(arm, k) for k in range(cap + 1)], seconds)
 
     def learn(self, feedback: RoundFeedback) -> None:
         """Policy-specific learning; the default learns nothing."""

@@ -1,0 +1,99 @@
+"""Speed as the objective (ARCHITECTURE.md, "Goodput"): an online round cost model, each
+drafter's acceptance by draft position, and the draft length that maximises goodput.
+
+- Round cost `T(i, K) = c_verify(K + 1) + K * c_draft(i)`: verify cost as fixed +
+  per-verified-token (a line fitted to this run's verify timings, recent rounds weighing
+  more), draft cost per token per drafter (a moving average).
+- Acceptance by position `a_i(m)` = P(position m accepted | positions before it accepted),
+  from the chosen drafter's alignment up to its first rejection and, under full
+  information, from every drafter's gammas along the committed chunk.
+- Goodput `G(i, K) = E[committed | i, K] / T(i, K)` with
+  `E[committed | i, K] = 1 + sum_{j<=K} prod_{m<=j} a_i(m)`; K = 0 is plain decoding.
+Plain Python: no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+class _DecayedLine:
+    """Least-squares line y = fixed + slope * x over decayed observations (slope, fixed >= 0)."""
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.w = self.sx = self.sy = self.sxx = self.sxy = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        d = self.decay
+        self.w, self.sx, self.sy = d * self.w + 1, d * self.sx + x, d * self.sy + y
+        self.sxx, self.sxy = d * self.sxx + x * x, d * self.sxy + x * y
+
+    def __call__(self, x: float) -> float | None:
+        if self.w == 0:
+            return None
+        mx, my = self.sx / self.w, self.sy / self.w
+        var = self.sxx / self.w - mx * mx
+        # One width seen so far: no slope to learn yet, the cost is flat at the mean.
+        slope = max(0.0, (self.sxy / self.w - mx * my) / var) if var > 1e-9 else 0.0
+        return max(0.0, my - slope * mx) + slope * x
+
+
+class RoundCostModel:
+    def __init__(self, arms: int, decay: float = 0.95):
+        self.verify = _DecayedLine(decay)
+        self.draft: list[float | None] = [None] * arms  # seconds per drafted token
+        self.decay = decay
+
+    def observe(self, arm: int, drafted: int, draft_seconds: float, verify_seconds: float) -> None:
+        self.verify.add(drafted + 1, verify_seconds)
+        if drafted:
+            per_token = draft_seconds / drafted
+            old = self.draft[arm]
+            self.draft[arm] = per_token if old is None else self.decay * old + (1 - self.decay) * per_token
+
+    def round_seconds(self, arm: int, k: int) -> float | None:
+        """Estimated T(arm, k), or None before any verify was timed or, for k > 0, before the
+        arm ever drafted."""
+        verify = self.verify(k + 1)
+        if verify is None or (k > 0 and self.draft[arm] is None):
+            return None
+        return verify + k * (self.draft[arm] or 0.0)
+
+
+class AcceptanceByPosition:
+    """Per arm and draft position m (1-based), a smoothed estimate of a_i(m)."""
+
+    def __init__(self, arms: int, k_max: int, prior: float = 0.5, prior_weight: float = 1.0, decay: float = 0.98):
+        self.k_max, self.decay = k_max, decay
+        self.hits = [[prior * prior_weight] * k_max for _ in range(arms)]
+        self.seen = [[prior_weight] * k_max for _ in range(arms)]
+
+    def observe(self, arm: int, alignment: Sequence[float]) -> None:
+        """`alignment[m - 1]`: acceptance probability of position m given the earlier ones were
+        accepted; only positions up to the first (certain) rejection are conditional ones."""
+        for m, value in enumerate(alignment[: self.k_max]):
+            self.hits[arm][m] = self.decay * self.hits[arm][m] + value
+            self.seen[arm][m] = self.decay * self.seen[arm][m] + 1
+            if value == 0.0:
+                break
+
+    def rate(self, arm: int, position: int) -> float:
+        return self.hits[arm][position - 1] / self.seen[arm][position - 1]
+
+    def expected_committed(self, arm: int, k: int) -> float:
+        total, survive = 1.0, 1.0
+        for m in range(1, k + 1):
+            survive *= self.rate(arm, m)
+            total += survive
+        return total
+
+
+def best_draft_length(expected: Sequence[float], seconds: Sequence[float]) -> int:
+    """argmax_K expected[K] / seconds[K] over K = 0 .. len - 1 (the shortest on ties)."""
+    best, best_rate = 0, -1.0
+    for k, (tokens, cost) in enumerate(zip(expected, seconds)):
+        rate = tokens / cost if cost > 0 else float("inf")
+        if rate > best_rate + 1e-12:
+            best, best_rate = k, rate
+    return best

@@ -1,0 +1,88 @@
+"""The round cost model, acceptance by position and the goodput-optimal draft length,
+against brute force on known acceptance curves and known timings."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specdraft.learning.feedback import RoundFeedback
+from specdraft.learning.goodput import AcceptanceByPosition, RoundCostModel, best_draft_length
+from specdraft.learning.policies import build_policy
+
+
+def test_cost_model_recovers_a_linear_verify_cost_and_per_token_draft_cost():
+    costs = RoundCostModel(arms=2)
+    assert costs.round_seconds(0, 0) is None
+    for width in [1, 3, 6, 2, 5, 4] * 5:
+        costs.observe(0, width - 1, 0.003 * (width - 1), 0.02 + 0.005 * width)
+    for k in range(6):
+        assert costs.round_seconds(0, k) == pytest.approx(0.02 + 0.005 * (k + 1) + 0.003 * k)
+    assert costs.round_seconds(1, 2) is None  # arm 1 never drafted: its cost is unknown
+    assert costs.round_seconds(1, 0) == pytest.approx(0.025)  # plain decoding needs no drafter
+
+
+def test_a_single_verify_width_gives_a_flat_cost_not_a_guess():
+    costs = RoundCostModel(arms=1)
+    for _ in range(5):
+        costs.observe(0, 4, 0.0, 0.03)
+    assert costs.round_seconds(0, 1) == pytest.approx(0.03)
+
+
+def test_acceptance_by_position_learns_conditional_rates():
+    acc = AcceptanceByPosition(arms=1, k_max=3, prior_weight=1e-6, decay=1.0)
+    rng = random.Random(0)
+    rates = [0.9, 0.6, 0.3]
+    for _ in range(4000):
+        alignment = []
+        for rate in rates:
+            hit = 1.0 if rng.random() < rate else 0.0
+            alignment.append(hit)
+            if not hit:
+                alignment += [1.0, 1.0]  # positions after a rejection must not count
+                break
+        acc.observe(0, alignment)
+    for m, rate in enumerate(rates, start=1):
+        assert acc.rate(0, m) == pytest.approx(rate, abs=0.03)
+    expected = 1 + 0.9 + 0.9 * 0.6 + 0.9 * 0.6 * 0.3
+    assert acc.expected_committed(0, 3) == pytest.approx(expected, abs=0.05)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_chosen_draft_length_is_the_brute_force_best(seed):
+    rng = random.Random(seed)
+    k_max = 6
+    rates = [rng.uniform(0.05, 0.98) for _ in range(k_max)]
+    fixed, per_token, draft = rng.uniform(0.01, 0.05), rng.uniform(0.0, 0.01), rng.uniform(0.0, 0.02)
+    policy = build_policy("fixed", {"draft_length": "goodput"}, ["d"], draft_tokens=k_max)
+    policy.acceptance = AcceptanceByPosition(1, k_max, prior_weight=1e-9)
+    for m, rate in enumerate(rates):
+        policy.acceptance.hits[0][m], policy.acceptance.seen[0][m] = rate * 1e6, 1e6
+    for width in range(1, k_max + 2):
+        policy.round_costs.observe(0, width - 1, draft * (width - 1), fixed + per_token * width)
+
+    def goodput(k):
+        tokens, survive = 1.0, 1.0
+        for m in range(k):
+            survive *= rates[m]
+            tokens += survive
+        return tokens / (fixed + per_token * (k + 1) + draft * k)
+
+    brute = max(range(k_max + 1), key=goodput)
+    chosen = policy.draft_length(0, k_max)
+    assert goodput(chosen) == pytest.approx(goodput(brute), rel=1e-6)
+    assert policy.draft_length(0, 2) == max(range(3), key=goodput)  # the cap is respected
+
+
+def test_goodput_learns_from_rounds_and_drafts_less_when_drafts_fail():
+    policy = build_policy("fixed", {"draft_length": "goodput"}, ["d"], draft_tokens=5)
+    assert policy.draft_length(0, 5) == 5  # nothing measured yet: draft fully to learn
+    for _ in range(50):  # every draft rejected at once; wide verifies cost more
+        policy.update(RoundFeedback(0, 5, 0, [0.0] * 5, 0.1, draft_seconds=0.05, verify_seconds=0.06))
+        policy.update(RoundFeedback(0, 1, 0, [0.0], 0.1, draft_seconds=0.01, verify_seconds=0.04))
+    assert policy.draft_length(0, 5) == 0
+
+
+def test_ties_pick_the_shortest_draft():
+    assert best_draft_length([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]) == 0
