@@ -1,5 +1,7 @@
-"""Shared terminal plumbing for commands: the stderr console, quiet library logging,
-error-to-exit-code mapping, and the closed-pipe and Ctrl-C conventions."""
+"""Shared terminal plumbing for commands: the stderr console, one-line errors and warnings
+(user text printed literally, never as Rich markup), quiet library logging, our own log
+lines routed through the console, error-to-exit-code mapping, and the closed-pipe and
+Ctrl-C conventions."""
 
 from __future__ import annotations
 
@@ -11,10 +13,12 @@ import traceback
 from typing import Iterator
 
 from rich.console import Console
+from rich.text import Text
 
-from specdraft.errors import SpecdraftError
+from specdraft.errors import SpecdraftError, UsageError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+MAX_SEED = 2**63 - 1
 
 
 class CommandExit(Exception):
@@ -28,24 +32,73 @@ def err_console() -> Console:
     return Console(stderr=True, highlight=False, width=wide)
 
 
+def labelled(label: str, style: str, message: str) -> Text:
+    """`label: message` with only the label styled: messages quote profile keys such as
+    `[target]` and user strings such as a drafter named `[/x]`, which Rich markup would
+    swallow or choke on."""
+    return Text.assemble((label, style), " ", message)
+
+
+def print_error(console: Console, message: str) -> None:
+    console.print(labelled("error:", "red", message), soft_wrap=True)
+
+
 def warner(console: Console):
     """`warn(message)` for recoverable problems (a skipped dataset line, ...)."""
-    return lambda message: console.print(f"[yellow]warning:[/] {message}", soft_wrap=True)
+    return lambda message: console.print(labelled("warning:", "yellow", message), soft_wrap=True)
 
 
-def quiet_libraries(verbose: bool) -> None:
-    """transformers' progress bars and warnings would clutter stderr around the panel."""
+class _ConsoleHandler(logging.Handler):
+    """specdraft's own log lines (a GGUF conversion, a rebuilt cache entry) through the
+    console, so they appear above a spinner or progress bar instead of tearing it."""
+
+    def __init__(self, console: Console):
+        super().__init__(logging.INFO)
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if record.levelno >= logging.WARNING:
+            self.console.print(labelled("warning:", "yellow", message), soft_wrap=True)
+        else:
+            self.console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+def quiet_libraries(verbose: bool, console: Console | None = None) -> None:
+    """transformers' progress bars and warnings would clutter stderr around the panel.
+
+    Only environment variables and filters: importing transformers costs seconds, and a
+    command that stops at a profile error must not pay for it (models/loading.py imports
+    it when a model loads and applies the same settings then)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import transformers
-
+    logger = logging.getLogger("specdraft")
+    logger.handlers = [h for h in logger.handlers if not isinstance(h, _ConsoleHandler)]
+    if console is not None:
+        logger.addHandler(_ConsoleHandler(console))
+        logger.setLevel(logging.INFO)
+        logger.propagate = False  # printed once, by the console; not again by --verbose's root handler
     if verbose:
+        os.environ.pop("SPECDRAFT_QUIET", None)
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
         return
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+    os.environ["SPECDRAFT_QUIET"] = "1"  # read by models/loading.py when transformers is imported
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF conversion uses tqdm directly
     import warnings
 
     warnings.filterwarnings("ignore")
+
+
+def check_seed(seed: int | None, flag: str = "--seed") -> None:
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise UsageError(f"{flag}: must be between 0 and 2**63 - 1 (got {seed})")
+
+
+def check_count(value: int | None, flag: str) -> None:
+    """A count the user may leave out (None) but must not give as 0 or negative."""
+    if value is not None and value < 1:
+        raise UsageError(f"{flag}: must be at least 1 (got {value})")
 
 
 @contextlib.contextmanager
@@ -54,7 +107,9 @@ def exit_codes(console: Console) -> Iterator[None]:
     try:
         yield
     except SpecdraftError as exc:
-        console.print(f"[red]error:[/] {exc}", markup=True, soft_wrap=True)
+        if os.environ.get("SPECDRAFT_DEBUG"):
+            traceback.print_exc()
+        print_error(console, str(exc))
         raise CommandExit(exc.exit_code) from None
     except KeyboardInterrupt:
         console.print("interrupted")
@@ -67,8 +122,8 @@ def exit_codes(console: Console) -> Iterator[None]:
     except Exception as exc:  # a real failure: one line, traceback only on request
         if os.environ.get("SPECDRAFT_DEBUG"):
             traceback.print_exc()
-        console.print(f"[red]error:[/] {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                      soft_wrap=True)
+        first = str(exc).splitlines()[0] if str(exc).strip() else ""
+        print_error(console, f"{type(exc).__name__}: {first}")
         raise CommandExit(EXIT_FAILURE) from None
 
 

@@ -1,0 +1,107 @@
+"""Output files of bench, trace and calibrate-beta: checked before any model loads, then
+written so that what was measured survives a crash or Ctrl-C.
+
+`check_outputs` refuses (exit 2, naming the flag) a path whose folder is missing or not
+writable, a folder given as a file, two flags naming one file, and an output that would
+overwrite an input. Records are streamed as JSON lines (flushed per record); whole files
+(a summary, a CSV, a profile) are written to a temporary sibling and renamed into place,
+so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+from specdraft.errors import UsageError
+
+
+def check_outputs(outputs: Iterable[tuple[str, str | None]], inputs: Iterable[tuple[str, str | None]] = ()) -> None:
+    """`outputs`/`inputs`: (flag, path or None) pairs; raises UsageError for the first problem."""
+    seen: dict[Path, str] = {}
+    sources = {_key(Path(p)): flag for flag, p in inputs if p}
+    for flag, path in outputs:
+        if not path:
+            continue
+        check_writable(flag, path)
+        key = _key(Path(path))
+        if key in seen:
+            raise UsageError(f"{flag} {path}: the same file as {seen[key]}")
+        if key in sources:
+            raise UsageError(f"{flag} {path}: would overwrite the {sources[key]} input")
+        seen[key] = flag
+
+
+def check_writable(flag: str, path: str | Path) -> None:
+    file = Path(path)
+    if file.is_dir():
+        raise UsageError(f"{flag} {path}: is a folder; give a file name")
+    folder = file.parent if str(file.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"{flag} {path}: folder {folder} does not exist")
+    if file.exists() and not os.access(file, os.W_OK):
+        raise UsageError(f"{flag} {path}: file is not writable")
+    # os.access answers for root as if every folder were writable; a real probe does not.
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{file.name}.", suffix=".probe")
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot write in {folder}: {exc.strerror or exc}") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, then rename it over `path` (keeping
+    an existing file's permissions)."""
+    file = Path(path)
+    fd, partial = tempfile.mkstemp(dir=file.parent if str(file.parent) else ".", prefix=f".{file.name}.",
+                                   suffix=".partial")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if file.exists():
+            os.chmod(partial, file.stat().st_mode & 0o7777)
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(partial, 0o666 & ~umask)
+        os.replace(partial, file)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
+
+
+class JsonLines:
+    """Append one JSON object per line, flushed at once, so an interrupted run keeps every
+    record written before it stopped."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.fh = open(self.path, "w", encoding="utf-8")
+        self.count = 0
+
+    def write(self, record: Any) -> None:
+        self.fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.fh.flush()
+        self.count += 1
+
+    def close(self) -> None:
+        self.fh.close()
+
+    def __enter__(self) -> "JsonLines":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _key(path: Path) -> Path:
+    return path.expanduser().resolve()
+
