@@ -1,36 +1,83 @@
-"""Editing a profile in place: set one `[policy]` key without disturbing anything else."""
+"""Editing a profile in place: set one `[policy]` key without disturbing anything else.
+
+tomlkit keeps every comment, blank line and layout of the file; only the value changes
+(or one `key = value` line is added at the end of the table). The new text is validated
+by the caller's check before anything is written, and written to a temporary sibling that
+is renamed over the profile, so a crash or a bad value never leaves a broken profile.
+"""
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
+from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Callable
+
+import tomlkit
+from tomlkit.exceptions import TOMLKitError
 
 from specdraft.errors import UsageError
 
-_SECTION = re.compile(r"^\s*\[([^\[\]]+)\]\s*(#.*)?$")
+# A trailing comment claiming the value is the published one stops being true once calibrated.
+_PAPER_CLAIM = re.compile(r"paper|publish|default", re.IGNORECASE)
 
 
-def write_policy_option(file: Path, key: str, value: float) -> None:
-    """Set `[policy] key = value` in place: the line is rewritten if present (its comment
-    kept), else added at the end of the table; nothing else in the file changes."""
-    lines = Path(file).read_text(encoding="utf-8").splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if (m := _SECTION.match(line)) and m.group(1).strip() == "policy"),
-                 None)
-    if start is None:
+def edited_policy_text(text: str, file: Path, key: str, value: float | int, note: str | None = None) -> str:
+    """`text` with `[policy] key = value`; `note` becomes the line's comment when the key is
+    new or its comment claims the old value was the paper's, else the comment is kept."""
+    try:
+        doc = tomlkit.parse(text)
+    except TOMLKitError as exc:
+        raise UsageError(f"{file}: cannot edit: TOML syntax error: {exc}") from None
+    policy = doc.get("policy")
+    if not isinstance(policy, MutableMapping):  # a [policy] table, dotted policy.* keys or an inline table
         raise UsageError(f"{file}: has no [policy] table to write {key} into")
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
-    literal = repr(value) if isinstance(value, float) else str(value)
-    pattern = re.compile(rf"^(\s*{re.escape(key)}\s*=\s*)([^#\r\n]*?)(\s*#[^\r\n]*)?(\r?\n)?$")
-    for i in range(start + 1, end):
-        match = pattern.match(lines[i])
-        if match:
-            lines[i] = f"{match.group(1)}{literal}{match.group(3) or ''}{match.group(4) or ''}"
-            break
-    else:
-        insert = end
-        while insert > start + 1 and not lines[insert - 1].strip():
-            insert -= 1  # keep blank lines that separate tables after the new key
-        if insert > 0 and not lines[insert - 1].endswith("\n"):
-            lines[insert - 1] += "\n"
-        lines.insert(insert, f"{key} = {literal}\n")
-    Path(file).write_text("".join(lines), encoding="utf-8")
+    old = policy.get(key)
+    old_comment = old.trivia.comment if isinstance(old, tomlkit.items.Item) else ""
+    item = tomlkit.item(value)
+    policy[key] = item  # keeps the old line's indent, spacing and comment
+    if note and (old is None or _PAPER_CLAIM.search(old_comment or "")) and not isinstance(
+            policy, tomlkit.items.InlineTable):  # an inline table has no room for a comment
+        trivia = item.trivia
+        trivia.comment_ws = trivia.comment_ws or "  "
+        trivia.comment = f"# {note}"
+    return tomlkit.dumps(doc)
+
+
+def write_policy_option(file: Path, key: str, value: float | int, note: str | None = None,
+                        validate: Callable[[str], None] | None = None) -> None:
+    """Set `[policy] key = value` in `file`; `validate(new_text)` may raise to refuse the
+    edit before the file is touched."""
+    try:
+        with open(file, encoding="utf-8", newline="") as fh:  # newline="": CRLF files stay CRLF
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{file}: cannot read the profile to edit it: {exc}") from None
+    new_text = edited_policy_text(text, Path(file), key, value, note)
+    if validate is not None:
+        validate(new_text)
+    try:
+        _replace(Path(file), new_text)
+    except OSError as exc:
+        raise UsageError(f"{file}: cannot write the profile: {exc.strerror or exc}") from None
+
+
+def _replace(file: Path, text: str) -> None:
+    """Write a temporary file in the same folder, then rename it over `file` (atomic on one
+    file system), keeping the profile's permissions."""
+    fd, partial = tempfile.mkstemp(dir=file.parent, prefix=f".{file.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(partial, file.stat().st_mode & 0o7777)
+        os.replace(partial, file)
+    except BaseException:
+        try:
+            os.unlink(partial)
+        except OSError:
+            pass
+        raise

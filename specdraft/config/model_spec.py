@@ -1,9 +1,11 @@
 """Where a model comes from and how it is placed: `[target]` and every model-backed
-drafter use the same keys (one source of hub | path | package + file, dtype, device,
-quantization, trust_remote_code)."""
+drafter use the same keys (one source of hub | path | package + file, allow_download,
+dtype, device, quantization, trust_remote_code). Checked here, without importing torch:
+a malformed device is a profile error; whether the machine has it is checked at load."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,12 +13,15 @@ from specdraft.config.tables import Table
 
 DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")
 QUANTIZATIONS = ("4bit", "8bit")
-MODEL_KEYS = ("hub", "path", "package", "file", "dtype", "device", "quantization", "trust_remote_code")
+MODEL_KEYS = ("hub", "path", "package", "file", "allow_download", "dtype", "device", "quantization",
+              "trust_remote_code")
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    hub: str | None = None  # a hub id, resolved from the local Hugging Face cache only
+    hub: str | None = None  # a hub id, resolved from the local Hugging Face cache only ...
+    allow_download: bool = False  # ... unless this is true: then missing files are downloaded
     path: Path | None = None  # a local folder or a .gguf file
     package: str | None = None  # an installed Python package that ships the file ...
     file: str | None = None  # ... at this path inside it
@@ -47,6 +52,9 @@ def parse_model_spec(table: Table, base: Path) -> ModelSpec:
         raise table.error("file", "package needs file = the model file's path inside the package")
     if file is not None and package is None:
         raise table.error("file", "file is only used together with package")
+    allow_download = table.get("allow_download", bool, False)
+    if allow_download and hub is None:
+        raise table.error("allow_download", "only a hub source can be downloaded; path and package are local")
     path = None
     if raw_path is not None:
         path = Path(raw_path).expanduser()
@@ -59,12 +67,13 @@ def parse_model_spec(table: Table, base: Path) -> ModelSpec:
         path=path,
         package=package,
         file=file,
+        allow_download=allow_download,
         dtype=table.choice("dtype", DTYPES, "auto"),
         device=table.get("device", str, "auto"),
         quantization=table.choice("quantization", QUANTIZATIONS, None),
         trust_remote_code=table.get("trust_remote_code", bool, False),
     )
-    if spec.device != "auto" and spec.device.split(":")[0] not in ("cpu", "cuda", "mps"):
+    if not _DEVICE.fullmatch(spec.device):
         raise table.error("device", f'unknown device "{spec.device}"; expected auto, cpu, cuda, cuda:N or mps')
     table.finish()
     return spec

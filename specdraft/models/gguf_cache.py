@@ -1,0 +1,257 @@
+"""The GGUF conversion cache: a GGUF model dequantized once and saved as safetensors +
+config + tokenizer under SPECDRAFT_CACHE_DIR/gguf/<stem>-<fingerprint>/, so later loads
+take about a second instead of tens of seconds.
+
+- An entry is written into a `.partial-<host>-<pid>-*` sibling and renamed into place, so
+  a published entry is always whole; partial folders left by a killed process are removed
+  once their process is gone (or, from another host, after an hour).
+- Each entry carries a manifest (`specdraft.json`: every file's size, mtime and sha256).
+  A load compares sizes and mtimes (microseconds; hashing costs ~0.7 s per 500 MB, too
+  much for every load) and re-hashes only a file whose mtime moved; it also checks that
+  model.safetensors is as long as its own header says. A damaged entry is rebuilt with a
+  warning; an entry from an older specdraft without a manifest gets one if it checks out.
+- A lock file (fcntl.flock) serializes conversions of one model: a second process waits
+  for the first's and then uses its result.
+- A cache folder that cannot be written is detected before converting; the model is then
+  loaded straight from the GGUF, uncached, with a warning first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import socket
+import struct
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from specdraft.errors import ProfileError
+
+log = logging.getLogger("specdraft")
+
+MANIFEST = "specdraft.json"
+MANIFEST_VERSION = 2
+STALE_PARTIAL_S = 3600.0
+_SECONDS_PER_MB = 0.35  # measured: the 98 MB demo GGUF converts in ~33 s on a 2-core CPU
+
+
+def cache_dir() -> Path:
+    configured = os.environ.get("SPECDRAFT_CACHE_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "specdraft"
+
+
+def entry_folder(gguf: Path) -> Path:
+    import transformers
+
+    stat = gguf.stat()
+    fingerprint = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    return cache_dir() / "gguf" / f"{gguf.stem}-{hashlib.sha256(fingerprint.encode()).hexdigest()[:16]}"
+
+
+def converted_gguf(gguf: Path, file: str, key: str, load: Callable[[Path], tuple[Any, Any]]) -> Path | None:
+    """The cache folder holding `gguf` converted (converting it first when needed), or None
+    when the cache cannot be written: the caller then loads the GGUF directly.
+    `load(gguf)` returns (model, tokenizer) read from the GGUF file."""
+    folder = entry_folder(gguf)
+    problem = verify_entry(folder)
+    if problem is None:
+        return folder
+    for needed in ("gguf", "accelerate"):
+        if importlib.util.find_spec(needed) is None:
+            raise ProfileError(file, key, f"loading .gguf files needs {needed}: pip install 'specdraft[gguf]'")
+    seconds = estimate_seconds(gguf)
+    unwritable = _unwritable(folder.parent)
+    if unwritable:
+        log.warning("cache folder %s cannot be written (%s): loading %s without caching, which takes ~%d s "
+                    "on every run; set SPECDRAFT_CACHE_DIR to a writable folder", folder.parent, unwritable,
+                    gguf.name, seconds)
+        return None
+    with _locked(folder.parent / f"{folder.name}.lock", gguf.name):
+        problem = verify_entry(folder)  # another process may have converted it while we waited
+        if problem is None:
+            return folder
+        if problem != "missing":
+            log.warning("cached conversion %s is unusable (%s); rebuilding it", folder, problem)
+        remove_stale_partials(folder.parent)
+        log.info("converting %s once (~%d s), cached at %s", gguf.name, seconds, folder)
+        _convert(gguf, folder, file, key, load)
+    return folder
+
+
+def estimate_seconds(gguf: Path) -> int:
+    return max(5, round(gguf.stat().st_size / 1e6 * _SECONDS_PER_MB))
+
+
+def verify_entry(folder: Path) -> str | None:
+    """None when the entry is whole; else "missing" or what is wrong with it."""
+    manifest_file = folder / MANIFEST
+    if not manifest_file.exists():
+        return "missing" if not folder.exists() else "no manifest"
+    try:
+        manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
+        files = manifest["files"] if manifest.get("version") == MANIFEST_VERSION else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return "unreadable manifest"
+    if files is None:
+        return _adopt(folder, manifest)
+    for name, expected in files.items():
+        path = folder / name
+        try:
+            stat = path.stat()
+        except OSError:
+            return f"{name} is missing"
+        if stat.st_size != expected["size"]:
+            return f"{name} is {stat.st_size} bytes, expected {expected['size']}"
+        if stat.st_mtime_ns != expected["mtime_ns"] and _sha256(path) != expected["sha256"]:
+            return f"{name} changed since it was written"
+    return _safetensors_problem(folder / "model.safetensors")
+
+
+def remove_stale_partials(root: Path) -> None:
+    """Delete `.partial-*` folders whose writer is gone (same host, dead pid) or, when that
+    cannot be known, that are older than STALE_PARTIAL_S."""
+    host = _host()
+    for partial in root.glob(".partial-*"):
+        parts = partial.name.split("-")
+        try:
+            age = time.time() - partial.stat().st_mtime
+        except OSError:
+            continue
+        same_host = len(parts) >= 4 and parts[1] == host and parts[2].isdigit()
+        stale = not _alive(int(parts[2])) if same_host else age > STALE_PARTIAL_S
+        if stale:
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def _convert(gguf: Path, folder: Path, file: str, key: str, load: Callable[[Path], tuple[Any, Any]]) -> None:
+    from safetensors.torch import save_model
+
+    try:
+        model, tokenizer = load(gguf)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ProfileError(file, key, f"cannot read GGUF file {gguf}: {_first_line(exc)}") from None
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".partial-{_host()}-{os.getpid()}-"))
+    try:
+        save_model(model, str(staging / "model.safetensors"))  # dedups tied embeddings
+        model.config.save_pretrained(staging)
+        model.generation_config.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        files = {}
+        for path in sorted(staging.iterdir()):
+            stat = path.stat()
+            files[path.name] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": _sha256(path)}
+        manifest = {"version": MANIFEST_VERSION, "source": str(gguf.resolve()), "files": files}
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+        if folder.exists():
+            shutil.rmtree(folder)
+        staging.rename(folder)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _adopt(folder: Path, old: dict) -> str | None:
+    """An entry written before manifests existed: kept (and given a manifest) when its
+    weights are as long as their header says and config and tokenizer are there."""
+    problem = _safetensors_problem(folder / "model.safetensors")
+    if problem is None and not (folder / "config.json").exists():
+        problem = "config.json is missing"
+    if problem is None and not any(folder.glob("tokenizer*")):
+        problem = "the tokenizer is missing"
+    if problem is not None:
+        return problem
+    files = {}
+    for path in sorted(folder.iterdir()):
+        if path.name != MANIFEST and path.is_file():
+            stat = path.stat()
+            files[path.name] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": _sha256(path)}
+    with contextlib.suppress(OSError):  # a read-only cache still serves the checked entry
+        manifest = {"version": MANIFEST_VERSION, "source": old.get("source"), "files": files}
+        (folder / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    return None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """A truncated safetensors file is shorter than its header's largest data offset."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            if length > size:
+                return f"{path.name} has a damaged header"
+            header = json.loads(fh.read(length))
+        end = max((t["data_offsets"][1] for n, t in header.items() if n != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return f"{path.name} is missing or unreadable"
+    if size < 8 + length + end:
+        return f"{path.name} is truncated ({size} of {8 + length + end} bytes)"
+    return None
+
+
+def _unwritable(root: Path) -> str | None:
+    """Why files cannot be created in `root`, or None. A real probe: os.access answers
+    yes to root even in a read-only folder."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=root, prefix=".probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+@contextlib.contextmanager
+def _locked(lock_file: Path, name: str) -> Iterator[None]:
+    try:
+        import fcntl
+    except ImportError:  # Windows: no advisory locks; conversions may then run twice
+        yield
+        return
+    with open(lock_file, "a+") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another specdraft process that is converting %s", name)
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def _host() -> str:
+    return "".join(ch for ch in socket.gethostname() if ch.isalnum())[:32] or "host"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
