@@ -40,3 +40,22 @@ def test_unusable_files_are_usage_errors(tmp_path):
     empty.write_text("oops\n")
     with pytest.raises(UsageError, match="no usable prompts"):
         load_dataset(empty, lambda m: None)
+
+
+def test_a_line_that_is_not_utf8_is_skipped_not_fatal(tmp_path):
+    file = tmp_path / "d.txt"
+    file.write_bytes(b"one\n\xffbad\nthree\n")
+    warnings = []
+    assert [e.prompt for e in load_dataset(file, warnings.append)] == ["one", "three"]
+    assert warnings == [f"{file}:2: skipped: not valid UTF-8 (byte 0xff at column 1)"]
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_bytes(b'{"prompt": "a"}\n{"prompt": "\xe9"}\n')
+    assert [e.id for e in load_dataset(jsonl, warnings.append)] == ["1"]
+
+
+@pytest.mark.parametrize("limit", [0, -1])
+def test_limit_below_one_is_refused(tmp_path, limit):
+    file = tmp_path / "d.txt"
+    file.write_text("one\ntwo\n")
+    with pytest.raises(UsageError, match="--limit: must be at least 1"):
+        load_dataset(file, print, limit=limit)

@@ -1,9 +1,9 @@
 """Prompt datasets for `bench`, `trace` and `calibrate-beta`.
 
 JSONL (`prompt`, optional `task`, optional `id`), CSV with a `prompt` column (and
-optional `task`, `id`), or plain text with one prompt per line. A malformed line is
-reported with its line number and skipped; it never ends the run and is never dropped
-silently.
+optional `task`, `id`), or plain text with one prompt per line. A malformed line (bad
+JSON, no prompt, bytes that are not UTF-8) is reported with its line number and skipped;
+it never ends the run and is never dropped silently.
 """
 
 from __future__ import annotations
@@ -25,13 +25,16 @@ class Example:
 
 
 def load_dataset(file: str | Path, warn: Callable[[str], None], limit: int | None = None) -> list[Example]:
+    if limit is not None and limit < 1:
+        raise UsageError(f"--limit: must be at least 1 (got {limit})")
     path = Path(file)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise UsageError(f"--data {file}: file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--data {file}: cannot read: {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"--data {file}: cannot read: {exc.strerror or exc}") from None
+    text = _decoded(data, str(file), warn)
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json", ".ndjson"):
         examples = _jsonl(text, str(file), warn)
@@ -46,6 +49,25 @@ def load_dataset(file: str | Path, warn: Callable[[str], None], limit: int | Non
     if not examples:
         raise UsageError(f"--data {file}: no usable prompts")
     return examples[:limit] if limit else examples
+
+
+def _decoded(data: bytes, file: str, warn: Callable[[str], None]) -> str:
+    """The file as text; a line that is not UTF-8 is reported and left empty (so line
+    numbers stay right) instead of failing the whole file."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    lines = data.split(b"\n")
+    for number, raw in enumerate(lines, start=1):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            warn(f"{file}:{number}: skipped: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})")
+            lines[number - 1] = b""
+    return b"\n".join(lines).decode("utf-8")
 
 
 def _jsonl(text: str, file: str, warn: Callable[[str], None]) -> list[Example]:
