@@ -107,8 +107,11 @@ def _per_position(prompt_run: PromptRun, k: int) -> tuple[list[int], list[int]]:
 
 
 def run_bench(configs: Sequence[Config], examples: Sequence[Example], repeat: int,
-              tick: Callable[[str], None] = lambda label: None) -> list[Sample]:
-    """Warm each configuration up once, then `repeat` interleaved passes over the prompts."""
+              tick: Callable[[str], None] = lambda label: None,
+              on_prompt: Callable[[list[Sample]], None] = lambda samples: None) -> list[Sample]:
+    """Warm each configuration up once, then `repeat` interleaved passes over the prompts.
+    `on_prompt` gets each prompt's samples as soon as all configurations ran it, so a
+    caller can keep them even if a later prompt is interrupted."""
     if not configs or configs[0].label != PLAIN:
         raise UsageError("the plain baseline must come first")
     for config in configs:
@@ -129,11 +132,23 @@ def run_bench(configs: Sequence[Config], examples: Sequence[Example], repeat: in
             for sample in done.values():
                 sample.mismatch = sample.ids != reference
                 samples.append(sample)
+            on_prompt(list(done.values()))
     return samples
 
 
+NOISY_SPREAD = 1.5  # slowest / fastest repeat of one prompt beyond this: the timing is noise-dominated
+PLAUSIBLE_MARGIN = 1.2  # a speedup above mean accepted x this cannot come from fewer target forwards
+
+
 def summarize(samples: Sequence[Sample]) -> list[dict]:
-    """Per task and configuration, plus an "all" row per configuration."""
+    """Per task and configuration, plus an "all" row per configuration.
+
+    Two checks mark a number that should not be trusted. `repeat_spread`: the largest ratio
+    of slowest to fastest repeat of one prompt (None with one repeat); above NOISY_SPREAD
+    the row is `noisy`. `implausible`: the speedup exceeds mean accepted tokens x
+    PLAUSIBLE_MARGIN, yet a round of K + 1 positions costs at least a plain step, so
+    speculation saves at most a factor of mean accepted (plain decoding's own noise makes
+    every speedup wrong that way)."""
     groups: dict[tuple[str, str], list[Sample]] = defaultdict(list)
     for s in samples:
         groups[(s.task, s.config)].append(s)
@@ -164,4 +179,34 @@ def summarize(samples: Sequence[Sample]) -> list[dict]:
             "regret": sum(regrets) / len(regrets) if regrets else None,
             "mismatches": sum(s.mismatch for s in group),
         })
+        row = rows[-1]
+        row["repeat_spread"] = _repeat_spread(group)
+        row["noisy"] = row["repeat_spread"] is not None and row["repeat_spread"] > NOISY_SPREAD
+        row["implausible"] = (row["speedup"] is not None and row["mean_accepted"] is not None and rounds > 0
+                              and row["speedup"] > row["mean_accepted"] * PLAUSIBLE_MARGIN)
     return rows
+
+
+def _repeat_spread(group: Sequence[Sample]) -> float | None:
+    times: dict[str, list[float]] = defaultdict(list)
+    for s in group:
+        times[s.id].append(s.elapsed_s)
+    spreads = [max(t) / min(t) for t in times.values() if len(t) > 1 and min(t) > 0]
+    return round(max(spreads), 3) if spreads else None
+
+
+def noise_warnings(rows: Sequence[dict]) -> list[str]:
+    """One line per problem `summarize` marked, saying what it means."""
+    lines = []
+    noisy = [r for r in rows if r.get("noisy") and r["task"] == "all"]
+    if noisy:
+        worst = max(noisy, key=lambda r: r["repeat_spread"])
+        lines.append(f"noisy timing: repeats of one prompt differ by up to {worst['repeat_spread']:.1f}x "
+                     f"({worst['config']}; marked ?): the machine is busy or throttling, so speedups may be off by "
+                     f"as much; rerun on an idle machine or with more --repeat")
+    for r in rows:
+        if r.get("implausible"):
+            lines.append(f"implausible speedup: {r['config']} ({r['task']}) {r['speedup']:.2f}x with mean accepted "
+                         f"{r['mean_accepted']:.2f} (marked ?): speculation saves at most a factor of mean accepted, "
+                         f"so plain decoding's timing was disturbed")
+    return lines

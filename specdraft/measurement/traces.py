@@ -108,9 +108,11 @@ class TraceWriter:
     prompt, flushed, so Ctrl-C or a crash keeps every prompt traced so far."""
 
     def __init__(self, file: str | Path):
-        self.fh = open(file, "w", encoding="utf-8")
+        self.file, self.fh = Path(file), None
 
     def header(self, header: TraceHeader) -> None:
+        # Opened only now, once the models are loaded: a failed start keeps an older file.
+        self.fh = open(self.file, "w", encoding="utf-8")
         self._line(asdict(header))
 
     def prompt(self, prompt: PromptTrace) -> None:
@@ -121,7 +123,8 @@ class TraceWriter:
         self.fh.flush()
 
     def close(self) -> None:
-        self.fh.close()
+        if self.fh is not None:
+            self.fh.close()
 
     def __enter__(self) -> "TraceWriter":
         return self

@@ -12,6 +12,7 @@ from typing import Sequence
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -23,16 +24,19 @@ def stats_panel(stats: GenerationStats, policy: str, scores: dict[str, float] | 
                 title: str = "specdraft") -> Panel:
     regret = stats.regret
     # One wrapping line rather than a grid: a narrow or non-terminal stderr must not
-    # truncate the numbers to ellipses.
-    head = Text.from_markup(" · ".join([
-        f"drafter [bold cyan]{stats.last_drafter or '-'}[/]",
+    # truncate the numbers to ellipses. Drafter names are user text: escaped, never markup.
+    parts = [
+        f"drafter [bold cyan]{escape(stats.last_drafter or '-')}[/]",
         f"accepted [bold]{stats.last_accepted}/{stats.last_drafted}[/]",
         f"mean accepted [bold]{stats.mean_accepted:.2f}[/]",
         f"[bold]{stats.tokens_per_s:.1f}[/] tok/s",
         f"tokens {stats.tokens}",
-        "regret " + (f"[bold]{regret:.2f}[/] (best {stats.best_drafter})" if regret is not None
-                     else "[dim]unknown (bandit feedback)[/]"),
-    ]))
+    ]
+    if regret is not None:
+        parts.append(f"regret [bold]{regret:.2f}[/] (best {escape(str(stats.best_drafter))})")
+    elif policy != "fixed":  # a fixed drafter makes no choice, so there is no regret to know
+        parts.append("regret [dim]unknown (bandit feedback)[/]")
+    head = Text.from_markup(" · ".join(parts))
     table = Table(box=None, padding=(0, 2), show_edge=False)
     for column in ("drafter", "rounds", "share", "acceptance"):
         table.add_column(column, justify="left" if column == "drafter" else "right")
@@ -40,12 +44,13 @@ def stats_panel(stats: GenerationStats, policy: str, scores: dict[str, float] | 
         table.add_column("score", justify="right")
     for name, use in stats.usage.items():
         share = use.rounds / stats.rounds if stats.rounds else 0.0
-        row = [name, str(use.rounds), f"{share:.0%}", f"{use.acceptance:.0%}" if use.drafted else "-"]
+        row = [escape(name), str(use.rounds), f"{share:.0%}", f"{use.acceptance:.0%}" if use.drafted else "-"]
         if scores is not None:
             value = scores.get(name, float("nan"))
             row.append(f"{value:.3f}" if value == value and abs(value) != float("inf") else "-")
         table.add_row(*row, style="bold" if name == stats.last_drafter else None)
-    return Panel(Group(head, table), title=f"{title} · policy {policy}", title_align="left", border_style="blue")
+    return Panel(Group(head, table), title=escape(f"{title} · policy {policy}"), title_align="left",
+                 border_style="blue")
 
 
 class LiveView:
@@ -64,17 +69,34 @@ class LiveView:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.show_text:
+            # Live draws its last frame in full before a transient display is erased; a frame
+            # taller than the terminal would scroll off and stay. An empty last frame erases
+            # cleanly, and the caller prints the text once.
+            self.live.update(Text(""))
         self.live.__exit__(*exc)
 
     def update(self, stats: GenerationStats, delta: str = "", scores: dict[str, float] | None = None) -> None:
         panel = stats_panel(stats, self.policy, scores)
+        # Two columns short of the terminal: the tty echoes "^C" after the last frame, and on
+        # a full-width bottom border that echo wraps, leaving the frame's top row on screen.
+        panel.width = max(20, self.console.width - 2)
         if self.show_text:
             self.text += delta
-            room = max(3, self.console.size.height - 12)
-            tail = "\n".join(self.text.splitlines()[-room:])
-            self.live.update(Group(Text(tail), panel))
+            # The frame must fit the terminal: Live crops a taller one with a full-width "..."
+            # row, which the "^C" echo would wrap just the same.
+            panel_rows = len(self.console.render_lines(panel, self.console.options.update(width=panel.width)))
+            rows = self.console.size.height - panel_rows - 1
+            self.live.update(Group(self._tail(rows), panel) if rows > 0 else panel)
         else:
             self.live.update(panel)
+
+    def _tail(self, rows: int) -> Text:
+        """The last `rows` screen rows of the text (a long line wraps into several rows)."""
+        width = max(1, self.console.width)
+        lines = [line[-rows * width:] for line in self.text.splitlines()[-rows:]]
+        wrapped = Text("\n".join(lines)).wrap(self.console, width)
+        return Text("\n").join(list(wrapped)[-rows:])
 
 
 def summary_line(stats: GenerationStats) -> str:

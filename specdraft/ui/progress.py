@@ -1,20 +1,47 @@
-"""The progress bar bench, trace and calibrate-beta show on stderr (never on stdout)."""
+"""The progress bench, trace and calibrate-beta show on stderr (never on stdout).
+
+On a terminal: a transient Rich bar. Elsewhere (a CI log, nohup, a pipe) a bar draws
+nothing, so `note` prints one plain line instead, with the elapsed time: a long run still
+says how far it got. Descriptions are user text (prompt ids, drafter names) and are
+escaped, never read as markup.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+import time
+from typing import Iterator
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
+class Ticker:
+    """`tick(description)` advances the bar one step; `note(text)` reports a finished unit
+    of work (a prompt) as a plain line when there is no bar to show it."""
+
+    def __init__(self, console: Console, progress: Progress, task, label: str):
+        self.console, self.progress, self.task, self.label = console, progress, task, label
+        self.start = time.perf_counter()
+
+    def tick(self, description: str) -> None:
+        self.progress.update(self.task, advance=1, description=escape(description))
+
+    __call__ = tick
+
+    def note(self, text: str) -> None:
+        if not self.console.is_terminal:
+            elapsed = time.perf_counter() - self.start
+            self.console.print(f"{self.label}: {text} · {elapsed:.1f}s elapsed", markup=False, highlight=False,
+                               soft_wrap=True)
+
+
 @contextlib.contextmanager
-def progress_bar(console: Console, label: str, total: int) -> Iterator[Callable[[str], None]]:
-    """Yields `tick(description)`, which advances the bar by one step."""
+def progress_bar(console: Console, label: str, total: int) -> Iterator[Ticker]:
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("eta"), TimeRemainingColumn(), console=console, transient=True,
                         redirect_stdout=False, redirect_stderr=False, disable=not console.is_terminal)
     with progress:
-        task = progress.add_task(label, total=total)
-        yield lambda description: progress.update(task, advance=1, description=description)
+        task = progress.add_task(escape(label), total=total)
+        yield Ticker(console, progress, task, label)

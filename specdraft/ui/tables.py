@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -12,7 +13,7 @@ def _num(value, fmt: str) -> str:
 
 
 def bench_table(rows: Sequence[dict], title: str, simulated: bool = False) -> Table:
-    table = Table(title=title, title_justify="left", show_lines=False)
+    table = Table(title=escape(title), title_justify="left", show_lines=False)  # titles quote file names
     for column in ("task", "config", "prompts", "simulated speedup" if simulated else "speedup", "mean accepted",
                    "acceptance by position", "tok/s", "best-arm share", "regret", "mismatches"):
         table.add_column(column, justify="left" if column in ("task", "config", "acceptance by position") else "right",
@@ -20,8 +21,10 @@ def bench_table(rows: Sequence[dict], title: str, simulated: bool = False) -> Ta
     for r in rows:
         accept = "/".join("-" if a is None else f"{a:.0%}" for a in r.get("acceptance_at") or [])
         mismatches = r.get("mismatches")
+        # "?": a speedup bench.summarize marked noisy or implausible (a warning line says why).
+        doubt = "?" if r.get("noisy") or r.get("implausible") else ""
         table.add_row(
-            r["task"], r["config"], str(r["prompts"]), _num(r.get("speedup"), ".2f") + "x",
+            escape(str(r["task"])), escape(r["config"]), str(r["prompts"]), _num(r.get("speedup"), ".2f") + "x" + doubt,
             _num(r.get("mean_accepted"), ".2f"), accept or "-",
             _num(r.get("tokens_per_s"), ".1f") if not simulated else "-",
             _num(r.get("best_arm_share"), ".0%"), _num(r.get("regret"), ".2f"),
