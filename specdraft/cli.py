@@ -1,7 +1,8 @@
 """The `specdraft` command line: Typer options in, library calls out, exit codes back.
 
 No logic lives here; each command fills an options object and calls its runner in
-`specdraft.commands`.
+`specdraft.commands`. Help text is Rich markup (Typer's default mode): a literal bracket
+is written `\\[` (tests/test_cli.py checks every help string renders what it says).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from specdraft import __version__
 from specdraft.commands.io import CommandExit, err_console, exit_codes, quiet_libraries
 
 app = typer.Typer(
-    add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="Lossless speculative decoding with a pool of drafters picked online by a learning policy.",
@@ -44,16 +44,18 @@ def generate(
     pool: Pool,
     prompt: Annotated[Optional[str], typer.Argument(help="Prompt text; read from stdin when omitted.")] = None,
     each_line: Annotated[bool, typer.Option("--each-line", help="Treat every stdin line as its own prompt.")] = False,
+    keep_empty: Annotated[bool, typer.Option("--keep-empty", help="With --each-line: answer an empty or unusable line with an empty line (with --json: a record with an error field), so output line N belongs to input line N.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="One JSON object per prompt on stdout.")] = False,
     chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Wrap the prompt in the tokenizer's chat template (default: when it has one).", show_default=False)] = None,
     panel: Annotated[Optional[bool], typer.Option("--panel/--no-panel", help="Live panel on stderr (default: when both stdout and stderr are a terminal).", show_default=False)] = None,
     stats: Annotated[bool, typer.Option("--stats", help="Print a one-line summary per prompt on stderr.")] = False,
-    policy: Annotated[Optional[str], typer.Option(help="Override [policy] name, e.g. normalhedge, ucb or fixed:lookup.")] = None,
+    policy: Annotated[Optional[str], typer.Option(help="Override \\[policy] name, e.g. normalhedge, ucb or fixed:lookup.")] = None,
     draft_tokens: Annotated[Optional[int], typer.Option("--draft-tokens", "-k", help="Tokens drafted per round (K).")] = None,
     temperature: Annotated[Optional[float], typer.Option(help="0 = greedy.")] = None,
     top_k: Annotated[Optional[int], typer.Option(help="Top-k filter (0 = off).")] = None,
     top_p: Annotated[Optional[float], typer.Option(help="Nucleus filter (1 = off).")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="Generation budget per prompt.")] = None,
+    truncate: Annotated[bool, typer.Option("--truncate", help="Keep the end of a prompt too long for the model's context instead of refusing it.")] = False,
     seed: Annotated[Optional[int], typer.Option(help="Seed for sampling and random policies.")] = None,
     policy_state: Annotated[Optional[str], typer.Option("--policy-state", help="JSON file: start from the learned policy state in it (if present) and save it back.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show library logs on stderr.")] = False,
@@ -117,7 +119,7 @@ def calibrate_beta(
     reward: Annotated[Optional[str], typer.Option(help="bd or be (UCB-family reward).")] = None,
     param: Annotated[str, typer.Option(help="Parameter to tune: beta, or e.g. gamma (exp3), discount (ducb), window (swucb), c (halving), eta (hedge).")] = "beta",
     policy: Annotated[Optional[str], typer.Option(help="Policy to tune (default: the profile's, else ucb).")] = None,
-    write: Annotated[bool, typer.Option("--write", help="Write the best value into the profile's [policy] table.")] = False,
+    write: Annotated[bool, typer.Option("--write", help="Write the best value into the profile's \\[policy] table.")] = False,
     limit: Annotated[Optional[int], typer.Option()] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", "-n")] = None,
     chat: Annotated[Optional[bool], typer.Option("--chat/--raw", show_default=False)] = None,
@@ -140,7 +142,7 @@ def _options(cls, values: dict):
 def _run(console, verbose: bool, body) -> None:
     try:
         with exit_codes(console):
-            quiet_libraries(verbose)
+            quiet_libraries(verbose, console)
             code = body()
     except CommandExit as done:
         raise typer.Exit(done.code) from None

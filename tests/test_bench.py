@@ -102,3 +102,161 @@ def test_best_row_prefers_the_published_value_on_a_tie():
     rows = [SweepRow(0.001, 2.0, 1.5, None), SweepRow(0.01, 2.0, 1.5, None), SweepRow(0.1, 1.9, 1.4, None)]
     assert best_row(rows, prefer=0.01).value == 0.01
     assert best_row(rows[:1] + rows[2:], prefer=0.01).value == 0.001
+
+
+# -- issue 13: calibrate-beta never corrupts the profile --------------------------------------
+
+
+def test_bad_grid_is_refused_before_any_work(pool_file, data_file, tmp_path):
+    pool_file.write_text(pool_file.read_text().replace('name = "random"', 'name = "ucb"'))
+    before = pool_file.read_text()
+    trace = tmp_path / "t.jsonl"
+    result = runner.invoke(app, ["calibrate-beta", "--pool", str(pool_file), "--data", str(data_file), "--trace",
+                                 str(trace), "--grid", "-1,-0.5", "--write"])
+    assert result.exit_code == 2 and "--grid: ucb.beta = -1: must be >= 0" in result.stderr
+    assert pool_file.read_text() == before and not trace.exists()
+    window = runner.invoke(app, ["calibrate-beta", "--pool", str(pool_file), "--policy", "swucb", "--param", "window",
+                                 "--data", str(data_file), "--grid", "10,2.5"])
+    assert window.exit_code == 2 and "takes whole numbers" in window.stderr
+
+
+def test_an_edit_that_would_be_invalid_is_not_written(tmp_path):
+    file = tmp_path / "p.toml"
+    file.write_text('[policy]\nname = "ucb"\nbeta = 0.01\n')
+
+    def refuse(text):
+        assert "beta = -1.0" in text
+        raise ValueError("invalid")
+
+    with pytest.raises(ValueError):
+        write_policy_option(file, "beta", -1.0, validate=refuse)
+    assert file.read_text() == '[policy]\nname = "ucb"\nbeta = 0.01\n'
+
+
+def test_a_failed_write_leaves_the_profile_whole(tmp_path, monkeypatch):
+    import os
+
+    from specdraft.errors import UsageError
+
+    file = tmp_path / "p.toml"
+    file.write_text('[policy]\nname = "ucb"\nbeta = 0.01\n')
+    monkeypatch.setattr(os, "replace", lambda *args: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.raises(UsageError, match="cannot write the profile: No space left on device"):
+        write_policy_option(file, "beta", 0.5)
+    assert file.read_text() == '[policy]\nname = "ucb"\nbeta = 0.01\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["p.toml"]
+
+
+def test_write_updates_a_comment_that_credits_the_paper(tmp_path):
+    file = tmp_path / "p.toml"
+    file.write_text('policy.name = "ucb"\npolicy.beta = 0.01  # the paper\'s value\n\n[target]\nhub = "a/b"\r\n')
+    write_policy_option(file, "beta", 0.3, note="calibrated by specdraft calibrate-beta on 2026-01-01")
+    assert file.read_bytes().decode() == ('policy.name = "ucb"\npolicy.beta = 0.3  # calibrated by specdraft calibrate-beta on '
+                                '2026-01-01\n\n[target]\nhub = "a/b"\r\n')
+
+
+# -- issue 13: outputs are checked first and kept when a run stops -----------------------------
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model loaded before the output paths were checked")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["trace", "--out", "{missing}/t.jsonl"], "--out"),
+    (["bench", "--out", "{tmp}/ok.json", "--csv", "{missing}/r.csv"], "--csv"),
+    (["bench", "--plot", "{missing}/p.png"], "--plot"),
+    (["bench", "--out", "{tmp}"], "--out"),
+    (["bench", "--out", "{tmp}/same.csv", "--csv", "{tmp}/same.csv"], "--csv"),
+    (["calibrate-beta", "--trace", "{missing}/t.jsonl"], "--trace"),
+    (["trace", "--out", "{data}"], "--out"),
+])
+def test_bad_output_paths_fail_before_any_model_loads(pool_file, data_file, tmp_path, no_model_loads, args, flag):
+    values = {"missing": str(tmp_path / "missing"), "tmp": str(tmp_path), "data": str(data_file)}
+    args = [a.format(**values) for a in args]
+    result = runner.invoke(app, args[:1] + ["--pool", str(pool_file), "--data", str(data_file)] + args[1:])
+    assert result.exit_code == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {flag} "), result.stderr
+
+
+def test_interrupted_trace_keeps_the_prompts_traced(pool_file, data_file, tmp_path, monkeypatch):
+    from specdraft.measurement import traces
+
+    real, calls = traces.trace_prompt, []
+
+    def second_fails(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(traces, "trace_prompt", second_fails)
+    out = tmp_path / "t.jsonl"
+    result = runner.invoke(app, ["trace", "--pool", str(pool_file), "--data", str(data_file), "--out", str(out)])
+    assert result.exit_code == 130 and "1 of 3 prompts traced and kept" in result.stderr
+    assert "trace: prompt 1/3 (1) traced" in result.stderr  # a plain progress line off a terminal
+    assert [p.id for p in traces.Trace.load(out).prompts] == ["1"]
+
+
+def test_interrupted_bench_keeps_what_it_measured(pool_file, data_file, tmp_path, monkeypatch):
+    from specdraft.decoding.engine import SpeculativeEngine
+
+    original, runs = SpeculativeEngine.generate, []
+
+    def stop_on_third_prompt(self, prompt_ids):
+        runs.append(1)
+        if len(runs) == 2 * 2 + 1:  # warm-up (2 configs) + first prompt (2 configs), then Ctrl-C
+            raise KeyboardInterrupt
+        yield from original(self, prompt_ids)
+
+    monkeypatch.setattr(SpeculativeEngine, "generate", stop_on_third_prompt)
+    out, table = tmp_path / "r.json", tmp_path / "r.csv"
+    result = runner.invoke(app, ["bench", "--pool", str(pool_file), "--data", str(data_file), "--policies",
+                                 "fixed:lookup", "--out", str(out), "--csv", str(table)])
+    assert result.exit_code == 130, result.stderr
+    streamed = [json.loads(line) for line in (tmp_path / "r.samples.jsonl").read_text().splitlines()]
+    assert sorted((s["id"], s["config"]) for s in streamed) == [("1", "fixed:lookup"), ("1", "plain")]
+    assert len(json.loads(out.read_text())["samples"]) == 2 and table.read_text().startswith("task,config")
+    assert "prompt 1/3 (1, repeat 1)" in result.stderr  # plain progress lines off a terminal
+
+
+# -- issue 13: usage errors and noisy numbers --------------------------------------------------
+
+
+@pytest.mark.parametrize("limit", ["-1", "0"])
+def test_bench_limit_must_be_positive(pool_file, data_file, limit, no_model_loads):
+    result = runner.invoke(app, ["bench", "--pool", str(pool_file), "--data", str(data_file), "--limit", limit])
+    assert result.exit_code == 2 and f"--limit: must be at least 1 (got {limit})" in result.stderr
+
+
+def test_replay_errors_name_the_replay_flag(tmp_path):
+    result = runner.invoke(app, ["bench", "--replay", str(tmp_path / "nope.jsonl")])
+    assert result.exit_code == 2 and result.stderr.startswith(f"error: --replay {tmp_path / 'nope.jsonl'}: ")
+
+
+def test_summarize_marks_noise_and_implausible_speedups():
+    from specdraft.measurement.benchmark import Sample, noise_warnings, summarize
+    from specdraft.ui.tables import bench_table
+    from rich.console import Console
+    import io
+
+    samples = []
+    for rep, (plain_s, fast_s) in enumerate([(1.0, 0.3), (1.0, 0.9)], start=1):
+        samples.append(Sample("a", "t", "plain", rep, 10, 10, plain_s))
+        samples.append(Sample("a", "t", "fixed:x", rep, 10, 10, fast_s))  # mean accepted 1.0
+    rows = {r["config"]: r for r in summarize(samples) if r["task"] == "all"}
+    assert rows["fixed:x"]["repeat_spread"] == 3.0 and rows["fixed:x"]["noisy"]
+    assert rows["fixed:x"]["implausible"] and not rows["plain"]["implausible"] and not rows["plain"]["noisy"]
+    warnings = noise_warnings(list(rows.values()))
+    assert any(w.startswith("noisy timing: repeats of one prompt differ by up to 3.0x") for w in warnings)
+    assert any(w.startswith("implausible speedup: fixed:x (all) 1.67x with mean accepted 1.00") for w in warnings)
+    console = Console(file=io.StringIO(), width=250)
+    console.print(bench_table(list(rows.values()), "t [x]"))
+    assert "1.67x?" in console.file.getvalue() and "t [x]" in console.file.getvalue()

@@ -1,27 +1,27 @@
 """`specdraft bench`: live (every configuration on every prompt, interleaved) or
-`--replay TRACE` (policies replayed offline)."""
+`--replay TRACE` (policies replayed offline).
+
+Every flag and output path is checked before any model loads. With `--out FILE` each
+prompt's samples are appended to `FILE`'s sibling `<stem>.samples.jsonl` as soon as every
+configuration has run it, and FILE (summary and samples) is written at the end; Ctrl-C
+prints and writes the summary of what was measured so far, then exits 130.
+"""
 
 from __future__ import annotations
 
 import csv
+import importlib.util
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
-from specdraft.commands.io import EXIT_OK, warner
-from specdraft.config.profile import PolicyConfig, load_profile, policy_from_flag
+from specdraft.commands.io import (EXIT_INTERRUPTED, EXIT_OK, CommandExit, check_count, check_seed, labelled,
+                                   warner)
+from specdraft.commands.outputs import JsonLines, atomic_write_text, check_outputs
 from specdraft.errors import UsageError
-from specdraft.learning.policies import POLICIES
-from specdraft.measurement.baselines import transformers_configs
-from specdraft.measurement.benchmark import PLAIN, Sample, plain_config, policy_configs, run_bench, summarize
-from specdraft.measurement.datasets import load_dataset
-from specdraft.measurement.replay import replay
-from specdraft.measurement.traces import Trace
-from specdraft.runtime import build_runtime
-from specdraft.ui.progress import progress_bar
-from specdraft.ui.tables import bench_table
 
 
 @dataclass
@@ -41,29 +41,97 @@ class BenchOptions:
     seed: int | None = None
 
 
+def samples_path(out: str) -> Path:
+    """Where `--out FILE` streams per-prompt samples: FILE's stem + `.samples.jsonl`."""
+    return Path(out).with_suffix(".samples.jsonl")
+
+
 def run_bench_command(opts: BenchOptions, console: Console) -> int:
+    _check_options(opts)
     if opts.replay:
         return _replay_command(opts, console)
-    if not opts.pool or not opts.data:
-        raise UsageError("bench needs --pool and --data (or --replay TRACE)")
-    if opts.baseline not in (None, "transformers"):
-        raise UsageError(f'--baseline: unknown "{opts.baseline}"; expected transformers')
-    if opts.repeat < 1:
-        raise UsageError("--repeat must be at least 1")
+    from specdraft.config.profile import load_profile
+    from specdraft.measurement.baselines import transformers_configs
+    from specdraft.measurement.benchmark import plain_config, policy_configs, run_bench
+    from specdraft.measurement.datasets import load_dataset
+    from specdraft.runtime import build_runtime
+    from specdraft.session.prompt_run import check_prompts
+    from specdraft.ui.progress import progress_bar
+
     profile = load_profile(opts.pool).with_overrides(max_new_tokens=opts.max_new_tokens, seed=opts.seed)
     examples = load_dataset(opts.data, warner(console), opts.limit)
     runtime = build_runtime(profile)
+    check_prompts(runtime, ((e.id, e.prompt) for e in examples), opts.chat, f"--data {opts.data}")
     flags = [f.strip() for f in opts.policies.split(",") if f.strip()] if opts.policies else None
     configs = [plain_config(profile, runtime, opts.chat)] + policy_configs(profile, flags, runtime, opts.chat)
     if opts.baseline == "transformers":
         configs += transformers_configs(profile, runtime, opts.chat)
     total = len(configs) * (1 + opts.repeat * len(examples))
-    with progress_bar(console, "bench", total) as tick:
-        samples = run_bench(configs, examples, opts.repeat, tick)
+    samples: list = []
+    stream = JsonLines(samples_path(opts.out)) if opts.out else None
+    with progress_bar(console, "bench", total) as progress:
+        progress.note(f"warming up {len(configs)} configurations")
+
+        def keep(done: list) -> None:
+            samples.extend(done)
+            if stream is not None:
+                for sample in done:
+                    stream.write(sample.as_dict())
+            times = ", ".join(f"{s.config} {s.elapsed_s:.2f}s" for s in done)
+            progress.note(f"prompt {len(samples) // len(configs)}/{opts.repeat * len(examples)} "
+                          f"({done[0].id}, repeat {done[0].repeat}): {times}")
+
+        try:
+            run_bench(configs, examples, opts.repeat, progress.tick, keep)
+        except KeyboardInterrupt:
+            if samples:
+                _report(opts, console, samples, f"interrupted after {len(samples) // len(configs)} prompt runs")
+            console.print("interrupted" + (f"; samples kept in {samples_path(opts.out)}" if stream else ""),
+                          markup=False)
+            raise CommandExit(EXIT_INTERRUPTED) from None
+        finally:
+            if stream is not None:
+                stream.close()
+    _report(opts, console, samples, f"{len(examples)} prompts × {opts.repeat} repeats")
+    return EXIT_OK
+
+
+def _check_options(opts: BenchOptions) -> None:
+    """Everything that can be wrong with the command line, before anything is loaded."""
+    if not opts.replay and (not opts.pool or not opts.data):
+        raise UsageError("bench needs --pool and --data (or --replay TRACE)")
+    if opts.baseline not in (None, "transformers"):
+        raise UsageError(f'--baseline: unknown "{opts.baseline}"; expected transformers')
+    if opts.baseline and opts.replay:
+        raise UsageError("--baseline runs models; it cannot be combined with --replay")
+    check_count(opts.repeat, "--repeat")
+    check_count(opts.limit, "--limit")
+    check_seed(opts.seed)
+    if opts.plot and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot needs matplotlib: pip install 'specdraft[plot]'")
+    outputs = [("--out", opts.out), ("--csv", opts.csv_file), ("--plot", opts.plot)]
+    if opts.out and not opts.replay:
+        outputs.append(("--out (its samples file)", str(samples_path(opts.out))))
+    check_outputs(outputs, inputs=[("--data", opts.data), ("--pool", opts.pool), ("--replay", opts.replay)])
+
+
+def _report(opts: BenchOptions, console: Console, samples: list, what: str, simulated: bool = False) -> list[dict]:
+    """The table, the warnings, and every output file for `samples`."""
+    from specdraft.measurement.benchmark import PLAIN, noise_warnings, summarize
+    from specdraft.ui.tables import bench_table
+
     rows = summarize(samples)
-    console.print(bench_table(rows, f"specdraft bench · {len(examples)} prompts × {opts.repeat} repeats · "
-                                    f"speedup = wall time of plain decoding / wall time"))
-    mismatched = sum(s.mismatch for s in samples if s.config != "plain")
+    if simulated:
+        for row in rows:
+            row["tokens_per_s"] = None  # simulated time: only ratios are meaningful
+            row["mismatches"] = None  # replay follows the recorded trajectory by construction
+        title = f"specdraft bench --replay {opts.replay} · {what} · simulated from measured forward costs"
+    else:
+        title = f"specdraft bench · {what} · speedup = wall time of plain decoding / wall time"
+    console.print(bench_table(rows, title, simulated=simulated))
+    for line in noise_warnings(rows):
+        console.print(labelled("warning:", "yellow", line), soft_wrap=True)
+    mismatched = sum(s.mismatch for s in samples if s.config != PLAIN)
     if mismatched:
         console.print(f"[bold red]{mismatched} greedy outputs differ from plain decoding[/]")
     _write_outputs(opts, rows, [s.as_dict() for s in samples])
@@ -71,50 +139,58 @@ def run_bench_command(opts: BenchOptions, console: Console) -> int:
         from specdraft.measurement.plot import plot_bench
 
         plot_bench(rows, samples, Path(opts.plot))
-    return EXIT_OK
+    return rows
 
 
 def _replay_command(opts: BenchOptions, console: Console) -> int:
-    trace = Trace.load(opts.replay)
+    from specdraft.config.profile import PolicyConfig, load_profile
+    from specdraft.measurement.benchmark import PLAIN, Sample
+    from specdraft.measurement.replay import replay
+    from specdraft.measurement.traces import Trace
+
+    trace = Trace.load(opts.replay, flag="--replay")
     base = load_profile(opts.pool).policy if opts.pool else PolicyConfig("random")
     flags = [f.strip() for f in (opts.policies or "").split(",") if f.strip()]
     if not flags:
         flags = [base.name] + [f"fixed:{name}" for name in trace.header.drafters]
+    configs = [_policy_from_flag(flag, base, trace) for flag in dict.fromkeys(flags)]  # all checked before any runs
     samples = []
-    for index, flag in enumerate(dict.fromkeys(flags)):
-        results = replay(trace, _policy_from_flag(flag, base, trace), seed=opts.seed or 0)
+    for index, (flag, config) in enumerate(zip(dict.fromkeys(flags), configs)):
+        results = replay(trace, config, seed=opts.seed or 0)
         if index == 0:  # the plain baseline every simulated speedup is a ratio to
             samples += [Sample(r.id, r.task, PLAIN, 1, r.tokens, r.tokens, r.plain_simulated_s) for r in results]
         samples += [Sample(r.id, r.task, flag, 1, r.tokens, r.rounds, r.simulated_s, r.accepted_at, r.drafted_at,
                            r.regret, r.best_drafter, r.best_arm_share) for r in results]
-    rows = summarize(samples)
-    for row in rows:
-        row["tokens_per_s"] = None  # simulated time: only ratios are meaningful
-        row["mismatches"] = None  # replay follows the recorded trajectory by construction
-    console.print(bench_table(rows, f"specdraft bench --replay {opts.replay} · {len(trace.prompts)} prompts · "
-                                    "simulated from measured forward costs", simulated=True))
-    _write_outputs(opts, rows, [s.as_dict() for s in samples])
+    _report(opts, console, samples, f"{len(trace.prompts)} prompts", simulated=True)
     return EXIT_OK
 
 
-def _policy_from_flag(flag: str, base: PolicyConfig, trace: Trace) -> PolicyConfig:
+def _policy_from_flag(flag: str, base, trace):
     """Like `--policy`, but checked against the trace's drafters instead of a profile."""
+    from specdraft.config.profile import policy_from_flag
+    from specdraft.learning.policies import POLICIES, check_policy
+
     config = policy_from_flag(flag, base)
     if config.name not in POLICIES:
         raise UsageError(f'--policies: unknown policy "{config.name}"; expected one of {", ".join(POLICIES)}')
     drafter = config.options.get("drafter")
     if drafter is not None and drafter not in trace.header.drafters and drafter != "none":
         raise UsageError(f'--policies: no drafter "{drafter}" in the trace ({", ".join(trace.header.drafters)})')
+    problems = check_policy(config.name, config.options, list(trace.header.drafters))
+    if problems:
+        option, message = problems[0]
+        raise UsageError(f"--policies ({config.name}.{option}): {message}")
     return config
 
 
 def _write_outputs(opts: BenchOptions, rows: list[dict], samples: list[dict]) -> None:
     if opts.out:
-        Path(opts.out).write_text(json.dumps({"summary": rows, "samples": samples}, indent=1), encoding="utf-8")
-    if opts.csv_file:
-        with open(opts.csv_file, "w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            writer.writeheader()
-            for row in rows:
-                writer.writerow({k: (" ".join("" if a is None else f"{a:.4f}" for a in v) if isinstance(v, list) else v)
-                                 for k, v in row.items()})
+        atomic_write_text(opts.out, json.dumps({"summary": rows, "samples": samples}, indent=1))
+    if opts.csv_file and rows:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: (" ".join("" if a is None else f"{a:.4f}" for a in v) if isinstance(v, list) else v)
+                             for k, v in row.items()})
+        atomic_write_text(opts.csv_file, buffer.getvalue())

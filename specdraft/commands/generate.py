@@ -1,22 +1,30 @@
-"""`specdraft generate`: prompts in, text (or JSON lines) out on stdout, panel on stderr."""
+"""`specdraft generate`: prompts in, text (or JSON lines) out on stdout, panel on stderr.
+
+Everything the user typed is checked before a model loads (and before torch or
+transformers are imported where possible): the profile, the flags, the policy-state file.
+With `--each-line` a line that cannot be used (not UTF-8, too long for the context) is
+reported with its number and skipped; the rest still run and the command exits 1 at the
+end. `--keep-empty` answers empty and unusable lines too, so output line N belongs to
+input line N.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Any
 
 from rich.console import Console
 
-from specdraft.commands.io import EXIT_INTERRUPTED, EXIT_OK, CommandExit
+from specdraft.commands.io import (EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, CommandExit, check_seed, print_error,
+                                   warner)
+from specdraft.commands.outputs import atomic_write_text, check_writable
+from specdraft.commands.prompts import Line, read_prompts
 from specdraft.errors import UsageError
-from specdraft.config.profile import load_profile
-from specdraft.runtime import build_runtime
-from specdraft.session.prompt_run import PromptRun
-from specdraft.ui.panel import LiveView, stats_panel, summary_line
 
 
 @dataclass
@@ -24,6 +32,7 @@ class GenerateOptions:
     pool: str
     prompt: str | None = None
     each_line: bool = False
+    keep_empty: bool = False
     json_output: bool = False
     chat: bool | None = None
     panel: bool | None = None
@@ -34,85 +43,154 @@ class GenerateOptions:
     top_k: int | None = None
     top_p: float | None = None
     max_new_tokens: int | None = None
+    truncate: bool = False
     seed: int | None = None
     policy_state: str | None = None  # JSON file: load the learned policy state, save it back
 
 
-def read_prompts(prompt: str | None, each_line: bool, stdin: IO[str]) -> Iterator[str]:
-    """The argument, else all of piped stdin as one prompt, else one prompt per stdin line."""
-    if each_line:
-        if prompt is not None:
-            raise UsageError("--each-line reads prompts from stdin; do not also pass PROMPT")
-        if stdin.isatty():
-            raise UsageError("--each-line needs prompts piped on stdin")
-        return (line.rstrip("\r\n") for line in stdin if line.strip())
-    if prompt is None:
-        if stdin.isatty():
-            raise UsageError("no prompt: pass PROMPT or pipe text on stdin")
-        prompt = stdin.read()
-    if not prompt.strip():
-        raise UsageError("the prompt is empty")
-    return iter([prompt])
-
-
 def run_generate(opts: GenerateOptions, console: Console, stdout: IO[str] | None = None,
-                 stdin: IO[str] | None = None) -> int:
+                 stdin: IO[Any] | None = None) -> int:
     stdout, stdin = stdout or sys.stdout, stdin or sys.stdin  # looked up now: tests swap them
+    check_seed(opts.seed)
+    if opts.keep_empty and not opts.each_line:
+        raise UsageError("--keep-empty only applies with --each-line")
+    if not Path(opts.pool).exists():  # the commonest first mistake, answered before torch loads
+        raise UsageError(f"{opts.pool}: profile file not found")
+    saved_state = read_policy_state(opts.policy_state)
+    from specdraft.config.profile import load_profile
+
     profile = load_profile(opts.pool).with_overrides(
         policy=opts.policy, draft_tokens=opts.draft_tokens, temperature=opts.temperature, top_k=opts.top_k,
         top_p=opts.top_p, max_new_tokens=opts.max_new_tokens, seed=opts.seed,
     )
-    prompts = read_prompts(opts.prompt, opts.each_line, stdin)
+    lines = read_prompts(opts.prompt, opts.each_line, stdin)
+    # Read up to the first line with something in it before loading models: input with no
+    # prompt at all is a usage error, and is answered without the wait.
+    ahead: list[Line] = []
+    for line in lines:
+        ahead.append(line)
+        if line.error is not None or line.text.strip():
+            break
+    else:
+        raise UsageError(f"stdin held no prompt ({len(ahead)} empty line{'' if len(ahead) == 1 else 's'})"
+                         if ahead else "stdin is empty: no prompt")
+
+    from specdraft.runtime import build_runtime
+    from specdraft.session.prompt_run import check_budget, context_limit
+
     out_tty = stdout.isatty()
     show_panel = opts.panel if opts.panel is not None else (console.is_terminal and out_tty and not opts.json_output)
     with console.status("loading models…") if console.is_terminal else contextlib.nullcontext():
         runtime = build_runtime(profile)
-    state_file = Path(opts.policy_state) if opts.policy_state else None
-    if state_file is not None and state_file.exists():
-        load_policy_state(runtime.engine.policy, state_file)
-    for prompt in prompts:
-        run = PromptRun(runtime, prompt, opts.chat)
-        # Text streams straight to stdout unless the panel shares its terminal: then the
-        # panel shows it live and it is printed whole once the panel is gone.
-        stream = not opts.json_output and not (show_panel and out_tty)
+    check_budget(context_limit(runtime))
+    if saved_state is not None:
+        load_policy_state(runtime.engine.policy, saved_state, opts.policy_state)
+    failures = 0
+    for line in itertools.chain(ahead, lines):
+        if line.error is not None or not line.text.strip():
+            failures += _skip(opts, line, console, stdout)
+            continue
         try:
-            if show_panel:
-                with LiveView(console, profile.policy.name, show_text=out_tty and not opts.json_output) as view:
-                    for delta, _ in run:
-                        _emit(stdout, delta, stream)
-                        view.update(run.stats, delta, runtime.engine.policy.scores())
-            else:
-                for delta, _ in run:
-                    _emit(stdout, delta, stream)
-        except KeyboardInterrupt:
-            rest = run.interrupt()
-            _finish_prompt(opts, run, stdout, stream, rest)
-            if state_file is not None:
-                save_policy_state(runtime.engine.policy, state_file)
-            console.print(f"interrupted · {summary_line(run.stats)}", soft_wrap=True)
-            raise CommandExit(EXIT_INTERRUPTED) from None
-        _finish_prompt(opts, run, stdout, stream, "")
-        if state_file is not None:
-            save_policy_state(runtime.engine.policy, state_file)
-        if show_panel and out_tty:
-            console.print(stats_panel(run.stats, profile.policy.name, runtime.engine.policy.scores()))
-        elif opts.stats:
-            console.print(summary_line(run.stats), soft_wrap=True)
+            run = _start(runtime, line, opts, console)
+        except UsageError as exc:
+            if not opts.each_line:
+                raise
+            failures += _skip(opts, Line(line.number, line.text, str(exc)), console, stdout)
+            continue
+        _generate(opts, runtime, run, line, console, stdout, show_panel, out_tty)
+    if failures:
+        print_error(console, f"{failures} input line{'s' if failures > 1 else ''} could not be used (see above)")
+        return EXIT_FAILURE
     return EXIT_OK
 
 
-def load_policy_state(policy, file: Path) -> None:
+def _start(runtime, line: Line, opts: GenerateOptions, console: Console):
+    from specdraft.session.prompt_run import PromptRun
+
+    run = PromptRun(runtime, line.text, opts.chat, truncate=opts.truncate)
+    if run.truncated:
+        where = f"stdin line {line.number}: " if line.number else ""
+        warner(console)(f"{where}the prompt was cut to its last {len(run.prompt_ids)} tokens "
+                        f"({run.truncated} characters dropped) to fit the context")
+    return run
+
+
+def _skip(opts: GenerateOptions, line: Line, console: Console, stdout: IO[str]) -> int:
+    """An empty line is skipped quietly; an unusable one is reported. With --keep-empty
+    both still get their output line. Returns 1 for a failure, 0 for an empty line."""
+    if line.error is not None:
+        print_error(console, f"stdin line {line.number}: {line.error}; skipped")
+    if opts.keep_empty:
+        record = {"line": line.number, "prompt": line.text or "", "text": "", "finish_reason": "empty"}
+        if line.error is not None:
+            record.update(finish_reason="error", error=line.error)
+        stdout.write(json.dumps(record, ensure_ascii=False) + "\n" if opts.json_output else "\n")
+        stdout.flush()
+    return int(line.error is not None)
+
+
+def _generate(opts: GenerateOptions, runtime, run, line: Line, console: Console, stdout: IO[str],
+              show_panel: bool, out_tty: bool) -> None:
+    from specdraft.ui.panel import LiveView, stats_panel, summary_line
+
+    policy = runtime.engine.policy
+    # Text streams straight to stdout unless the panel shares its terminal: then the
+    # panel shows it live and it is printed whole once the panel is gone.
+    stream = not opts.json_output and not (show_panel and out_tty)
     try:
-        policy.load_state_dict(json.loads(file.read_text(encoding="utf-8")))
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        if show_panel:
+            with LiveView(console, runtime.profile.policy.name, show_text=out_tty and not opts.json_output) as view:
+                for delta, _ in run:
+                    _emit(stdout, delta, stream)
+                    view.update(run.stats, delta, policy.scores())
+        else:
+            for delta, _ in run:
+                _emit(stdout, delta, stream)
+    except KeyboardInterrupt:
+        rest = run.interrupt()
+        _finish_prompt(opts, run, line, stdout, stream, rest)
+        if opts.policy_state:
+            save_policy_state(policy, Path(opts.policy_state))
+        console.print(f"interrupted · {summary_line(run.stats)}", soft_wrap=True, markup=False)
+        raise CommandExit(EXIT_INTERRUPTED) from None
+    _finish_prompt(opts, run, line, stdout, stream, "")
+    if opts.policy_state:
+        save_policy_state(policy, Path(opts.policy_state))
+    if show_panel and out_tty:
+        console.print(stats_panel(run.stats, runtime.profile.policy.name, policy.scores()))
+    elif opts.stats:
+        console.print(summary_line(run.stats), soft_wrap=True, markup=False)
+
+
+def read_policy_state(file: str | None) -> dict | None:
+    """The saved state to start from (None when there is no file yet), checked before any
+    model loads; the file must also be writable, since the state is saved back."""
+    if not file:
+        return None
+    path = Path(file)
+    check_writable("--policy-state", path)
+    if not path.exists():
+        return None
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"--policy-state {file}: cannot read it: {exc}") from None
+    if not isinstance(state, dict):
+        raise UsageError(f"--policy-state {file}: expected a JSON object as written by specdraft, "
+                         f"got {type(state).__name__}")
+    return state
+
+
+def load_policy_state(policy, state: dict, file: str) -> None:
+    try:
+        policy.load_state_dict(state)
+    except Exception as exc:  # any shape of garbage in a saved state is the file's fault
         raise UsageError(f"--policy-state {file}: cannot use it: {exc}") from None
 
 
 def save_policy_state(policy, file: Path) -> None:
-    # Write beside and rename: an interrupted write never leaves a truncated state file.
-    partial = file.with_name(file.name + ".partial")
-    partial.write_text(json.dumps(policy.state_dict(), indent=1), encoding="utf-8")
-    partial.replace(file)
+    # Written beside and renamed: an interrupted write never leaves a truncated state file.
+    atomic_write_text(file, json.dumps(policy.state_dict(), indent=1))
 
 
 def _emit(stdout: IO[str], text: str, stream: bool) -> None:
@@ -121,9 +199,12 @@ def _emit(stdout: IO[str], text: str, stream: bool) -> None:
         stdout.flush()
 
 
-def _finish_prompt(opts: GenerateOptions, run: PromptRun, stdout: IO[str], stream: bool, rest: str) -> None:
+def _finish_prompt(opts: GenerateOptions, run, line: Line, stdout: IO[str], stream: bool, rest: str) -> None:
     if opts.json_output:
-        stdout.write(json.dumps(run.record(), ensure_ascii=False) + "\n")
+        record = run.record()
+        if line.number:
+            record = {"line": line.number, **record}
+        stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
     else:
         text = rest if stream else run.text
         if not (run.text.endswith("\n")):

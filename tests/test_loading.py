@@ -1,0 +1,234 @@
+"""Model loading: hub sources stay offline unless allowed, and the GGUF conversion cache
+survives damage, read-only folders, killed writers and concurrent processes.
+
+No real GGUF file is parsed here: transformers' GGUF reading (any from_pretrained call with
+`gguf_file=`) is replaced by a tiny in-memory model, so the cache logic runs for real on
+real safetensors files in seconds."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import transformers
+
+from specdraft.config.model_spec import ModelSpec
+from specdraft.config.profile import parse_profile
+from specdraft.errors import ProfileError
+from specdraft.models.loading import load_model
+from tiny import byte_tokenizer, tiny_llama
+
+
+@pytest.fixture
+def messages():
+    """specdraft's log lines, whatever handlers a CLI test left on the logger."""
+    logger = logging.getLogger("specdraft")
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    handler = Collect(logging.INFO)
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield lines
+    logger.removeHandler(handler)
+    logger.setLevel(old_level)
+
+
+# -- 1: hub sources -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def network(monkeypatch):
+    """Every HTTP request huggingface_hub tries, refused at once (and its retries not slept)."""
+    import httpx2
+    import huggingface_hub.constants as constants
+    import huggingface_hub.utils._http as http
+
+    tried: list[str] = []
+
+    def send(self, request, *args, **kwargs):
+        tried.append(str(request.url))
+        raise httpx2.ConnectError("no network in tests", request=request)
+
+    monkeypatch.setattr(httpx2.Client, "send", send)
+    monkeypatch.setattr(http.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # a user without HF_HUB_OFFLINE set
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    return tried
+
+
+def test_hub_source_reads_the_local_cache_only(network):
+    start = time.perf_counter()
+    with pytest.raises(ProfileError) as info:
+        load_model(ModelSpec(hub="nobody/not-cached"), "p.toml", "target")
+    assert network == []
+    assert time.perf_counter() - start < 10
+    message = str(info.value)
+    assert message.startswith("p.toml: target.hub: ") and "not in the local Hugging Face cache" in message
+    assert "allow_download = true" in message and "\n" not in message
+
+
+def test_allow_download_lets_a_hub_source_fetch(network, tmp_path):
+    profile = parse_profile('[target]\nhub = "nobody/x"\nallow_download = true\n[[drafters]]\nname = "l"\n'
+                            'kind = "ngram"\n', tmp_path / "p.toml")
+    assert profile.target.allow_download
+    with pytest.raises(ProfileError):
+        load_model(profile.target, "p.toml", "target")
+    assert network  # it did try: downloads were allowed
+
+
+def test_allow_download_needs_a_hub_source(tmp_path):
+    (tmp_path / "m").mkdir()
+    with pytest.raises(ProfileError, match="target.allow_download: only a hub source"):
+        parse_profile('[target]\npath = "m"\nallow_download = true\n', tmp_path / "p.toml")
+
+
+# -- 6: the GGUF conversion cache -------------------------------------------------------------
+
+
+@pytest.fixture
+def gguf(tmp_path, monkeypatch, messages):
+    """A stand-in .gguf file (`.path`) and its conversions (`.conversions`: how many log
+    lines had been written when each began)."""
+    monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    file = tmp_path / "tiny.gguf"
+    file.write_bytes(b"GGUF stand-in")
+    conversions = []
+    model_load = transformers.AutoModelForCausalLM.from_pretrained
+    tokenizer_load = transformers.AutoTokenizer.from_pretrained
+
+    def fake_model(location, *args, **kwargs):
+        if "gguf_file" not in kwargs:
+            return model_load(location, *args, **kwargs)
+        conversions.append(len(messages))
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+        for _ in gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."):
+            time.sleep(getattr(fake_model, "delay", 0))
+        tok = byte_tokenizer()
+        model = tiny_llama(vocab=len(tok))
+        model.config.eos_token_id = tok.eos_token_id
+        return model
+
+    def fake_tokenizer(location, *args, **kwargs):
+        return byte_tokenizer() if "gguf_file" in kwargs else tokenizer_load(location, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_model)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake_tokenizer)
+    return SimpleNamespace(path=file, conversions=conversions, fake=fake_model)
+
+
+def load(gguf):
+    return load_model(ModelSpec(path=gguf.path, dtype="float64"), "p.toml", "target")
+
+
+def entry(gguf) -> Path:
+    folders = [p for p in (Path(os.environ["SPECDRAFT_CACHE_DIR"]) / "gguf").iterdir() if p.is_dir()]
+    assert len(folders) == 1
+    return folders[0]
+
+
+def test_first_load_converts_once_and_says_so(gguf, messages):
+    load(gguf)
+    load(gguf)
+    assert len(gguf.conversions) == 1
+    folder = entry(gguf)
+    assert [m for m in messages if m.startswith("converting")] == [
+        f"converting tiny.gguf once (~5 s), cached at {folder}"]
+    assert (folder / "specdraft.json").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete tokenizer", "delete config"])
+def test_damaged_cache_entry_is_rebuilt(gguf, messages, damage):
+    load(gguf)
+    folder = entry(gguf)
+    if damage == "truncate":
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:1000])
+    else:
+        (folder / ("tokenizer.json" if damage == "delete tokenizer" else "config.json")).unlink()
+    loaded = load(gguf)
+    assert loaded.model is not None and len(gguf.conversions) == 2
+    assert any(m.startswith(f"cached conversion {folder} is unusable") for m in messages)
+
+
+def test_unwritable_cache_folder_warns_before_converting_and_still_loads(gguf, messages, tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(blocker / "cache"))  # cannot be created, even by root
+    loaded = load(gguf)
+    assert loaded.model is not None
+    warning = next(i for i, m in enumerate(messages) if m.startswith("cache folder"))
+    assert "cannot be written" in messages[warning] and gguf.conversions[0] > warning
+
+
+def test_stale_partial_folders_are_removed(gguf):
+    from specdraft.models.gguf_cache import _host
+
+    root = Path(os.environ["SPECDRAFT_CACHE_DIR"]) / "gguf"
+    dead = root / f".partial-{_host()}-999999999-abc"
+    old = root / ".partial-xyz"
+    alive = root / f".partial-{_host()}-{os.getpid()}-def"
+    for folder in (dead, old, alive):
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"half")
+    hour_ago = time.time() - 7200
+    os.utime(old, (hour_ago, hour_ago))
+    load(gguf)
+    assert not dead.exists() and not old.exists() and alive.exists()
+
+
+def test_two_loaders_convert_once(gguf):
+    gguf.fake.delay = 0.2
+    results, errors = [], []
+
+    def run():
+        try:
+            results.append(load(gguf))
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.05)
+    for thread in threads:
+        thread.join()
+    assert errors == [] and len(results) == 2
+    assert len(gguf.conversions) == 1
+
+
+def test_conversion_draws_no_progress_bar_when_quiet(gguf, capfd):
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        load(gguf)
+    finally:
+        hf_logging.enable_progress_bar()
+    assert "Converting" not in capfd.readouterr().err
+
+
+def test_the_command_line_says_once_what_the_first_load_does(gguf, tmp_path):
+    from typer.testing import CliRunner
+
+    from specdraft.cli import app
+
+    pool = tmp_path / "pool.toml"
+    pool.write_text(f'[target]\npath = "{gguf.path}"\ndtype = "float64"\n[decode]\nmax_new_tokens = 3\n'
+                    '[[drafters]]\nname = "lookup"\nkind = "ngram"\n')
+    first = CliRunner().invoke(app, ["generate", "--pool", str(pool), "hi"])
+    assert first.exit_code == 0, first.stderr
+    assert first.stderr == f"converting tiny.gguf once (~5 s), cached at {entry(gguf)}\n"
+    second = CliRunner().invoke(app, ["generate", "--pool", str(pool), "hi"])
+    assert second.exit_code == 0 and second.stderr == ""
