@@ -52,7 +52,8 @@ def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bo
     ctx = DraftContext(sampling_params(profile), generator, target_lm.device, vocab_size)
 
     policy_config = PolicyConfig("fixed") if plain else profile.policy
-    drafters = [PlainDecoding(ctx)] if plain else build_pool(profile.drafters, PoolContext(ctx, target, file, seed))
+    drafters = [PlainDecoding(ctx)] if plain else build_pool(
+        profile.drafters, PoolContext(ctx, target, target_lm, file, seed))
     if option_value(policy_config.name, policy_config.options, "allow_none"):
         drafters.append(PlainDecoding(ctx))
     policy = build_policy(policy_config.name, policy_config.options, [d.name for d in drafters], seed=seed,

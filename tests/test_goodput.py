@@ -60,7 +60,7 @@ def test_chosen_draft_length_is_the_brute_force_best(seed):
     for m, rate in enumerate(rates):
         policy.acceptance.hits[0][m], policy.acceptance.seen[0][m] = rate * 1e6, 1e6
     for width in range(1, k_max + 2):
-        policy.round_costs.observe(0, width - 1, draft * (width - 1), fixed + per_token * width)
+        policy.costs.observe(0, width - 1, draft * (width - 1), fixed + per_token * width)
 
     def goodput(k):
         tokens, survive = 1.0, 1.0
@@ -86,3 +86,90 @@ def test_goodput_learns_from_rounds_and_drafts_less_when_drafts_fail():
 
 def test_ties_pick_the_shortest_draft():
     assert best_draft_length([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]) == 0
+
+
+# --- early stop and the cost model against the round's own timings ---------------------
+
+from specdraft.learning.confidence import ConfidenceCalibration, worth_drafting  # noqa: E402
+
+
+def test_calibration_learns_that_a_confident_drafter_is_wrong():
+    calibration = ConfidenceCalibration()
+    assert calibration.acceptance(0.95) == pytest.approx(0.95)  # nothing seen: trust the drafter
+    for _ in range(50):  # confident tokens rejected at once, every time
+        calibration.observe([0.95, 0.9, 0.97], accepted=0)
+    assert calibration.acceptance(0.95) < 0.1
+    assert calibration.seen[9] == 50 and calibration.seen[8] == 0  # unreached tokens say nothing
+
+
+def test_worth_drafting_compares_expected_tokens_with_the_price():
+    assert worth_drafting(1.0, 0.6, 0.5) and not worth_drafting(0.8, 0.6, 0.5)
+
+
+def _tiny_engine(drafter_options=None, k=4, max_new=30, **policy_options):
+    import torch
+
+    from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
+    from specdraft.decoding.sampling import SamplingParams
+    from specdraft.drafters import DraftContext, ModelDrafter
+    from specdraft.models.cached_lm import CachedLM
+    from tiny import VOCAB, tiny_llama
+
+    target = tiny_llama(seed=0)
+    ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
+    drafter = ModelDrafter("small", ctx, tiny_llama(seed=1, layers=1), **(drafter_options or {}))
+    policy = build_policy("fixed", {"drafter": "small"} | policy_options, ["small"], draft_tokens=k, horizon=max_new)
+    return target, drafter, SpeculativeEngine(CachedLM(target), [drafter], policy,
+                                              EngineSettings(k, max_new, SamplingParams()))
+
+
+def test_a_fixed_confidence_floor_stops_drafting_and_stays_lossless():
+    from tiny import plain_greedy
+
+    target, drafter, engine = _tiny_engine({"stop_below": 0.99}, draft_length="fixed")
+    records = list(engine.generate([5, 9, 11, 3]))
+    # a random tiny model is never 99% sure, so it drafts nothing and every round is plain
+    assert all(r.drafted == 0 for r in records) and records[0].planned == 4
+    assert [t for r in records for t in r.tokens] == plain_greedy(target, [5, 9, 11, 3], 30)
+
+
+@pytest.mark.parametrize("price, expect_short", [(0.0, False), (0.9, True)])
+def test_the_learned_stop_drafts_while_a_token_is_worth_its_time(price, expect_short):
+    _, drafter, _ = _tiny_engine()
+    drafter.reset()
+    draft = drafter.propose([5, 9, 11, 3], 4, stop_price=price)
+    assert (draft.tokens.shape[0] < 4) == expect_short
+    drafter.on_commit(0)
+    assert sum(drafter.calibration.seen) == min(1, draft.tokens.shape[0])  # the first token was rejected
+
+
+def test_the_cost_model_matches_the_rounds_timings(monkeypatch):
+    """A fake clock makes a verify of n tokens cost 10 ms + 2 ms * n and a drafted token
+    4 ms; the policy's estimate of T(arm, K) must then be exactly what rounds measure."""
+    import time as time_module
+
+    _, drafter, engine = _tiny_engine(draft_length="goodput")
+    clock = [0.0]
+    monkeypatch.setattr(time_module, "perf_counter", lambda: clock[0])
+    feed, propose = engine.target.feed_with_hidden, drafter.propose
+
+    def timed_feed(tokens, keep, layers):
+        clock[0] += 0.010 + 0.002 * tokens.shape[-1]
+        return feed(tokens, keep, layers)
+
+    def timed_propose(context, k, stop_price=None):
+        draft = propose(context, k, stop_price)
+        clock[0] += 0.004 * draft.tokens.shape[0]
+        return draft
+
+    monkeypatch.setattr(engine.target, "feed_with_hidden", timed_feed)
+    monkeypatch.setattr(drafter, "propose", timed_propose)
+    records = list(engine.generate([5, 9, 11, 3, 5, 9]))
+    widths = {r.drafted for r in records}
+    assert len(widths) >= 2  # the line was fitted on more than one width
+    costs = engine.policy.costs
+    for r in records:
+        assert r.draft_s + r.verify_s == pytest.approx(0.010 + 0.002 * (r.drafted + 1) + 0.004 * r.drafted)
+        assert costs.round_seconds(0, r.drafted) == pytest.approx(r.draft_s + r.verify_s)
+        if r.expected_seconds is not None and r.drafted == r.planned:
+            assert r.expected_seconds == pytest.approx(r.draft_s + r.verify_s)

@@ -40,7 +40,9 @@ class Arms:
         gammas = [[self.gamma(i) for _ in range(count)] for i in range(len(self.rates))] if full else None
         if full:
             gammas[arm][: min(count, K)] = alphas[: min(count, K)]
-        return RoundFeedback(arm, K, accepted, alphas, self.cost[arm], gammas)
+        # The round's time: its draft (the arm's cost) and a verify of K + 1 tokens.
+        return RoundFeedback(arm, K, accepted, alphas, self.cost[arm] + 0.01, gammas,
+                             draft_seconds=self.cost[arm], verify_seconds=0.01)
 
 
 def simulate(policy, arms, rounds, full=False, change_at=None, new_rates=None):
@@ -57,8 +59,11 @@ def simulate(policy, arms, rounds, full=False, change_at=None, new_rates=None):
     return chosen, tracker
 
 
+PAPERS = {"objective": "acceptance", "draft_length": "fixed"}  # the papers' setting: what these simulations test
+
+
 def make(name, n=3, seed=0, **options):
-    return POLICIES[name]([f"d{i}" for i in range(n)], options, seed=seed, draft_tokens=K, horizon=512)
+    return POLICIES[name]([f"d{i}" for i in range(n)], PAPERS | options, seed=seed, draft_tokens=K, horizon=512)
 
 
 def share(chosen, arm, last):
@@ -149,16 +154,20 @@ def test_drifting_policies_recover_after_the_best_arm_changes(name, options):
     assert share(plain, 1, 300) < share(chosen, 1, 300)
 
 
-@pytest.mark.parametrize("name", ["ucb", "normalhedge", "exp3"])
-def test_cost_aware_prefers_the_faster_arm_over_the_longer_one(name):
-    # arm 0: accepts more per round but each round costs 4x; arm 1 wins on tokens per second
-    arms = Arms([0.8, 0.6], cost=[0.04, 0.01])
-    options = {"cost_aware": True} | ({"gamma": 0.1} if name == "exp3" else {})
-    chosen, _ = simulate(make(name, n=2, **options), arms, 800, full=name == "normalhedge")
+@pytest.mark.parametrize("name", ["ucb", "normalhedge", "exp3", "halving"])
+def test_goodput_objective_prefers_the_faster_arm_over_the_longer_one(name):
+    # arm 0 accepts more per round but drafting costs 4x; arm 1 wins on tokens per second
+    extra = {"gamma": 0.1} if name == "exp3" else {}
+    goodput = make(name, n=2, objective="goodput", **extra)
+    chosen, _ = simulate(goodput, Arms([0.8, 0.6], cost=[0.04, 0.01]), 800, full=name == "normalhedge")
     assert share(chosen, 1, 300) > 0.8
-    plain, _ = simulate(make(name, n=2, **({"gamma": 0.1} if name == "exp3" else {})), Arms([0.8, 0.6], cost=[0.04, 0.01]),
-                        800, full=name == "normalhedge")
-    assert share(plain, 0, 300) > 0.8
+    papers, _ = simulate(make(name, n=2, **extra), Arms([0.8, 0.6], cost=[0.04, 0.01]), 800, full=name == "normalhedge")
+    assert share(papers, 0, 300) > 0.8
+
+
+def test_goodput_is_the_default_objective_with_dynamic_length_and_a_plain_arm():
+    policy = POLICIES["ucb"](["a", "b"], {})
+    assert policy.goodput and policy.options["draft_length"] == "goodput" and policy.allows_none
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
@@ -190,7 +199,7 @@ def test_sliding_window_keeps_sliding_after_a_state_load():
 
 
 @pytest.mark.parametrize("garbage", [{"state": {"pulls": "x"}}, {"state": {"means": [1, "a", 2]}}, {"state": [1, 2]},
-                                     {"state": {"costs": [1]}}])
+                                     {"state": {"costs": {"verify": [1]}}}, {"state": {"acceptance": {"hits": 1}}}])
 def test_garbage_state_is_refused_and_leaves_the_policy_fresh(garbage):
     policy = make("ucb")
     with pytest.raises(ValueError, match="state"):

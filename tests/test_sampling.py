@@ -15,7 +15,7 @@ from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
 from specdraft.decoding.sampling import SamplingParams, sampling_probs
 from specdraft.decoding.verify import verify_sampling
 from specdraft.drafters import DraftContext, ModelDrafter, NgramDrafter
-from specdraft.drafters.layers import truncated_view
+from specdraft.drafters.layers import LayersDrafter, truncated_view
 from specdraft.learning.policies.simple import FixedPolicy, RandomPolicy
 from tiny import tiny_llama
 
@@ -71,11 +71,13 @@ def test_generated_sequences_follow_the_target(params):
     target = tiny_llama(seed=0, vocab=vocab, layers=2, scale=8.0)
     gen = torch.Generator().manual_seed(1)
     ctx = DraftContext(params, gen, torch.device("cpu"), vocab)
+    target_lm = CachedLM(target)
     drafters = [ModelDrafter("small", ctx, tiny_llama(seed=5, vocab=vocab, layers=1, scale=8.0)),
                 NgramDrafter("lookup", ctx, 1, 2),
-                ModelDrafter("half", ctx, truncated_view(target, 1))]
+                LayersDrafter("half", ctx, target_lm, 1),  # drafts over the target's own cache
+                ModelDrafter("own-cache", ctx, truncated_view(target, 1))]
     policy = RandomPolicy([d.name for d in drafters], seed=2)
-    engine = SpeculativeEngine(CachedLM(target), drafters, policy, EngineSettings(3, 3, params), gen)
+    engine = SpeculativeEngine(target_lm, drafters, policy, EngineSettings(3, 3, params), gen)
     pairs, thirds, n_draws = Counter(), Counter(), 1500
     for _ in range(n_draws):
         out = [t for r in engine.generate(prompt) for t in r.tokens]

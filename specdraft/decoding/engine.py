@@ -2,9 +2,11 @@
 
 The engine knows nothing about text: it takes prompt token ids and yields one RoundRecord
 per round with the tokens that round committed. It never branches on drafter kind or
-policy: the PolicyDriver decides what the policy learns and when, the PoolEvaluator
-scores drafters when the policy asks for full information. One host synchronisation per
-round: reading the packed verdict.
+policy: the PolicyDriver plans the round (arm, draft length, early-stop price) and decides
+what the policy learns and when, the PoolEvaluator scores drafters when the policy asks
+for full information, from the target's hidden states for the layers the pool's drafters
+name. One host synchronisation per round: reading the packed verdict (plus one per draft
+token while a model drafter's early stop reads its confidence).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class EngineSettings:
 class RoundRecord:
     arm: int
     drafter: str
-    drafted: int
+    drafted: int  # tokens drafted (at most `planned`: a drafter may stop early)
     accepted: int  # drafted tokens accepted; the round commits accepted + 1 before truncation
     tokens: list[int]  # committed this round (cut at EOS or at max_new_tokens)
     alphas: list[float]  # 1 - TV(p_j, q_j) per drafted position
@@ -49,6 +51,9 @@ class RoundRecord:
     # Rounds whose evaluation finished in this round, as (chosen arm, gammas): this round
     # alone, or several when the policy batches evaluation every m rounds.
     evaluated: list[tuple[int, Gammas]] | None = None
+    planned: int = 0  # the draft length the policy chose
+    expected_tokens: float | None = None  # the policy's estimate of what the round commits ...
+    expected_seconds: float | None = None  # ... and of how long it takes (None while unknown)
 
     @property
     def gammas(self) -> Gammas | None:
@@ -68,6 +73,7 @@ class _Verified:
     alphas_on_device: torch.Tensor  # [k]
     logits: torch.Tensor  # [k + 1, V]
     probs: torch.Tensor | None  # [k + 1, V] processed p under sampling, None under greedy
+    hidden: dict[int, torch.Tensor]  # {layer: [k + 1, H]} for the drafters scored from them
 
     def target_probs(self, count: int, params: SamplingParams) -> torch.Tensor:
         """The target's distributions at the first `count` positions [count, V]."""
@@ -89,6 +95,9 @@ class SpeculativeEngine:
         self.settings = settings
         self.generator = generator
         self.driver = PolicyDriver(policy, settings.draft_tokens, settings.max_new_tokens)
+        # Target layers whose hidden states some drafter is scored from: handed over by the
+        # verify forward when the policy evaluates every drafter.
+        self.hidden_layers = tuple(sorted({layer for d in self.drafters for layer in d.hidden_layers}))
 
     @property
     def policy(self) -> Policy:
@@ -98,10 +107,11 @@ class SpeculativeEngine:
         state = self._start(prompt_ids)
         while state.produced < self.settings.max_new_tokens:
             watch = Stopwatch()
-            arm, k = self.driver.choose(state.produced)
+            plan = self.driver.choose(state.produced)
+            arm, k = plan.arm, plan.draft_tokens
             drafter = self.drafters[arm]
             watch.lap("overhead")
-            draft = drafter.propose(state.context, k) if k > 0 else drafter.empty_draft()
+            draft = drafter.propose(state.context, k, plan.stop_price) if k > 0 else drafter.empty_draft()
             watch.lap("draft")
             verified = self._verify(state.next_input, draft)
             watch.lap("verify")
@@ -109,8 +119,7 @@ class SpeculativeEngine:
             tokens, finish = self._commit(state, drafter, verified)
             feedback = RoundFeedback(arm, len(verified.alphas), verified.accepted, verified.alphas, watch.elapsed,
                                      draft_seconds=watch["draft"], verify_seconds=watch["verify"])
-            evidence = RoundEvidence(verified.alphas_on_device, verified.target_probs(len(tokens), self.settings.sampling)) \
-                if self.driver.full_information else None
+            evidence = self._evidence(verified, len(tokens)) if self.driver.full_information else None
             learned = self.driver.finish_round(RoundOutcome(feedback, start, len(tokens), evidence),
                                                last=finish is not None)
             watch.lap("overhead")
@@ -118,7 +127,9 @@ class SpeculativeEngine:
             yield RoundRecord(arm=arm, drafter=drafter.name, drafted=feedback.drafted, accepted=verified.accepted,
                               tokens=tokens, alphas=verified.alphas, draft_s=watch["draft"],
                               verify_s=watch["verify"], overhead_s=watch["overhead"],
-                              evaluate_s=watch["evaluate"], finish=finish, evaluated=learned.evaluated or None)
+                              evaluate_s=watch["evaluate"], finish=finish, evaluated=learned.evaluated or None,
+                              planned=k, expected_tokens=plan.expected_tokens,
+                              expected_seconds=plan.expected_seconds)
             if finish:
                 return
 
@@ -139,7 +150,8 @@ class SpeculativeEngine:
     def _verify(self, next_input: torch.Tensor, draft: Draft) -> _Verified:
         """One target forward over [last committed token, draft] and lossless acceptance."""
         k = draft.tokens.shape[0]
-        logits = self.target.feed(torch.cat([next_input, draft.tokens]), keep=0)  # [k + 1, V]
+        layers = self.hidden_layers if self.driver.full_information else ()
+        logits, hidden = self.target.feed_with_hidden(torch.cat([next_input, draft.tokens]), 0, layers)  # [k + 1, V]
         probs = None
         if self.settings.sampling.greedy:
             verdict = verify_greedy(logits, draft.tokens, draft.probs, self.settings.sampling)
@@ -153,7 +165,13 @@ class SpeculativeEngine:
         ).tolist()
         n = int(packed[0])
         return _Verified(n, [int(t) for t in packed[1 : n + 2]], packed[k + 2 :],
-                         verdict.tokens.index_select(0, verdict.n_accepted.view(1)), verdict.alphas, logits, probs)
+                         verdict.tokens.index_select(0, verdict.n_accepted.view(1)), verdict.alphas, logits, probs,
+                         hidden)
+
+    def _evidence(self, verified: _Verified, count: int) -> RoundEvidence:
+        """What evaluating the drafters on this round's `count` committed positions needs."""
+        return RoundEvidence(verified.alphas_on_device, verified.target_probs(count, self.settings.sampling),
+                             {layer: h[:count] for layer, h in verified.hidden.items()})
 
     def _commit(self, state: _Prompt, drafter: Drafter, verified: _Verified) -> tuple[list[int], str | None]:
         """Keep the accepted tokens: crop rejected positions from the caches, cut at EOS and

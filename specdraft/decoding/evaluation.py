@@ -9,7 +9,7 @@ caught up, so switching later costs nothing. One host sync reads everything.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -24,6 +24,7 @@ class RoundEvidence:
 
     alphas: torch.Tensor  # [k] the chosen drafter's alignment at its drafted positions
     target_probs: torch.Tensor  # [count, V] the target's distributions at the committed positions
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # {layer: [count, H]} there
 
 
 class PoolEvaluator:
@@ -56,8 +57,9 @@ class PoolEvaluator:
             known = min(round_.count, evidence.alphas.shape[0])  # its draft scored these already
             parts.append(evidence.alphas[:known].to(evidence.target_probs.dtype))
             if round_.count > known:
+                hidden = {layer: h[known:] for layer, h in evidence.hidden.items()}
                 parts.append(drafter.score(self.context, round_.start + known, round_.count - known,
-                                           evidence.target_probs[known:]))
+                                           evidence.target_probs[known:], hidden))
         parts.extend(self._score_span(drafter, span))
         return parts
 
@@ -65,4 +67,5 @@ class PoolEvaluator:
         if not span:
             return []
         probs = torch.cat([r.evidence.target_probs for r in span])  # [positions, V]
-        return [drafter.score(self.context, span[0].start, sum(r.count for r in span), probs)]
+        hidden = {layer: torch.cat([r.evidence.hidden[layer] for r in span]) for layer in span[0].evidence.hidden}
+        return [drafter.score(self.context, span[0].start, sum(r.count for r in span), probs, hidden)]

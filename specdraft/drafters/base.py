@@ -2,8 +2,11 @@
 branches on kind.
 
 A drafter sees the committed context (token ids), proposes up to k tokens with the
-distributions it drew them from, and is told afterwards how many were accepted so it can
-roll its own state back. A deterministic drafter returns `probs=None` (one-hot q).
+distributions it drew them from (stopping early when a token is not worth its time), and
+is told afterwards how many were accepted so it can roll its own state back. A
+deterministic drafter returns `probs=None` (one-hot q). A kind that is scored from the
+target's own hidden states names the layers it needs (`hidden_layers`); the verify forward
+hands them over at the committed positions, so the round never asks which kind it runs.
 Each kind also reads its own profile keys (`parse_options`), builds itself (`build`),
 scores itself along a finished trajectory for offline replay (`trajectory_scores`), and
 says which causal LM it drafts with, if any (`causal_lm`), for cost measurement and
@@ -15,7 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import torch
 
@@ -23,7 +26,10 @@ from specdraft.decoding.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from specdraft.config.tables import Table
+    from specdraft.models.cached_lm import CachedLM
     from specdraft.models.loading import LoadedModel
+
+Hidden = Mapping[int, torch.Tensor]  # {layer: [positions, H]} hidden state after that many target layers
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,7 @@ class PoolContext:
 
     draft: DraftContext
     target: "LoadedModel"
+    target_lm: "CachedLM"  # the target with the KV cache the round verifies with
     file: str  # the profile, for error messages
     seed: int  # the run's seed; model drafters on another device derive their own generator from it
 
@@ -96,18 +103,27 @@ class Drafter(ABC):
         """Forget the previous prompt."""
 
     @abstractmethod
-    def propose(self, context: Sequence[int], k: int) -> Draft:
-        """Propose up to k tokens continuing `context` (all committed tokens, prompt included)."""
+    def propose(self, context: Sequence[int], k: int, stop_price: float | None = None) -> Draft:
+        """Propose up to k tokens continuing `context` (all committed tokens, prompt included).
+        `stop_price`: a drafter that knows how likely its next token is to be accepted stops
+        once that chance falls below this many tokens (what the token's time would buy)."""
 
     def on_commit(self, n_accepted: int) -> None:
         """After a round this drafter drafted: `n_accepted` of its tokens were kept."""
 
     @abstractmethod
-    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor) -> torch.Tensor:
+    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
+              hidden: Hidden | None = None) -> torch.Tensor:
         """Full-information evaluation: gamma at committed positions start .. start+count-1 [count],
         i.e. sum_v min(p, q) with this drafter's q given context[:position]; `target_probs`
-        [count, V] are the target's distributions there. Leaves the drafter caught up to
+        [count, V] are the target's distributions there, `hidden` the target's hidden states
+        there for the layers in `hidden_layers`. Leaves the drafter caught up to
         context[:start + count - 1]."""
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        """Target layers whose hidden states `score` reads (none for most kinds)."""
+        return ()
 
     def empty_draft(self) -> Draft:
         return Draft(torch.empty(0, dtype=torch.long, device=self.ctx.device), None)

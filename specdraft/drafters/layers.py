@@ -1,9 +1,15 @@
 """The `layers` self-drafter: the target's first k decoder layers, its final norm and its
-head, sharing the target's weights (no extra parameter memory) with a KV cache of its own.
+head, sharing the target's weights and the target's own KV cache (ARCHITECTURE.md,
+"Drafter kinds").
 
-It is a shallow copy of the target module whose config says k layers. Transformers'
-decoder loops over `layers[: config.num_hidden_layers]` and sizes caches and masks from
-the config, so the copy runs the same code path on a prefix of the same weights.
+The view is a shallow copy of the target module whose config says k layers. Transformers'
+decoder loops over `layers[: config.num_hidden_layers]` and sizes masks from the config, so
+the copy runs the same code path on a prefix of the same weights. Its KV for the committed
+positions is exactly the target's KV in layers < k, so drafting runs over the target's
+cache (no second cache, no catch-up forward) and gives the draft positions back before the
+verify writes them. Full-information scoring needs no forward at all: the verify hands over
+the target's hidden state after layer k at the committed positions, and the drafter's
+distribution there is one norm and one head projection.
 """
 
 from __future__ import annotations
@@ -11,22 +17,77 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
 from specdraft.config.tables import Table
-from specdraft.drafters.base import PoolContext
-from specdraft.drafters.model import ModelDrafter
+from specdraft.decoding.sampling import distributions
+from specdraft.decoding.verify import overlap
+from specdraft.drafters.base import DraftContext, Hidden, PoolContext
+from specdraft.drafters.model import ModelDrafter, parse_stop_below
 from specdraft.errors import ProfileError
+from specdraft.models.cached_lm import CachedLM, fit_logits
 
 
 @dataclass(frozen=True)
 class LayersOptions:
     layers: int
+    stop_below: float | None = None
+
+
+class TargetPrefix:
+    """The view run over the target's KV cache: it appends draft positions to layers < k
+    and `release()` removes them again, so the target's cache is untouched for the verify."""
+
+    def __init__(self, target: CachedLM, view: torch.nn.Module, layers: int, logits_size: int):
+        self.target, self.model, self.layers, self.logits_size = target, view, layers, logits_size
+        self.device = target.device
+        self.extra = 0  # positions written beyond the target's own length
+
+    @property
+    def length(self) -> int:
+        return self.target.length + self.extra
+
+    def reset(self) -> None:
+        self.extra = 0  # the target resets the cache itself
+
+    @torch.inference_mode()
+    def feed(self, tokens: torch.Tensor, keep: int = 1) -> torch.Tensor:
+        n = tokens.shape[-1]
+        positions = torch.arange(self.length, self.length + n, device=self.device)
+        out = self.model(input_ids=tokens.view(1, n).to(self.device), position_ids=positions.view(1, n),
+                         past_key_values=self.target.cache, use_cache=True, logits_to_keep=keep)
+        self.extra += n
+        return fit_logits(out.logits[0], self.logits_size)
+
+    def crop(self, length: int) -> None:
+        self._remove(self.extra - max(0, length - self.target.length))
+
+    def release(self) -> None:
+        self._remove(self.extra)
+
+    def _remove(self, count: int) -> None:
+        if count > 0:
+            for layer in self.target.cache.layers[: self.layers]:
+                layer.crop(-count)  # a layer's crop takes the number of tokens to remove
+            self.extra -= count
+
+    @torch.inference_mode()
+    def uncached_logits(self, tokens: Sequence[int]) -> torch.Tensor:
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+        return fit_logits(self.model(ids).logits[0], self.logits_size)
 
 
 class LayersDrafter(ModelDrafter):
     kind = "layers"
+
+    def __init__(self, name: str, ctx: DraftContext, target: CachedLM, layers: int, stop_below: float | None = None):
+        view = truncated_view(target.model, layers)
+        super().__init__(name, ctx, view, stop_below)
+        self.lm = TargetPrefix(target, view, layers, ctx.vocab_size)
+        self.layers = layers
+        self._softcap = getattr(view.config, "final_logit_softcapping", None)
 
     @classmethod
     def parse_options(cls, table: Table, base: Path) -> LayersOptions:
@@ -35,16 +96,45 @@ class LayersDrafter(ModelDrafter):
             raise table.error("layers", "missing; how many of the target's first decoder layers to use")
         if layers < 1:
             raise table.error("layers", f"must be at least 1 (got {layers})")
+        stop_below = parse_stop_below(table)
         table.finish()
-        return LayersOptions(layers)
+        return LayersOptions(layers, stop_below)
 
     @classmethod
     def build(cls, name: str, options: LayersOptions, pool: PoolContext, key: str) -> "LayersDrafter":
         try:
-            view = truncated_view(pool.target.model, options.layers)
+            return cls(name, pool.draft, pool.target_lm, options.layers, options.stop_below)
         except ValueError as exc:
             raise ProfileError(pool.file, f"{key}.layers", str(exc)) from None
-        return cls(name, pool.draft, view)
+
+    def _end_draft(self, context: Sequence[int], fed: int) -> None:
+        self.lm.release()  # the verify recomputes these positions in every layer
+
+    def on_commit(self, n_accepted: int) -> None:
+        if self._confidences:
+            self.calibration.observe(self._confidences, n_accepted)
+            self._confidences = []
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        return (self.layers,)
+
+    @torch.inference_mode()
+    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
+              hidden: Hidden | None = None) -> torch.Tensor:
+        if hidden is None or self.layers not in hidden:
+            raise ValueError(f"the layers drafter {self.name!r} is scored from the target's layer-{self.layers} "
+                             "hidden states, and none were handed over")
+        states = hidden[self.layers][:count]
+        logits = self.model.lm_head(self.model.model.norm(states))
+        if self._softcap:  # models that cap their logits (Gemma) do it after the head
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        logits = fit_logits(logits, self.ctx.vocab_size)
+        return overlap(target_probs, distributions(logits, self.ctx.params).to(target_probs.device))
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.lm.model
 
 
 def truncated_view(target: torch.nn.Module, layers: int) -> torch.nn.Module:

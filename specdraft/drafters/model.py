@@ -3,7 +3,9 @@
 
 Drafting k tokens costs one catch-up forward over the committed tokens it has not seen
 plus k - 1 single-token forwards; the last drafted token is never fed, because nothing
-needs its successor's distribution.
+needs its successor's distribution. Drafting stops early once the next token's chance of
+being accepted (learned from the drafter's own confidence, `learning/confidence.py`) is
+not worth its time, or below a profile's fixed `stop_below` confidence.
 """
 
 from __future__ import annotations
@@ -18,30 +20,44 @@ from specdraft.config.model_spec import MODEL_KEYS, ModelSpec, parse_model_spec
 from specdraft.config.tables import Table
 from specdraft.decoding.sampling import distributions, sample
 from specdraft.decoding.verify import overlap
-from specdraft.drafters.base import Draft, DraftContext, Drafter, PoolContext, TrajectoryScores
+from specdraft.drafters.base import Draft, DraftContext, Drafter, Hidden, PoolContext, TrajectoryScores
+from specdraft.learning.confidence import ConfidenceCalibration, worth_drafting
 from specdraft.models.cached_lm import CachedLM
 
 
 @dataclass(frozen=True)
 class ModelOptions:
     model: ModelSpec
+    stop_below: float | None = None
+
+
+def parse_stop_below(table: Table) -> float | None:
+    """`stop_below`: a fixed confidence under which drafting stops; absent = learned."""
+    value = table.get("stop_below", (float, int))
+    if value is not None and not 0 <= value < 1:
+        raise table.error("stop_below", f"must be in [0, 1) (got {value})")
+    return None if value is None else float(value)
 
 
 class ModelDrafter(Drafter):
     kind = "model"
     draft_alignment_is_score = True
 
-    def __init__(self, name: str, ctx: DraftContext, model: torch.nn.Module):
+    def __init__(self, name: str, ctx: DraftContext, model: torch.nn.Module, stop_below: float | None = None):
         super().__init__(name, ctx)
         self.lm = CachedLM(model, logits_size=ctx.vocab_size)
+        self.stop_below = stop_below
+        self.calibration = ConfidenceCalibration()  # kept across prompts: it describes the pair
+        self._confidences: list[float] = []  # of the last draft's tokens, when stopping was on
         self._drafted_from = 0  # context length when the last draft started
         self._fed_drafts = 0  # drafted tokens that went into the cache
 
     @classmethod
     def parse_options(cls, table: Table, base: Path) -> ModelOptions:
         spec = parse_model_spec(table.subset(MODEL_KEYS), base)
+        stop_below = parse_stop_below(table)
         table.finish()
-        return ModelOptions(spec)
+        return ModelOptions(spec, stop_below)
 
     @classmethod
     def build(cls, name: str, options: ModelOptions, pool: PoolContext, key: str) -> "ModelDrafter":
@@ -55,35 +71,74 @@ class ModelDrafter(Drafter):
             index = int(key.partition("[")[2].rstrip("]") or 0)
             generator = torch.Generator(device=device).manual_seed(pool.seed + index + 1)
             ctx = DraftContext(ctx.params, generator, ctx.device, ctx.vocab_size)
-        return cls(name, ctx, loaded.model)
+        return cls(name, ctx, loaded.model, options.stop_below)
 
     def reset(self) -> None:
         self.lm.reset()
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
+    def propose(self, context: Sequence[int], k: int, stop_price: float | None = None) -> Draft:
         if k <= 0:
             return self.empty_draft()
-        if self.lm.length >= len(context):  # cannot happen in a round; recover rather than mis-draft
-            self.lm.crop(len(context) - 1)
-        unseen = torch.tensor(context[self.lm.length:], dtype=torch.long, device=self.lm.device)
-        logits = self.lm.feed(unseen, keep=1)  # [1, V]
-        tokens, probs = [], []
+        logits = self._start_draft(context)  # [1, V]
+        stopping = self.stop_below is not None or stop_price is not None
+        tokens, probs, self._confidences = [], [], []
         params, generator = self.ctx.params, self.ctx.generator
+        survive, fed = 1.0, 0
         for j in range(k):
             q = distributions(logits, params)
             token = logits.argmax(dim=-1) if params.greedy else sample(q, generator)  # [1]
+            if stopping:
+                confidence = self._confidence(logits, q)
+                if self.stop_below is not None:
+                    if confidence < self.stop_below:
+                        break
+                else:
+                    acceptance = self.calibration.acceptance(confidence)
+                    if not worth_drafting(survive, acceptance, stop_price):
+                        break
+                    survive *= acceptance
+                self._confidences.append(confidence)
             tokens.append(token)
             probs.append(q)
             if j < k - 1:
-                logits = self.lm.feed(token, keep=1)
-        self._drafted_from, self._fed_drafts = len(context), k - 1
+                logits = self._step(token)
+                fed += 1
+        self._end_draft(context, fed)
+        if not tokens:
+            return self.empty_draft()
         return Draft(torch.cat(tokens).to(self.ctx.device), torch.cat(probs).to(self.ctx.device))
 
+    def _confidence(self, logits: torch.Tensor, q: torch.Tensor) -> float:
+        """The drafter's top probability for its next token (one host read per drafted token,
+        paid only while early stopping is on): its temperature-1 softmax under greedy
+        decoding, where q is one-hot."""
+        top = torch.softmax(logits.float(), dim=-1).max() if self.ctx.params.greedy else q.max()
+        return float(top)
+
+    # The three steps of a draft over this drafter's own cache (the layers kind runs them
+    # over the target's cache instead).
+    def _start_draft(self, context: Sequence[int]) -> torch.Tensor:
+        """Catch up on the committed tokens not yet seen; the last position's logits [1, V]."""
+        if self.lm.length >= len(context):  # cannot happen in a round; recover rather than mis-draft
+            self.lm.crop(len(context) - 1)
+        unseen = torch.tensor(context[self.lm.length:], dtype=torch.long, device=self.lm.device)
+        return self.lm.feed(unseen, keep=1)
+
+    def _step(self, token: torch.Tensor) -> torch.Tensor:
+        return self.lm.feed(token, keep=1)
+
+    def _end_draft(self, context: Sequence[int], fed: int) -> None:
+        self._drafted_from, self._fed_drafts = len(context), fed
+
     def on_commit(self, n_accepted: int) -> None:
+        if self._confidences:
+            self.calibration.observe(self._confidences, n_accepted)
+            self._confidences = []
         # Keep the committed context plus the accepted drafts it already consumed.
         self.lm.crop(self._drafted_from + min(n_accepted, self._fed_drafts))
 
-    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor) -> torch.Tensor:
+    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
+              hidden: Hidden | None = None) -> torch.Tensor:
         if self.lm.length > start - 1:  # those positions' logits are gone: recompute them
             self.lm.crop(start - 1)
         unseen = torch.tensor(context[self.lm.length : start + count - 1], dtype=torch.long, device=self.lm.device)

@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 
 from specdraft.config.tables import Table
-from specdraft.drafters.base import Draft, DraftContext, Drafter, PoolContext, TrajectoryScores
+from specdraft.drafters.base import Draft, DraftContext, Drafter, Hidden, PoolContext, TrajectoryScores
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class NgramDrafter(Drafter):
         self.index: dict[tuple[int, ...], int] = {}
         self.indexed_to = 0
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
+    def propose(self, context: Sequence[int], k: int, stop_price: float | None = None) -> Draft:
         length = len(context)
         if length < self.indexed_to:  # a new context without reset(): start over
             self.reset()
@@ -61,7 +61,8 @@ class NgramDrafter(Drafter):
         follow = list(context[start:start + k])
         return Draft(torch.tensor(follow, dtype=torch.long, device=self.ctx.device), None)
 
-    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor) -> torch.Tensor:
+    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
+              hidden: Hidden | None = None) -> torch.Tensor:
         # Each position is scored by the one token a fresh lookup there would propose:
         # gamma = p(proposal), 0 when the lookup finds nothing.
         if start < self.indexed_to:  # the index already holds later n-grams: rebuild, never peek ahead

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import torch
 
-from specdraft.drafters.base import Draft, DraftContext, Drafter, TrajectoryScores
+from specdraft.drafters.base import Draft, DraftContext, Drafter, Hidden, TrajectoryScores
 
 
 class PlainDecoding(Drafter):
@@ -15,10 +15,11 @@ class PlainDecoding(Drafter):
     def __init__(self, ctx: DraftContext, name: str = "none"):
         super().__init__(name, ctx)
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
+    def propose(self, context: Sequence[int], k: int, stop_price: float | None = None) -> Draft:
         return self.empty_draft()
 
-    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor) -> torch.Tensor:
+    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
+              hidden: Hidden | None = None) -> torch.Tensor:
         return target_probs.new_zeros(count)  # proposes nothing, so nothing is ever accepted
 
     def trajectory_scores(self, context: list[int], prompt_len: int, target_probs: torch.Tensor,

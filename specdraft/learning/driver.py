@@ -1,7 +1,8 @@
 """Driving a policy through the rounds of one prompt: the one piece of code that live
 decoding and offline replay share, so the two cannot drift apart.
 
-Per round the caller asks `choose(produced)` for an arm and a draft length, runs the
+Per round the caller asks `choose(produced)` for a RoundPlan (arm, draft length, early-stop
+price, expected tokens and seconds), runs the
 round (live: draft and verify; replay: read the trace), and hands the outcome to
 `finish_round`. The driver decides what the policy learns from and when:
 - bandit feedback: the chosen drafter's round, at once;
@@ -18,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from specdraft.learning.feedback import RoundFeedback
-from specdraft.learning.policies.base import Policy
+from specdraft.learning.policies.base import Policy, RoundPlan
 
 Gammas = list[list[float]]  # [arm][committed position of the round]
 
@@ -71,12 +72,10 @@ class PolicyDriver:
         self.evaluator = evaluator
         self.pending = []
 
-    def choose(self, produced: int) -> tuple[int, int]:
-        """(arm, draft length) for the next round after `produced` new tokens. Never draft
-        past the budget: a round commits at most draft length + 1 tokens."""
-        arm = self.policy.select()
-        cap = max(0, min(self.draft_tokens, self.max_new_tokens - produced - 1))
-        return arm, self.policy.draft_length(arm, cap)
+    def choose(self, produced: int) -> RoundPlan:
+        """The plan for the next round after `produced` new tokens. Never draft past the
+        budget: a round commits at most draft length + 1 tokens."""
+        return self.policy.plan(max(0, min(self.draft_tokens, self.max_new_tokens - produced - 1)))
 
     def finish_round(self, outcome: RoundOutcome, last: bool) -> Learned:
         """Let the policy learn from a finished round; `last` = the prompt ends with it."""
@@ -94,4 +93,5 @@ class PolicyDriver:
             self.policy.update(replace(round_.feedback, gammas=gammas))
             evaluated.append((round_.feedback.arm, gammas))
         self.pending = []
+        self.policy.after_evaluation()
         return Learned(evaluated, evaluate_s)

@@ -38,8 +38,21 @@ class _DecayedLine:
         slope = max(0.0, (self.sxy / self.w - mx * my) / var) if var > 1e-9 else 0.0
         return max(0.0, my - slope * mx) + slope * x
 
+    def slope(self) -> float:
+        """Seconds per extra token (0 until two widths were seen)."""
+        one, two = self(1), self(2)
+        return 0.0 if one is None or two is None else two - one
+
+    def state(self) -> list[float]:
+        return [self.w, self.sx, self.sy, self.sxx, self.sxy]
+
+    def load(self, values: list[float]) -> None:
+        self.w, self.sx, self.sy, self.sxx, self.sxy = (float(v) for v in values)
+
 
 class RoundCostModel:
+    """Seconds a round takes: `T(arm, K) = c_verify(K + 1) + K * c_draft(arm)`."""
+
     def __init__(self, arms: int, decay: float = 0.95):
         self.verify = _DecayedLine(decay)
         self.draft: list[float | None] = [None] * arms  # seconds per drafted token
@@ -59,6 +72,24 @@ class RoundCostModel:
         if verify is None or (k > 0 and self.draft[arm] is None):
             return None
         return verify + k * (self.draft[arm] or 0.0)
+
+    def token_seconds(self, arm: int) -> float | None:
+        """What one more drafted token adds to the round: its draft plus its share of the verify."""
+        draft = self.draft[arm]
+        return None if draft is None else draft + self.verify.slope()
+
+    def state(self) -> dict:
+        return {"verify": self.verify.state(), "draft": list(self.draft)}
+
+    def load(self, state: dict) -> None:
+        verify, draft = state.get("verify"), state.get("draft")
+        if not (isinstance(verify, list) and len(verify) == 5 and all(_is_number(v) for v in verify)):
+            raise ValueError("state field costs.verify: expected 5 numbers")
+        if not (isinstance(draft, list) and len(draft) == len(self.draft)
+                and all(d is None or _is_number(d) for d in draft)):
+            raise ValueError(f"state field costs.draft: expected {len(self.draft)} numbers or nulls")
+        self.verify.load(verify)
+        self.draft = list(draft)
 
 
 class AcceptanceByPosition:
@@ -81,6 +112,19 @@ class AcceptanceByPosition:
     def rate(self, arm: int, position: int) -> float:
         return self.hits[arm][position - 1] / self.seen[arm][position - 1]
 
+    def state(self) -> dict:
+        return {"hits": [list(row) for row in self.hits], "seen": [list(row) for row in self.seen]}
+
+    def load(self, state: dict) -> None:
+        for key in ("hits", "seen"):
+            rows = state.get(key)
+            if not (isinstance(rows, list) and len(rows) == len(self.hits)
+                    and all(isinstance(r, list) and len(r) == self.k_max and all(_is_number(v) for v in r)
+                            for r in rows)):
+                raise ValueError(f"state field acceptance.{key}: expected {len(self.hits)} lists of {self.k_max} numbers")
+        self.hits = [[float(v) for v in row] for row in state["hits"]]
+        self.seen = [[float(v) for v in row] for row in state["seen"]]
+
     def expected_committed(self, arm: int, k: int) -> float:
         total, survive = 1.0, 1.0
         for m in range(1, k + 1):
@@ -97,3 +141,7 @@ def best_draft_length(expected: Sequence[float], seconds: Sequence[float]) -> in
         if rate > best_rate + 1e-12:
             best, best_rate = k, rate
     return best
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -19,6 +19,7 @@ from specdraft.config.profile import PolicyConfig
 from specdraft.learning.driver import Gammas, PolicyDriver, RoundOutcome
 from specdraft.learning.feedback import RegretTracker, RoundFeedback
 from specdraft.learning.policies import build_policy, option_value
+from specdraft.learning.policies.base import PLAIN_ARM
 from specdraft.measurement.traces import PromptTrace, Trace, TraceHeader
 
 
@@ -44,9 +45,11 @@ class ReplayResult:
 def replay(trace: Trace, config: PolicyConfig, seed: int = 0) -> list[ReplayResult]:
     """Replay the policy `config` over every prompt of `trace`."""
     head = trace.header
-    arms = list(head.drafters)
-    if option_value(config.name, config.options, "allow_none") and "none" not in arms:
-        arms.append("none")
+    # The trace's pool, then the plain arm if this policy has one (whether or not the
+    # recording run had it), exactly as the runtime builds the arms of a live run.
+    arms = [name for name in head.drafters if name != PLAIN_ARM]
+    if option_value(config.name, config.options, "allow_none"):
+        arms.append(PLAIN_ARM)
     policy = build_policy(config.name, config.options, arms, seed=seed, draft_tokens=head.draft_tokens,
                           horizon=head.max_new_tokens)
     driver = PolicyDriver(policy, head.draft_tokens, head.max_new_tokens)
@@ -61,7 +64,8 @@ def _replay_prompt(head: TraceHeader, prompt: PromptTrace, driver: PolicyDriver,
     driver.start_prompt(_TraceEvaluator(prompt, arms) if driver.full_information else None)
     position = 0
     while position < total:
-        arm, k = driver.choose(position)
+        plan = driver.choose(position)  # no early stop here: a trace has no drafter confidences
+        arm, k = plan.arm, plan.draft_tokens
         lane = prompt.drafters.get(arms[arm])
         drafted = min(lane.drafted[position], k) if lane else 0
         accepted = min(lane.run[position], drafted) if lane else 0

@@ -28,10 +28,17 @@ class CachedLM:
         self.cache = DynamicCache(config=self.model.config)
         self.length = 0
 
-    @torch.inference_mode()
     def feed(self, tokens: torch.Tensor, keep: int = 1) -> torch.Tensor:
         """Consume `tokens` [n] and return the logits of the last `keep` positions [keep, V]
         (keep = 0 returns all n). Each row predicts the token after its position."""
+        return self.feed_with_hidden(tokens, keep, ())[0]
+
+    @torch.inference_mode()
+    def feed_with_hidden(self, tokens: torch.Tensor, keep: int, layers: Sequence[int]
+                         ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """`feed`, also returning the hidden state after each of `layers` decoder layers at
+        every position of `tokens` ({layer: [n, H]}, pre final norm): what drafters that
+        read the target's internals are scored from."""
         start = time.perf_counter()
         n = tokens.shape[-1]
         positions = torch.arange(self.length, self.length + n, device=self.device)
@@ -41,11 +48,13 @@ class CachedLM:
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=keep,
+            output_hidden_states=bool(layers),
         )
         self.length += n
         logits = self._fit(out.logits[0])
+        hidden = {layer: out.hidden_states[layer][0] for layer in layers}
         self.forward_seconds += time.perf_counter() - start
-        return logits
+        return logits, hidden
 
     @torch.inference_mode()
     def uncached_logits(self, tokens: Sequence[int]) -> torch.Tensor:
@@ -60,10 +69,14 @@ class CachedLM:
             self.length = length
 
     def _fit(self, logits: torch.Tensor) -> torch.Tensor:
-        size = self.logits_size
-        if size is None or logits.shape[-1] == size:
-            return logits
-        if logits.shape[-1] > size:
-            return logits[..., :size]
-        pad = logits.new_full((*logits.shape[:-1], size - logits.shape[-1]), float("-inf"))
-        return torch.cat([logits, pad], dim=-1)
+        return fit_logits(logits, self.logits_size)
+
+
+def fit_logits(logits: torch.Tensor, size: int | None) -> torch.Tensor:
+    """Pad (with -inf) or cut `logits` [..., V] to width `size` (None: unchanged)."""
+    if size is None or logits.shape[-1] == size:
+        return logits
+    if logits.shape[-1] > size:
+        return logits[..., :size]
+    pad = logits.new_full((*logits.shape[:-1], size - logits.shape[-1]), float("-inf"))
+    return torch.cat([logits, pad], dim=-1)

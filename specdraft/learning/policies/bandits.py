@@ -5,8 +5,10 @@
 - `swucb` sliding-window UCB (Alg. 8).
 - `exp3`  MetaSD-EXP3 (Alg. 7): exponential weights on importance-weighted rewards.
 
-The reward is BD (mean 1 - TV over drafted positions, default) or BE (accepted / drafted),
-or a tokens/s score with cost_aware = true.
+The reward is built on BD (mean 1 - TV over drafted positions, default) or BE (accepted /
+drafted): with the goodput objective (default) the round's expected committed tokens turn
+into an estimated speedup over plain decoding; with objective = "acceptance" the reward is
+BD or BE itself, as in the paper.
 """
 
 from __future__ import annotations

@@ -1,15 +1,16 @@
 """The policy interface: what the decode core tells a policy and what it asks of it.
 
-Policies are plain Python (no torch): `select()` returns the index of the drafter for the
-next round, `update(feedback)` learns from the round's alignment feedback. Each policy
-declares its options (name -> OptionSpec) and checks them itself (`check_options` returns
-problems; the profile adds key paths), so a `[policy]` table is validated before any
-model loads; options every policy shares (reset, evaluate, cost_aware, allow_none) are
+Policies are plain Python (no torch): `select()` returns the index of the arm for the next
+round, `update(feedback)` learns from the round's alignment feedback. Each policy declares
+its options (name -> OptionSpec) and checks them itself (`check_options` returns problems;
+the profile adds key paths), so a `[policy]` table is validated before any model loads;
+options every policy shares (reset, evaluate, objective, allow_none, draft_length) are
 declared here once, and exposed as properties so callers never dig in `options`.
 
-Cost awareness lives here too, so every policy gets it the same way: with
-`cost_aware = true` a reward or loss is built from estimated tokens per second
-(expected committed tokens / the arm's measured round cost) instead of tokens per round.
+Speed is the objective here, for every policy alike (ARCHITECTURE.md, "Goodput"): each
+policy owns a round cost model and each arm's acceptance by position, plans every round's
+draft length from them, and with `objective = "goodput"` (the default) its rewards and
+losses are estimated speedups over plain decoding rather than accepted tokens.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from specdraft.learning.feedback import RoundFeedback, bd_reward, be_reward, expected_accept_length
 from specdraft.learning.goodput import AcceptanceByPosition, RoundCostModel, best_draft_length
+
+PLAIN_ARM = "none"  # the arm that drafts nothing: a plain decoding round
 
 
 @dataclass(frozen=True)
@@ -44,35 +47,25 @@ COMMON_OPTIONS: dict[str, OptionSpec] = {
                         "forget what was learned before each prompt, or keep learning across prompts"),
     "evaluate": OptionSpec((str,), "chosen", one_of("all", "chosen"), 'must be "all" or "chosen"',
                            "score every drafter on the verified text each round (full information)"),
-    "cost_aware": OptionSpec((bool,), False, help="rank drafters by estimated tokens per second"),
-    "allow_none": OptionSpec((bool,), False, help='add a "none" arm: plain decoding for a round'),
-    "draft_length": OptionSpec((str,), "fixed", one_of("fixed", "goodput"), 'must be "fixed" or "goodput"',
+    "objective": OptionSpec((str,), "goodput", one_of("goodput", "acceptance"), 'must be "goodput" or "acceptance"',
+                            "learn on estimated tokens per second, or on accepted tokens (the papers' objective)"),
+    "allow_none": OptionSpec((bool,), True, help='the "none" arm: plain decoding for a round, when nothing pays off'),
+    "draft_length": OptionSpec((str,), "goodput", one_of("fixed", "goodput"), 'must be "fixed" or "goodput"',
                                "draft K tokens every round, or the K in 0..K with the best estimated tokens/s"),
 }
 
 
-class CostModel:
-    """Running estimate of each arm's round cost in seconds, from rounds where it was chosen."""
+@dataclass(frozen=True)
+class RoundPlan:
+    """What the policy decided for one round, and what it expects of it."""
 
-    def __init__(self, arms: int, decay: float = 0.9):
-        self.seconds: list[float | None] = [None] * arms
-        self.decay = decay
-
-    def observe(self, arm: int, seconds: float) -> None:
-        old = self.seconds[arm]
-        self.seconds[arm] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
-
-    def unmeasured(self) -> int | None:
-        return next((i for i, s in enumerate(self.seconds) if s is None), None)
-
-    def rate_score(self, arm: int, expected_tokens: float, max_tokens: int) -> float:
-        """Tokens per second as a fraction of the best possible (max_tokens at the cheapest cost)."""
-        known = [s for s in self.seconds if s is not None]
-        if not known:
-            return expected_tokens / max_tokens
-        cheapest = min(known)
-        cost = self.seconds[arm] if self.seconds[arm] is not None else cheapest
-        return min(1.0, (expected_tokens / cost) / (max_tokens / cheapest)) if cost > 0 else 0.0
+    arm: int
+    draft_tokens: int  # K for this round (0 = a plain decoding round)
+    # Early stop: a draft token is worth drafting while P(it is accepted) exceeds this many
+    # tokens (what its time would buy at the expected rate); None before costs are known.
+    stop_price: float | None = None
+    expected_tokens: float | None = None  # E[committed | arm, K]
+    expected_seconds: float | None = None  # T(arm, K)
 
 
 class Policy(ABC):
@@ -92,7 +85,7 @@ class Policy(ABC):
         self.draft_tokens = draft_tokens
         self.horizon = horizon
         self.rng = random.Random(seed)
-        self.cost_aware = bool(self.options["cost_aware"])
+        self.goodput = self.options["objective"] == "goodput"
         self._initial_state: dict | None = None
         self.reset()
 
@@ -118,7 +111,8 @@ class Policy(ABC):
         if cls.FULL_INFORMATION and options.get("evaluate", specs["evaluate"].default) != "all":
             problems.append(("evaluate", f'policy "{cls.name}" learns from every drafter each round: set evaluate = "all"'))
         drafter = options.get("drafter")
-        if drafter is not None and drafter not in drafters and not (drafter == "none" and options.get("allow_none")):
+        with_none = options.get("allow_none", specs["allow_none"].default)
+        if drafter is not None and drafter not in drafters and not (drafter == PLAIN_ARM and with_none):
             problems.append(("drafter", f'no drafter named "{drafter}"; the pool has {", ".join(drafters)}'))
         return problems
 
@@ -141,8 +135,7 @@ class Policy(ABC):
     def reset(self) -> None:
         """Forget what was learned (before each prompt unless reset = "never"); a loaded
         state is where every reset starts from."""
-        self.costs = CostModel(len(self.arms))
-        self.round_costs = RoundCostModel(len(self.arms))
+        self.costs = RoundCostModel(len(self.arms))
         self.acceptance = AcceptanceByPosition(len(self.arms), self.draft_tokens)
         self.fresh()
         if self._initial_state is not None:
@@ -155,26 +148,15 @@ class Policy(ABC):
     def select(self) -> int: ...
 
     def update(self, feedback: RoundFeedback) -> None:
-        """Learn from one round."""
-        self.costs.observe(feedback.arm, feedback.round_seconds)
-        self.round_costs.observe(feedback.arm, feedback.drafted, feedback.draft_seconds, feedback.verify_seconds)
+        """Learn from one round: its costs and acceptance first (rewards are built on them)."""
+        self.costs.observe(feedback.arm, feedback.drafted, feedback.draft_seconds, feedback.verify_seconds)
         if feedback.gammas is not None:  # every arm's acceptance along the committed chunk
             for arm, gammas in enumerate(feedback.gammas):
-                self.acceptance.observe(arm, gammas)
+                if self.arms[arm] != PLAIN_ARM:
+                    self.acceptance.observe(arm, gammas)
         else:
             self.acceptance.observe(feedback.arm, feedback.alphas)
         self.learn(feedback)
-
-    def draft_length(self, arm: int, cap: int) -> int:
-        """How many tokens `arm` drafts this round, at most `cap`: always `cap` with
-        draft_length = "fixed"; with "goodput", the K in 0..cap with the best estimated
-        tokens per second (`cap` until the costs are known, so every arm gets measured)."""
-        if self.options["draft_length"] != "goodput" or cap == 0:
-            return cap
-        seconds = [self.round_costs.round_seconds(arm, k) for k in range(cap + 1)]
-        if any(s is None for s in seconds):
-            return cap
-        return best_draft_length([self.acceptance.expected_committed(arm, k) for k in range(cap + 1)], seconds)
 
     def learn(self, feedback: RoundFeedback) -> None:
         """Policy-specific learning; the default learns nothing."""
@@ -184,28 +166,95 @@ class Policy(ABC):
         evaluating the drafters and passing the feedback on (1 = every round)."""
         return 1
 
+    def after_evaluation(self) -> None:
+        """Called once a batch of evaluated rounds was learned from (may adapt the interval)."""
+
     def scores(self) -> dict[str, float] | None:
         """Per-arm weight or index for the live panel, or None when the policy has none."""
         return None
 
+    # --- planning a round ---------------------------------------------------------------
+
+    def plan(self, cap: int) -> RoundPlan:
+        """The arm for the next round, its draft length (at most `cap`) and what is expected."""
+        arm = self.select()
+        k = self.draft_length(arm, cap)
+        expected, seconds = self.estimate(arm, k)
+        price = None  # with draft_length = "fixed" every round drafts K tokens, no early stop
+        per_token = self.costs.token_seconds(arm)
+        if self.options["draft_length"] == "goodput" and seconds and per_token is not None:
+            price = expected / seconds * per_token
+        return RoundPlan(arm, k, price, expected, seconds)
+
+    def draft_length(self, arm: int, cap: int) -> int:
+        """How many tokens `arm` drafts this round, at most `cap`: always `cap` with
+        draft_length = "fixed"; with "goodput", the K in 0..cap with the best estimated
+        tokens per second (`cap` until the costs are known, so every arm gets measured)."""
+        if self.arms[arm] == PLAIN_ARM:
+            return 0
+        if self.options["draft_length"] != "goodput" or cap == 0:
+            return cap
+        seconds = [self.costs.round_seconds(arm, k) for k in range(cap + 1)]
+        if any(s is None for s in seconds):
+            return cap
+        return best_draft_length([self.acceptance.expected_committed(arm, k) for k in range(cap + 1)], seconds)
+
+    def estimate(self, arm: int, k: int) -> tuple[float, float | None]:
+        """(E[committed | arm, k], T(arm, k) or None while unknown)."""
+        return self.acceptance.expected_committed(arm, k), self.costs.round_seconds(arm, k)
+
+    def speedup(self, arm: int, expected_tokens: float, k: int) -> float | None:
+        """Estimated speedup over plain decoding of a round of `arm` drafting `k` tokens that
+        commits `expected_tokens`: (tokens / T(arm, k)) / (1 / T(plain)); None while unknown."""
+        seconds, plain = self.costs.round_seconds(arm, k), self.costs.round_seconds(arm, 0)
+        if seconds is None or plain is None or seconds <= 0:
+            return None
+        return expected_tokens / seconds * plain
+
+    def ideal_speedup(self) -> tuple[int, int, float] | None:
+        """(arm, K, speedup) of the best arm at its best K by the current estimates:
+        `G(best i, best K) * c_verify(1)`, the limit of what this pool can give."""
+        best = None
+        for arm in range(len(self.arms)):
+            k = self.draft_length(arm, self.draft_tokens) if self.options["draft_length"] == "goodput" \
+                else (0 if self.arms[arm] == PLAIN_ARM else self.draft_tokens)
+            value = self.speedup(arm, self.acceptance.expected_committed(arm, k), k)
+            if value is not None and (best is None or value > best[2]):
+                best = (arm, k, value)
+        return best
+
     # --- what a round was worth, in the units this policy was asked to optimise -------------
 
     def chosen_reward(self, fb: RoundFeedback, kind: str = "bd") -> float:
-        """Bandit reward in [0, 1] for the chosen arm: BD or BE, or a tokens/s score."""
-        if not self.cost_aware:
+        """Bandit reward in [0, 1] for the chosen arm: BD or BE, or with the goodput
+        objective the round's estimated speedup over plain decoding, over K + 1."""
+        if not self.goodput:
             return be_reward(fb.accepted, fb.drafted) if kind == "be" else bd_reward(fb.alphas)
         expected = fb.accepted + 1 if kind == "be" else expected_accept_length(fb.alphas)
-        return self.costs.rate_score(fb.arm, expected, self.draft_tokens + 1)
+        return self.speed_score(fb.arm, expected, fb.drafted)
+
+    def speed_score(self, arm: int, expected_tokens: float, k: int) -> float:
+        """Estimated speedup over plain decoding scaled into [0, 1] by the most a round can
+        commit (K + 1); tokens over K + 1 while costs are unknown."""
+        value = self.speedup(arm, expected_tokens, k)
+        if value is None:
+            value = expected_tokens
+        return min(1.0, value / (self.draft_tokens + 1))
 
     def cost_probe(self) -> int | None:
-        """With cost awareness, an arm whose round cost has never been measured (try it once)."""
-        return self.costs.unmeasured() if self.cost_aware else None
+        """With the goodput objective, an arm that never drafted yet (try it once: its draft
+        cost is unknown until then)."""
+        if not self.goodput:
+            return None
+        return next((i for i, cost in enumerate(self.costs.draft) if cost is None and self.arms[i] != PLAIN_ARM),
+                    None)
 
     # --- persistence --------------------------------------------------------------------
 
     def state_dict(self) -> dict:
         state = {key: _jsonable(getattr(self, key)) for key in self.STATE}
-        state["costs"] = list(self.costs.seconds)
+        state["costs"] = self.costs.state()
+        state["acceptance"] = self.acceptance.state()
         return {"policy": self.name, "arms": self.arms, "state": state}
 
     def load_state_dict(self, saved: dict) -> None:
@@ -234,12 +283,16 @@ class Policy(ABC):
         for key in self.STATE:
             if key in state:
                 setattr(self, key, _restored(key, getattr(self, key), copy.deepcopy(state[key])))
+        if isinstance(state.get("costs"), list):
+            state = {k: v for k, v in state.items() if k != "costs"}  # 0.x files: per-arm seconds, superseded
         if "costs" in state:
-            costs = state["costs"]
-            if not isinstance(costs, list) or len(costs) != len(self.arms) or not all(
-                    c is None or _is_number(c) for c in costs):
-                raise ValueError(f"state field costs: expected {len(self.arms)} numbers or nulls")
-            self.costs.seconds = list(costs)
+            if not isinstance(state["costs"], dict):
+                raise ValueError("state field costs: expected an object")
+            self.costs.load(state["costs"])
+        if "acceptance" in state:
+            if not isinstance(state["acceptance"], dict):
+                raise ValueError("state field acceptance: expected an object")
+            self.acceptance.load(state["acceptance"])
 
 
 def _is_number(value: Any) -> bool:

@@ -10,7 +10,10 @@ Losses (options): `loss = "length"` (1 - EAL / (K + 1), default) or `"acceptance
 "hybrid" warm-up of appendix B.5); `update_every = m`, after `warmup_rounds`, has the
 engine evaluate the drafters once every m rounds, in one forward per drafter over all m
 chunks, and apply the m loss vectors together (the "skip" trick, which is what makes
-full-information evaluation affordable when drafters are not tiny). `game = "chunk"` scores each round's chunk
+full-information evaluation affordable when drafters are not tiny); `"adaptive"` (the
+default) doubles m, up to 16, each time an evaluation confirms the same clear leader
+(weight >= 0.8) and drops back to 1 when the leader changes. With the goodput objective a
+drafter's loss is 1 - its estimated speedup at its own best K, over K + 1. `game = "chunk"` scores each round's chunk
 (positions beyond it are censored); `game = "token"` plays one game per committed token
 with delayed feedback: a token's loss is applied once the K positions after it are
 verified (QFI-D queue, appendix B.1).
@@ -31,8 +34,9 @@ HEDGE_OPTIONS = {
                                 "rounds that use the acceptance loss before the length loss"),
     "warmup_rounds": OptionSpec((int,), 0, lambda v: v >= 0, "must be >= 0",
                                 "rounds evaluated one by one before update_every applies"),
-    "update_every": OptionSpec((int,), 1, lambda v: v >= 1, "must be >= 1",
-                               "evaluate drafters and update once every m rounds (batched)"),
+    "update_every": OptionSpec((int, str), "adaptive", lambda v: v == "adaptive" or (isinstance(v, int) and v >= 1),
+                               'must be >= 1 or "adaptive"',
+                               "evaluate drafters and update once every m rounds (batched), or adapt m"),
     "select": OptionSpec((str,), "sample", one_of("sample", "argmax"), 'must be "sample" or "argmax"',
                          "draw the drafter from the weights, or take the heaviest"),
 }
@@ -41,9 +45,12 @@ HEDGE_OPTIONS = {
 class HedgeFamily(Policy):
     FULL_INFORMATION = True
     STATE = ("weights_state", "rounds")
+    MAX_INTERVAL = 16
+    CLEAR_LEADER = 0.8
 
     def fresh(self) -> None:
         self.rounds = 0
+        self.interval, self.leader = 1, -1  # adaptive evaluation interval
         self.history: list[list[float]] = []  # token game: per-arm gammas at every committed position
         self.scored_until = 0  # token game: positions whose loss was already produced
         self.weights_state = self.initial_weights_state()
@@ -74,7 +81,19 @@ class HedgeFamily(Policy):
     def evaluation_interval(self) -> int:
         # The "skip" trick: after the warm-up, evaluate and update once every m rounds; the
         # engine batches the m rounds' evaluation into one forward per drafter.
-        return 1 if self.rounds < self.options["warmup_rounds"] else self.options["update_every"]
+        if self.rounds < self.options["warmup_rounds"]:
+            return 1
+        every = self.options["update_every"]
+        return self.interval if every == "adaptive" else every
+
+    def after_evaluation(self) -> None:
+        # Evaluate less often while one arm stays clearly best: the evaluation would only
+        # confirm it. A new leader, or a contested one, brings evaluation back every round.
+        p = self.distribution()
+        leader = max(range(len(p)), key=p.__getitem__)
+        steady = leader == self.leader and p[leader] >= self.CLEAR_LEADER
+        self.interval = min(2 * self.interval, self.MAX_INTERVAL) if steady else 1
+        self.leader = leader
 
     def _losses(self, fb: RoundFeedback) -> list[list[float]]:
         k = self.draft_tokens
@@ -94,10 +113,10 @@ class HedgeFamily(Policy):
     def _loss(self, arm: int, gammas: list[float], acceptance: bool) -> float:
         if acceptance:
             return acceptance_loss(gammas)
-        if not self.cost_aware:
+        if not self.goodput:
             return length_loss(gammas, self.draft_tokens)
-        score = self.costs.rate_score(arm, expected_accept_length(gammas), self.draft_tokens + 1)
-        return 1.0 - score
+        k = self.draft_length(arm, self.draft_tokens)
+        return 1.0 - self.speed_score(arm, expected_accept_length(gammas[:k]), k)
 
     def scores(self) -> dict[str, float]:
         return dict(zip(self.arms, self.distribution()))
