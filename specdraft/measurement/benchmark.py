@@ -38,6 +38,11 @@ class Sample:
     best_arm_share: float | None = None
     mismatch: bool = False
     regret_curve: list[float] = field(default_factory=list)
+    # Where the time went (seconds: draft, verify, evaluate, everything else), the drafted
+    # length of each round, and the policy's ideal speedup for this pool at the end.
+    time_s: dict[str, float] = field(default_factory=dict)
+    draft_lengths: dict[str, int] = field(default_factory=dict)
+    ideal_speedup: float | None = None
     ids: list[int] = field(default_factory=list, repr=False)
 
     @property
@@ -90,9 +95,14 @@ def _engine_config(label: str, runtime: Runtime, chat: bool | None) -> Config:
         elapsed = time.perf_counter() - start
         stats = prompt_run.stats
         accepted_at, drafted_at = _per_position(prompt_run, runtime.profile.decode.draft_tokens)
+        phases = {"draft": stats.draft_s, "verify": stats.verify_s, "evaluate": stats.evaluate_s}
+        time_s = {name: round(value, 5) for name, value in phases.items()}
+        time_s["other"] = round(max(0.0, elapsed - sum(phases.values())), 5)
         return Sample(example.id, example.task, label, 0, stats.tokens, stats.rounds, elapsed, accepted_at,
                       drafted_at, stats.regret, stats.best_drafter, stats.best_arm_share,
-                      regret_curve=curve, ids=list(prompt_run.detokenizer.ids))
+                      regret_curve=curve, ids=list(prompt_run.detokenizer.ids), time_s=time_s,
+                      draft_lengths={str(k): n for k, n in sorted(stats.draft_lengths.items())},
+                      ideal_speedup=stats.ideal_speedup)
 
     return Config(label, run)
 
@@ -168,6 +178,14 @@ def summarize(samples: Sequence[Sample]) -> list[dict]:
         drafted = [sum(s.drafted_at[j] for s in group if j < len(s.drafted_at)) for j in range(k)]
         accepted = [sum(s.accepted_at[j] for s in group if j < len(s.accepted_at)) for j in range(k)]
         regrets = [s.regret for s in group if s.regret is not None]
+        split = defaultdict(float)
+        lengths: dict[str, int] = defaultdict(int)
+        for s in group:
+            for phase, seconds in s.time_s.items():
+                split[phase] += seconds
+            for k_drafted, n in s.draft_lengths.items():
+                lengths[k_drafted] += n
+        ideals = [s.ideal_speedup for s in group if s.ideal_speedup is not None]
         shares = [s.best_arm_share for s in group if s.best_arm_share is not None]
         rows.append({
             "task": task, "config": config, "prompts": len({(s.id, s.repeat) for s in group}),
@@ -178,6 +196,9 @@ def summarize(samples: Sequence[Sample]) -> list[dict]:
             "best_arm_share": sum(shares) / len(shares) if shares else None,
             "regret": sum(regrets) / len(regrets) if regrets else None,
             "mismatches": sum(s.mismatch for s in group),
+            "time_share": {phase: seconds / elapsed for phase, seconds in split.items()} if elapsed else {},
+            "draft_lengths": dict(sorted(lengths.items(), key=lambda kv: int(kv[0]))),
+            "ideal_speedup": sum(ideals) / len(ideals) if ideals else None,
         })
         row = rows[-1]
         row["repeat_spread"] = _repeat_spread(group)

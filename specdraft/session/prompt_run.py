@@ -185,6 +185,7 @@ class PromptRun:
             for record in rounds:
                 self.records.append(record)
                 self.stats.add(record)
+                self.stats.learn_estimates(self.runtime.engine.policy)
                 self.stats.elapsed_s = time.perf_counter() - self._start
                 delta = self.stops.push(self.detokenizer.add(record.tokens))
                 if record.finish and not self.stops.stopped:

@@ -3,7 +3,9 @@ panel and the benchmarks, so every number means the same thing everywhere."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
+
 from specdraft.learning.feedback import RegretTracker
 
 
@@ -33,7 +35,17 @@ class GenerationStats:
     last_drafter: str | None = None
     last_accepted: int = 0
     last_drafted: int = 0
+    last_planned: int = 0
     evaluate_s: float = 0.0
+    draft_lengths: Counter = field(default_factory=Counter)  # drafted tokens per round -> rounds
+    # The policy's estimates for the rounds it could estimate, so a user can see how well
+    # the cost model predicts this machine: expected committed tokens and seconds.
+    expected_tokens: float = 0.0
+    expected_seconds: float = 0.0
+    estimated_rounds_s: float = 0.0  # measured draft + verify seconds of those same rounds
+    estimated_rounds_tokens: int = 0
+    plain_step_s: float | None = None  # the cost model's plain decoding step, c_verify(1)
+    ideal_speedup: float | None = None  # G(best arm, best K) * c_verify(1), from the policy
     usage: dict[str, DrafterUsage] = field(default_factory=dict)
     regret_tracker: RegretTracker | None = None  # only with full-information evaluation
 
@@ -52,6 +64,13 @@ class GenerationStats:
                 self.regret_tracker = RegretTracker(list(self.drafter_names))
             self.regret_tracker.add_round(arm, gammas, self.draft_tokens)
         self.last_drafter, self.last_accepted, self.last_drafted = record.drafter, record.accepted, record.drafted
+        self.last_planned = record.planned
+        self.draft_lengths[record.drafted] += 1
+        if record.expected_seconds:
+            self.expected_tokens += record.expected_tokens
+            self.expected_seconds += record.expected_seconds
+            self.estimated_rounds_s += record.draft_s + record.verify_s
+            self.estimated_rounds_tokens += record.accepted + 1
         use = self.usage.setdefault(record.drafter, DrafterUsage())
         use.rounds += 1
         use.drafted += record.drafted
@@ -80,6 +99,32 @@ class GenerationStats:
     def tokens_per_s(self) -> float:
         return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
+    def learn_estimates(self, policy) -> None:
+        """Read the policy's current view of this machine: plain step cost and ideal speedup."""
+        self.plain_step_s = policy.costs.round_seconds(0, 0)
+        best = policy.ideal_speedup()
+        self.ideal_speedup = best[2] if best else None
+
+    @property
+    def estimated_tokens_per_s(self) -> float | None:
+        """What the cost model expected of the rounds it planned: sum E / sum T."""
+        return self.expected_tokens / self.expected_seconds if self.expected_seconds > 0 else None
+
+    @property
+    def modelled_tokens_per_s(self) -> float | None:
+        """What those same rounds achieved in draft + verify time (the part the model predicts)."""
+        if self.estimated_rounds_s <= 0:
+            return None
+        return self.estimated_rounds_tokens / self.estimated_rounds_s
+
+    @property
+    def achieved_speedup(self) -> float | None:
+        """Measured tokens/s (wall time, everything included) over the cost model's plain
+        decoding rate 1 / c_verify(1)."""
+        if not self.plain_step_s or self.elapsed_s <= 0:
+            return None
+        return self.tokens_per_s * self.plain_step_s
+
     def as_dict(self) -> dict:
         return {
             "tokens": self.tokens,
@@ -90,8 +135,17 @@ class GenerationStats:
             "drafters": {n: {"rounds": u.rounds, "accepted": u.accepted, "drafted": u.drafted} for n, u in self.usage.items()},
             "time_s": {"draft": round(self.draft_s, 4), "verify": round(self.verify_s, 4),
                        "evaluate": round(self.evaluate_s, 4), "overhead": round(self.overhead_s, 4)},
+            "draft_lengths": {str(k): n for k, n in sorted(self.draft_lengths.items())},
+            "estimated_tokens_per_s": _round(self.estimated_tokens_per_s, 3),
+            "modelled_rounds_tokens_per_s": _round(self.modelled_tokens_per_s, 3),
+            "achieved_speedup": _round(self.achieved_speedup, 3),
+            "ideal_speedup": _round(self.ideal_speedup, 3),
             "regret": None if self.regret is None else round(self.regret, 4),
             "best_drafter": self.best_drafter,
             "best_arm_share": None if self.best_arm_share is None else round(self.best_arm_share, 4),
         }
 
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)

@@ -27,11 +27,13 @@ def stats_panel(stats: GenerationStats, policy: str, scores: dict[str, float] | 
     # truncate the numbers to ellipses. Drafter names are user text: escaped, never markup.
     parts = [
         f"drafter [bold cyan]{escape(stats.last_drafter or '-')}[/]",
+        f"K [bold]{stats.last_planned}[/]",
         f"accepted [bold]{stats.last_accepted}/{stats.last_drafted}[/]",
         f"mean accepted [bold]{stats.mean_accepted:.2f}[/]",
         f"[bold]{stats.tokens_per_s:.1f}[/] tok/s",
         f"tokens {stats.tokens}",
     ]
+    parts.extend(_speed_parts(stats))
     if regret is not None:
         parts.append(f"regret [bold]{regret:.2f}[/] (best {escape(str(stats.best_drafter))})")
     elif policy != "fixed":  # a fixed drafter makes no choice, so there is no regret to know
@@ -51,6 +53,19 @@ def stats_panel(stats: GenerationStats, policy: str, scores: dict[str, float] | 
         table.add_row(*row, style="bold" if name == stats.last_drafter else None)
     return Panel(Group(head, table), title=escape(f"{title} · policy {policy}"), title_align="left",
                  border_style="blue")
+
+
+def _speed_parts(stats: GenerationStats) -> list[str]:
+    """The cost model next to reality: what it expected of the planned rounds, what they
+    achieved, and the ideal speedup of this pool on this machine."""
+    parts = []
+    estimated, modelled = stats.estimated_tokens_per_s, stats.modelled_tokens_per_s
+    if estimated is not None and modelled is not None:
+        parts.append(f"rounds {modelled:.1f} tok/s (est. {estimated:.1f})")
+    achieved, ideal = stats.achieved_speedup, stats.ideal_speedup
+    if achieved is not None and ideal is not None:
+        parts.append(f"speedup [bold]{achieved:.2f}x[/] of ideal {ideal:.2f}x")
+    return parts
 
 
 class LiveView:
@@ -103,6 +118,7 @@ def summary_line(stats: GenerationStats) -> str:
     parts: Sequence[str] = (
         f"{stats.tokens} tokens in {stats.elapsed_s:.2f}s ({stats.tokens_per_s:.1f} tok/s)",
         f"{stats.rounds} rounds, mean accepted {stats.mean_accepted:.2f}",
+        " · ".join(Text.from_markup(p).plain for p in _speed_parts(stats)),
         ", ".join(f"{n} {u.rounds}r/{u.accepted}acc" for n, u in stats.usage.items() if u.rounds),
     )
     return " · ".join(p for p in parts if p)

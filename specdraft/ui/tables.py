@@ -15,9 +15,10 @@ def _num(value, fmt: str) -> str:
 def bench_table(rows: Sequence[dict], title: str, simulated: bool = False) -> Table:
     table = Table(title=escape(title), title_justify="left", show_lines=False)  # titles quote file names
     for column in ("task", "config", "prompts", "simulated speedup" if simulated else "speedup", "mean accepted",
-                   "acceptance by position", "tok/s", "best-arm share", "regret", "mismatches"):
-        table.add_column(column, justify="left" if column in ("task", "config", "acceptance by position") else "right",
-                         no_wrap=True)
+                   "acceptance by position", "tok/s", "best-arm share", "regret", "mismatches", "ideal",
+                   "time d/v/e/o", "K: rounds"):
+        table.add_column(column, justify="left" if column in ("task", "config", "acceptance by position", "K: rounds")
+                         else "right", no_wrap=True)
     for r in rows:
         accept = "/".join("-" if a is None else f"{a:.0%}" for a in r.get("acceptance_at") or [])
         mismatches = r.get("mismatches")
@@ -29,9 +30,26 @@ def bench_table(rows: Sequence[dict], title: str, simulated: bool = False) -> Ta
             _num(r.get("tokens_per_s"), ".1f") if not simulated else "-",
             _num(r.get("best_arm_share"), ".0%"), _num(r.get("regret"), ".2f"),
             "-" if mismatches is None else (f"[bold red]{mismatches}[/]" if mismatches else "0"),
+            _num(r.get("ideal_speedup"), ".2f") + ("x" if r.get("ideal_speedup") is not None else ""),
+            _split(r.get("time_share")), _lengths(r.get("draft_lengths")),
             style="bold" if r["task"] == "all" else None,
         )
     return table
+
+
+def _split(share: dict | None) -> str:
+    """Percent of wall time in draft / verify / evaluate / everything else."""
+    if not share:
+        return "-"
+    return "/".join(f"{100 * share.get(phase, 0.0):.0f}" for phase in ("draft", "verify", "evaluate", "other"))
+
+
+def _lengths(lengths: dict | None) -> str:
+    """How many rounds drafted each length, the most common first (at most four shown)."""
+    if not lengths:
+        return "-"
+    top = sorted(lengths.items(), key=lambda kv: -kv[1])[:4]
+    return " ".join(f"{k}:{n}" for k, n in sorted(top, key=lambda kv: int(kv[0])))
 
 
 def sweep_table(policy: str, param: str, rows, best, paper: float | None) -> Table:
