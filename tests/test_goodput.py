@@ -128,8 +128,8 @@ def test_a_fixed_confidence_floor_stops_drafting_and_stays_lossless():
 
     target, drafter, engine = _tiny_engine({"stop_below": 0.99}, draft_length="fixed")
     records = list(engine.generate([5, 9, 11, 3]))
-    # a random tiny model is never 99% sure, so it drafts nothing and every round is plain
-    assert all(r.drafted == 0 for r in records) and records[0].planned == 4
+    # a random tiny model is never 99% sure: each round drafts the plan's first token only
+    assert all(r.drafted == min(1, r.planned) for r in records) and records[0].planned == 4
     assert [t for r in records for t in r.tokens] == plain_greedy(target, [5, 9, 11, 3], 30)
 
 
@@ -167,9 +167,13 @@ def test_the_cost_model_matches_the_rounds_timings(monkeypatch):
     records = list(engine.generate([5, 9, 11, 3, 5, 9]))
     widths = {r.drafted for r in records}
     assert len(widths) >= 2  # the line was fitted on more than one width
-    costs = engine.policy.costs
+    costs, seen, checked = engine.policy.costs, set(), 0
     for r in records:
         assert r.draft_s + r.verify_s == pytest.approx(0.010 + 0.002 * (r.drafted + 1) + 0.004 * r.drafted)
         assert costs.round_seconds(0, r.drafted) == pytest.approx(r.draft_s + r.verify_s)
-        if r.expected_seconds is not None and r.drafted == r.planned:
+        # once two verify widths were seen the line is exact, so every plan's estimate is
+        if len(seen) >= 2 and r.drafted == r.planned:
             assert r.expected_seconds == pytest.approx(r.draft_s + r.verify_s)
+            checked += 1
+        seen.add(r.drafted)
+    assert checked > 0

@@ -218,3 +218,38 @@ def test_exp3_is_reproducible_with_a_seed():
     a = simulate(Exp3Policy(["x", "y"], {}, seed=4), Arms([0.4, 0.6]), 50)[0]
     b = simulate(Exp3Policy(["x", "y"], {}, seed=4), Arms([0.4, 0.6]), 50)[0]
     assert a == b
+
+
+def test_adaptive_evaluation_interval_grows_with_a_clear_leader_and_resets_on_a_change():
+    policy = make("normalhedge", update_every="adaptive")
+    assert policy.evaluation_sampled and policy.evaluation_interval() == 1
+    policy.weights_state = [5.0, -1.0, -2.0]  # arm 0 clearly best
+    intervals = []
+    for _ in range(6):
+        policy.after_evaluation()
+        intervals.append(policy.evaluation_interval())
+    assert intervals == [1, 2, 4, 8, 16, 16]
+    policy.weights_state = [-1.0, 5.0, -2.0]  # a new leader: evaluate every round again
+    policy.after_evaluation()
+    assert policy.evaluation_interval() == 1
+    assert not make("normalhedge", update_every=3).evaluation_sampled
+
+
+def test_sampled_evaluation_scores_few_rounds_while_the_leader_holds():
+    from specdraft.learning.driver import PolicyDriver, RoundOutcome
+
+    policy = make("normalhedge", update_every="adaptive")
+    driver = PolicyDriver(policy, K, 10_000)
+    scored = []
+
+    def evaluator(rounds):
+        scored.extend(rounds)
+        return [[[0.9] * r.count, [0.1] * r.count, [0.2] * r.count] for r in rounds]
+
+    driver.start_prompt(evaluator)
+    for t in range(200):
+        plan = driver.choose(t)
+        fb = RoundFeedback(plan.arm, plan.draft_tokens, 1, [1.0, 0.0], 0.02, draft_seconds=0.01, verify_seconds=0.01)
+        driver.finish_round(RoundOutcome(fb, t, 2), last=t == 199)
+    assert len(scored) < 40  # about 200 / 16 once arm 0 leads, not 200
+    assert policy.distribution()[0] > 0.9

@@ -87,7 +87,9 @@ class ModelDrafter(Drafter):
         for j in range(k):
             q = distributions(logits, params)
             token = logits.argmax(dim=-1) if params.greedy else sample(q, generator)  # [1]
-            if stopping:
+            # The first token is the plan's (the policy's K already judged it worth drafting);
+            # the confidence prunes the tail, so a stop never wastes the forward it needed.
+            if stopping and j > 0:
                 confidence = self._confidence(logits, q)
                 if self.stop_below is not None:
                     if confidence < self.stop_below:
@@ -97,6 +99,10 @@ class ModelDrafter(Drafter):
                     if not worth_drafting(survive, acceptance, stop_price):
                         break
                     survive *= acceptance
+                self._confidences.append(confidence)
+            elif stopping:
+                confidence = self._confidence(logits, q)
+                survive = self.calibration.acceptance(confidence)
                 self._confidences.append(confidence)
             tokens.append(token)
             probs.append(q)

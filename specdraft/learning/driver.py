@@ -8,7 +8,8 @@ round (live: draft and verify; replay: read the trace), and hands the outcome to
 - bandit feedback: the chosen drafter's round, at once;
 - full information: the round waits in a queue until the policy's evaluation interval
   is reached (or the prompt ends), then an `Evaluator` scores every drafter on all the
-  queued rounds at once (live: drafter forwards; replay: the trace's teacher-forced
+  queued rounds at once; a policy that samples evaluation instead has one round in m
+  scored and the others only observed (timings, the chosen drafter's acceptance) (live: drafter forwards; replay: the trace's teacher-forced
   gammas) and the policy learns from each round in order.
 """
 
@@ -57,6 +58,7 @@ class PolicyDriver:
         self.max_new_tokens = max_new_tokens
         self.evaluator: Evaluator | None = None
         self.pending: list[RoundOutcome] = []
+        self.skipped = 0  # rounds since the last evaluation, when evaluation is sampled
 
     @property
     def full_information(self) -> bool:
@@ -71,6 +73,7 @@ class PolicyDriver:
             self.policy.reset()
         self.evaluator = evaluator
         self.pending = []
+        self.skipped = 0
 
     def choose(self, produced: int) -> RoundPlan:
         """The plan for the next round after `produced` new tokens. Never draft past the
@@ -82,6 +85,12 @@ class PolicyDriver:
         if not self.policy.full_information:
             self.policy.update(outcome.feedback)
             return NOTHING_LEARNED
+        if self.policy.evaluation_sampled:  # one round in m is scored, the others are skipped
+            self.skipped += 1
+            if not last and self.skipped < self.policy.evaluation_interval():
+                self.policy.observe(outcome.feedback)
+                return NOTHING_LEARNED
+            self.skipped = 0
         self.pending.append(outcome)
         if not last and len(self.pending) < self.policy.evaluation_interval():
             return NOTHING_LEARNED

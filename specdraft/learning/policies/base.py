@@ -134,8 +134,10 @@ class Policy(ABC):
 
     def reset(self) -> None:
         """Forget what was learned (before each prompt unless reset = "never"); a loaded
-        state is where every reset starts from."""
-        self.costs = RoundCostModel(len(self.arms))
+        state is where every reset starts from. The round cost model is kept: it describes
+        this machine and these models, not the prompt (so no prompt pays to measure it again)."""
+        if not hasattr(self, "costs"):
+            self.costs = RoundCostModel(len(self.arms))
         self.acceptance = AcceptanceByPosition(len(self.arms), self.draft_tokens)
         self.fresh()
         if self._initial_state is not None:
@@ -149,6 +151,12 @@ class Policy(ABC):
 
     def update(self, feedback: RoundFeedback) -> None:
         """Learn from one round: its costs and acceptance first (rewards are built on them)."""
+        self.observe(feedback)
+        self.learn(feedback)
+
+    def observe(self, feedback: RoundFeedback) -> None:
+        """Only the round's timings and the chosen drafter's acceptance: what every round
+        teaches, also one that full-information evaluation skipped."""
         self.costs.observe(feedback.arm, feedback.drafted, feedback.draft_seconds, feedback.verify_seconds)
         if feedback.gammas is not None:  # every arm's acceptance along the committed chunk
             for arm, gammas in enumerate(feedback.gammas):
@@ -156,7 +164,6 @@ class Policy(ABC):
                     self.acceptance.observe(arm, gammas)
         else:
             self.acceptance.observe(feedback.arm, feedback.alphas)
-        self.learn(feedback)
 
     def learn(self, feedback: RoundFeedback) -> None:
         """Policy-specific learning; the default learns nothing."""
@@ -165,6 +172,12 @@ class Policy(ABC):
         """With full-information evaluation: how many rounds the engine may batch before
         evaluating the drafters and passing the feedback on (1 = every round)."""
         return 1
+
+    @property
+    def evaluation_sampled(self) -> bool:
+        """True: evaluate one round in `evaluation_interval()` and skip the others (they
+        teach costs and the chosen arm's acceptance only); False: batch them all."""
+        return False
 
     def after_evaluation(self) -> None:
         """Called once a batch of evaluated rounds was learned from (may adapt the interval)."""

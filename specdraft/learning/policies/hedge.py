@@ -11,8 +11,9 @@ Losses (options): `loss = "length"` (1 - EAL / (K + 1), default) or `"acceptance
 engine evaluate the drafters once every m rounds, in one forward per drafter over all m
 chunks, and apply the m loss vectors together (the "skip" trick, which is what makes
 full-information evaluation affordable when drafters are not tiny); `"adaptive"` (the
-default) doubles m, up to 16, each time an evaluation confirms the same clear leader
-(weight >= 0.8) and drops back to 1 when the leader changes. With the goodput objective a
+default) evaluates one round in m, skipping the others (they teach costs and the chosen
+drafter's acceptance only), doubling m up to 16 each time an evaluation confirms the same
+clear leader (weight >= 0.8) and dropping back to 1 when the leader changes. With the goodput objective a
 drafter's loss is 1 - its estimated speedup at its own best K, over K + 1. `game = "chunk"` scores each round's chunk
 (positions beyond it are censored); `game = "token"` plays one game per committed token
 with delayed feedback: a token's loss is applied once the K positions after it are
@@ -85,6 +86,12 @@ class HedgeFamily(Policy):
             return 1
         every = self.options["update_every"]
         return self.interval if every == "adaptive" else every
+
+    @property
+    def evaluation_sampled(self) -> bool:
+        # Adaptive: skipped rounds are not scored at all, so evaluation costs shrink with m
+        # for every kind (batching m rounds still scores every position).
+        return self.options["update_every"] == "adaptive"
 
     def after_evaluation(self) -> None:
         # Evaluate less often while one arm stays clearly best: the evaluation would only
