@@ -77,7 +77,7 @@ def test_chosen_draft_length_is_the_brute_force_best(seed):
 
 def test_goodput_learns_from_rounds_and_drafts_less_when_drafts_fail():
     policy = build_policy("fixed", {"draft_length": "goodput"}, ["d"], draft_tokens=5)
-    assert policy.draft_length(0, 5) == 5  # nothing measured yet: draft fully to learn
+    assert policy.draft_length(0, 5) == 1  # draft cost unknown: one token measures it
     for _ in range(50):  # every draft rejected at once; wide verifies cost more
         policy.update(RoundFeedback(0, 5, 0, [0.0] * 5, 0.1, draft_seconds=0.05, verify_seconds=0.06))
         policy.update(RoundFeedback(0, 1, 0, [0.0], 0.1, draft_seconds=0.01, verify_seconds=0.04))

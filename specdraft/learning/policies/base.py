@@ -202,14 +202,15 @@ class Policy(ABC):
     def draft_length(self, arm: int, cap: int) -> int:
         """How many tokens `arm` drafts this round, at most `cap`: always `cap` with
         draft_length = "fixed"; with "goodput", the K in 0..cap with the best estimated
-        tokens per second (`cap` until the costs are known, so every arm gets measured)."""
+        tokens per second (one token until the arm's draft cost is known: one token
+        measures it, and a slow drafter's probe must not cost K of its forwards)."""
         if self.arms[arm] == PLAIN_ARM:
             return 0
         if self.options["draft_length"] != "goodput" or cap == 0:
             return cap
         seconds = [self.costs.round_seconds(arm, k) for k in range(cap + 1)]
         if any(s is None for s in seconds):
-            return cap
+            return 1
         return best_draft_length([self.acceptance.expected_committed(arm, k) for k in range(cap + 1)], seconds)
 
     def estimate(self, arm: int, k: int) -> tuple[float, float | None]:

@@ -13,7 +13,7 @@ chunks, and apply the m loss vectors together (the "skip" trick, which is what m
 full-information evaluation affordable when drafters are not tiny); `"adaptive"` (the
 default) evaluates one round in m, skipping the others (they teach costs and the chosen
 drafter's acceptance only), doubling m up to 16 each time an evaluation confirms the same
-clear leader (weight >= 0.8) and dropping back to 1 when the leader changes. With the goodput objective a
+leader (the heaviest arm) and dropping back to 1 when the leader changes. With the goodput objective a
 drafter's loss is 1 - its estimated speedup at its own best K, over K + 1. `game = "chunk"` scores each round's chunk
 (positions beyond it are censored); `game = "token"` plays one game per committed token
 with delayed feedback: a token's loss is applied once the K positions after it are
@@ -47,7 +47,6 @@ class HedgeFamily(Policy):
     FULL_INFORMATION = True
     STATE = ("weights_state", "rounds")
     MAX_INTERVAL = 16
-    CLEAR_LEADER = 0.8
 
     def fresh(self) -> None:
         self.rounds = 0
@@ -94,11 +93,11 @@ class HedgeFamily(Policy):
         return self.options["update_every"] == "adaptive"
 
     def after_evaluation(self) -> None:
-        # Evaluate less often while one arm stays clearly best: the evaluation would only
-        # confirm it. A new leader, or a contested one, brings evaluation back every round.
+        # Evaluate less often while one arm stays best: the evaluation would only confirm
+        # it. A new leader brings evaluation back every round.
         p = self.distribution()
         leader = max(range(len(p)), key=p.__getitem__)
-        steady = leader == self.leader and p[leader] >= self.CLEAR_LEADER
+        steady = leader == self.leader
         self.interval = min(2 * self.interval, self.MAX_INTERVAL) if steady else 1
         self.leader = leader
 
