@@ -18,9 +18,18 @@ def test_cost_model_recovers_a_linear_verify_cost_and_per_token_draft_cost():
     for width in [1, 3, 6, 2, 5, 4] * 5:
         costs.observe(0, width - 1, 0.003 * (width - 1), 0.02 + 0.005 * width)
     for k in range(6):
-        assert costs.round_seconds(0, k) == pytest.approx(0.02 + 0.005 * (k + 1) + 0.003 * k)
+        # within a few percent: the ridge shrinks the slope a little even on clean data
+        assert costs.round_seconds(0, k) == pytest.approx(0.02 + 0.005 * (k + 1) + 0.003 * k, rel=0.03)
     assert costs.round_seconds(1, 2) is None  # arm 1 never drafted: its cost is unknown
-    assert costs.round_seconds(1, 0) == pytest.approx(0.025)  # plain decoding needs no drafter
+    assert costs.round_seconds(1, 0) == pytest.approx(0.025, rel=0.03)  # plain decoding needs no drafter
+
+
+def test_a_few_noisy_wide_rounds_do_not_fix_a_steep_verify_slope():
+    costs = RoundCostModel(arms=1)
+    for t in range(40):
+        costs.observe(0, 1 if t in (5, 30) else 0, 0.0, 0.040 if t in (5, 30) else 0.020)
+    raw_slope = 0.020  # what least squares alone would say: each extra token doubles the verify
+    assert costs.round_seconds(0, 1) - costs.round_seconds(0, 0) < raw_slope / 2
 
 
 def test_a_single_verify_width_gives_a_flat_cost_not_a_guess():
@@ -170,10 +179,10 @@ def test_the_cost_model_matches_the_rounds_timings(monkeypatch):
     costs, seen, checked = engine.policy.costs, set(), 0
     for r in records:
         assert r.draft_s + r.verify_s == pytest.approx(0.010 + 0.002 * (r.drafted + 1) + 0.004 * r.drafted)
-        assert costs.round_seconds(0, r.drafted) == pytest.approx(r.draft_s + r.verify_s)
-        # once two verify widths were seen the line is exact, so every plan's estimate is
-        if len(seen) >= 2 and r.drafted == r.planned:
-            assert r.expected_seconds == pytest.approx(r.draft_s + r.verify_s)
+        # the ridge on the verify slope keeps estimates a little optimistic: within 10%
+        assert costs.round_seconds(0, r.drafted) == pytest.approx(r.draft_s + r.verify_s, rel=0.1)
+        if len(seen) >= 2 and r.drafted == r.planned:  # a line needs two widths
+            assert r.expected_seconds == pytest.approx(r.draft_s + r.verify_s, rel=0.1)
             checked += 1
         seen.add(r.drafted)
     assert checked > 0

@@ -18,10 +18,15 @@ from typing import Sequence
 
 
 class _DecayedLine:
-    """Least-squares line y = fixed + slope * x over decayed observations (slope, fixed >= 0)."""
+    """Least-squares line y = fixed + slope * x over decayed observations (slope, fixed >= 0).
 
-    def __init__(self, decay: float):
-        self.decay = decay
+    The slope is shrunk towards 0 by a ridge of `ridge` pseudo-observations of unit width
+    variance: a few wide rounds among many narrow ones must not fix a steep slope (noise
+    would then make every draft look too dear, no round would draft again, and no wider
+    round would ever correct it). Optimism about the slope keeps widths explored."""
+
+    def __init__(self, decay: float, ridge: float = 1.0):
+        self.decay, self.ridge = decay, ridge
         self.w = self.sx = self.sy = self.sxx = self.sxy = 0.0
 
     def add(self, x: float, y: float) -> None:
@@ -35,7 +40,7 @@ class _DecayedLine:
         mx, my = self.sx / self.w, self.sy / self.w
         var = self.sxx / self.w - mx * mx
         # One width seen so far: no slope to learn yet, the cost is flat at the mean.
-        slope = max(0.0, (self.sxy / self.w - mx * my) / var) if var > 1e-9 else 0.0
+        slope = max(0.0, (self.sxy / self.w - mx * my) / (var + self.ridge / self.w)) if var > 1e-9 else 0.0
         return max(0.0, my - slope * mx) + slope * x
 
     def slope(self) -> float:

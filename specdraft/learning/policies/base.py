@@ -75,6 +75,7 @@ class Policy(ABC):
     OPTIONS: ClassVar[dict[str, OptionSpec]] = {}
     FULL_INFORMATION: ClassVar[bool] = False  # needs evaluate = "all"
     STATE: ClassVar[tuple[str, ...]] = ()  # attributes that hold what was learned, saved as JSON
+    REPROBE: ClassVar[int] = 8
 
     def __init__(self, arms: Sequence[str], options: dict[str, Any] | None = None, seed: int | None = None,
                  draft_tokens: int = 5, horizon: int = 256):
@@ -139,6 +140,7 @@ class Policy(ABC):
         if not hasattr(self, "costs"):
             self.costs = RoundCostModel(len(self.arms))
         self.acceptance = AcceptanceByPosition(len(self.arms), self.draft_tokens)
+        self._idle = [0] * len(self.arms)  # consecutive rounds each arm was planned at K = 0
         self.fresh()
         if self._initial_state is not None:
             self._apply_state(self._initial_state)
@@ -204,6 +206,18 @@ class Policy(ABC):
         draft_length = "fixed"; with "goodput", the K in 0..cap with the best estimated
         tokens per second (one token until the arm's draft cost is known: one token
         measures it, and a slow drafter's probe must not cost K of its forwards)."""
+        best = self.best_length(arm, cap)
+        if (self.options["draft_length"] != "goodput" or self.arms[arm] == PLAIN_ARM or cap == 0
+                or self.full_information):
+            return best
+        # Under bandit feedback a drafter planned at K = 0 teaches nothing about its
+        # acceptance (full information scores it anyway); every REPROBE-th such round
+        # drafts one token, so a drafter that got better is noticed.
+        self._idle[arm] = self._idle[arm] + 1 if best == 0 else 0
+        return 1 if best == 0 and self._idle[arm] % self.REPROBE == 0 else best
+
+    def best_length(self, arm: int, cap: int) -> int:
+        """The draft length the estimates favour for `arm` (no exploration, no side effects)."""
         if self.arms[arm] == PLAIN_ARM:
             return 0
         if self.options["draft_length"] != "goodput" or cap == 0:
@@ -230,8 +244,7 @@ class Policy(ABC):
         `G(best i, best K) * c_verify(1)`, the limit of what this pool can give."""
         best = None
         for arm in range(len(self.arms)):
-            k = self.draft_length(arm, self.draft_tokens) if self.options["draft_length"] == "goodput" \
-                else (0 if self.arms[arm] == PLAIN_ARM else self.draft_tokens)
+            k = self.best_length(arm, self.draft_tokens)
             value = self.speedup(arm, self.acceptance.expected_committed(arm, k), k)
             if value is not None and (best is None or value > best[2]):
                 best = (arm, k, value)

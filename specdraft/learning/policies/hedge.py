@@ -38,8 +38,10 @@ HEDGE_OPTIONS = {
     "update_every": OptionSpec((int, str), "adaptive", lambda v: v == "adaptive" or (isinstance(v, int) and v >= 1),
                                'must be >= 1 or "adaptive"',
                                "evaluate drafters and update once every m rounds (batched), or adapt m"),
-    "select": OptionSpec((str,), "sample", one_of("sample", "argmax"), 'must be "sample" or "argmax"',
-                         "draw the drafter from the weights, or take the heaviest"),
+    # With full information nothing needs exploring, so the heaviest arm is the fastest
+    # choice; "sample" is the papers' randomised play (and its regret guarantee).
+    "select": OptionSpec((str,), "argmax", one_of("sample", "argmax"), 'must be "sample" or "argmax"',
+                         "take the heaviest drafter, or draw it from the weights"),
 }
 
 
@@ -121,7 +123,7 @@ class HedgeFamily(Policy):
             return acceptance_loss(gammas)
         if not self.goodput:
             return length_loss(gammas, self.draft_tokens)
-        k = self.draft_length(arm, self.draft_tokens)
+        k = self.best_length(arm, self.draft_tokens)
         return 1.0 - self.speed_score(arm, expected_accept_length(gammas[:k]), k)
 
     def scores(self) -> dict[str, float]:
