@@ -57,8 +57,8 @@ def policy_for(profile, spec: str):
     overridden = profile.with_overrides(policy=flag)
     name = overridden.policy.name
     options = dict(overridden.policy.options) | {"evaluate": "all"}
-    if "cost" in extras:
-        options |= {"cost_aware": True, "allow_none": True}
+    if "cost" not in extras:  # the papers' objective; "+cost" keeps the goodput defaults
+        options |= {"objective": "acceptance", "draft_length": "fixed", "allow_none": False}
     if "chosen" in extras:  # no evaluation phase at all: only the chosen drafter is scored
         options["evaluate"] = "chosen"
     if "skip" in extras:

@@ -253,3 +253,30 @@ def test_sampled_evaluation_scores_few_rounds_while_the_leader_holds():
         driver.finish_round(RoundOutcome(fb, t, 2), last=t == 199)
     assert len(scored) < 40  # about 200 / 16 once arm 0 leads, not 200
     assert policy.distribution()[0] > 0.9
+
+
+def test_a_silent_drafter_is_charged_a_plain_round_and_its_acceptance_is_not_diluted():
+    """Prompt lookup without a match would have drafted nothing: chosen, the round is plain.
+    Charging it a rejected draft (wider verify) would make the learner prefer "none"."""
+    policy = make("normalhedge", n=2, objective="goodput", draft_length="goodput")
+    for width in (1, 2, 4, 6) * 5:  # verify gets dearer with width; drafting is nearly free
+        policy.costs.observe(0, width - 1, 1e-5 * (width - 1), 0.02 + 0.004 * width)
+    plain_loss = 1.0 - policy.speed_score(0, 1.0, 0)
+    assert policy._loss(0, [0.0] * 3, False, silent=True) == pytest.approx(plain_loss)
+    assert policy._loss(0, [0.0] * 3, False, silent=False) > plain_loss
+    before = policy.acceptance.rate(0, 1)
+    policy.update(RoundFeedback(1, K, 0, [0.0] * K, 0.03, [[0.0, 0.0], [0.0, 0.0]], 0.0, 0.02, silent=[True, False]))
+    assert policy.acceptance.rate(0, 1) == before  # silent: nothing learned about its drafts
+
+
+def test_prompt_lookup_knows_where_it_would_propose():
+    import torch
+
+    from specdraft.decoding.sampling import SamplingParams
+    from specdraft.drafters import DraftContext, NgramDrafter
+
+    lookup = NgramDrafter("lookup", DraftContext(SamplingParams(), None, torch.device("cpu"), 64), 1, 2)
+    context = [7, 1, 2, 3, 9, 1, 2]
+    assert lookup.proposes_at(context, 7)  # "1 2" occurred before, followed by 3
+    assert not lookup.proposes_at(context, 5)  # "9" never occurred before
+    assert lookup.proposes_at(context, 6)  # "1" did (followed by 2): asking again from earlier works

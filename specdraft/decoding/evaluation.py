@@ -45,6 +45,10 @@ class PoolEvaluator:
             offset += round_.count
         return out
 
+    def silent(self, round_: RoundOutcome) -> list[bool]:
+        """Per drafter: it would have proposed nothing at the round's start."""
+        return [not drafter.proposes_at(self.context, round_.start) for drafter in self.drafters]
+
     def _score(self, arm: int, drafter: Drafter, rounds: Sequence[RoundOutcome]) -> list[torch.Tensor]:
         parts, span = [], []  # span: consecutive rounds whose positions the drafter must score
         for round_ in rounds:

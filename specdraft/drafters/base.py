@@ -120,6 +120,11 @@ class Drafter(ABC):
         there for the layers in `hidden_layers`. Leaves the drafter caught up to
         context[:start + count - 1]."""
 
+    def proposes_at(self, context: Sequence[int], position: int) -> bool:
+        """Would this drafter propose anything after context[:position]? (Model drafters
+        always do; prompt lookup only when it finds a match.)"""
+        return True
+
     @property
     def hidden_layers(self) -> tuple[int, ...]:
         """Target layers whose hidden states `score` reads (none for most kinds)."""

@@ -61,6 +61,12 @@ class NgramDrafter(Drafter):
         follow = list(context[start:start + k])
         return Draft(torch.tensor(follow, dtype=torch.long, device=self.ctx.device), None)
 
+    def proposes_at(self, context: Sequence[int], position: int) -> bool:
+        if position < self.indexed_to:  # the index already holds later n-grams: rebuild
+            self.reset()
+        self._index_until(context, position)
+        return self._lookup(context, position) is not None
+
     def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
               hidden: Hidden | None = None) -> torch.Tensor:
         # Each position is scored by the one token a fresh lookup there would propose:

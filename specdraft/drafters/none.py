@@ -18,6 +18,9 @@ class PlainDecoding(Drafter):
     def propose(self, context: Sequence[int], k: int, stop_price: float | None = None) -> Draft:
         return self.empty_draft()
 
+    def proposes_at(self, context: Sequence[int], position: int) -> bool:
+        return False
+
     def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
               hidden: Hidden | None = None) -> torch.Tensor:
         return target_probs.new_zeros(count)  # proposes nothing, so nothing is ever accepted

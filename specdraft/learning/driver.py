@@ -35,7 +35,9 @@ class RoundOutcome:
     evidence: Any = None  # whatever the evaluator needs to score the round (live: the target's p)
 
 
-# Scores every drafter on the given rounds: one Gammas per round, in order.
+# Scores every drafter on the given rounds: one Gammas per round, in order. An evaluator
+# may also have `silent(round) -> [bool per arm]`: which drafters would have proposed
+# nothing at the round's start (their counterfactual round is a plain one).
 Evaluator = Callable[[Sequence[RoundOutcome]], list[Gammas]]
 
 
@@ -98,8 +100,9 @@ class PolicyDriver:
         scored = self.evaluator(self.pending)
         evaluate_s = time.perf_counter() - start
         evaluated = []
+        silent = getattr(self.evaluator, "silent", None)
         for round_, gammas in zip(self.pending, scored, strict=True):
-            self.policy.update(replace(round_.feedback, gammas=gammas))
+            self.policy.update(replace(round_.feedback, gammas=gammas, silent=silent(round_) if silent else None))
             evaluated.append((round_.feedback.arm, gammas))
         self.pending = []
         self.policy.after_evaluation()

@@ -29,6 +29,9 @@ class RoundFeedback:
     gammas: Sequence[Sequence[float]] | None = None
     draft_seconds: float = 0.0  # the split the round cost model is fitted on
     verify_seconds: float = 0.0
+    # With gammas: per arm, True when that drafter would have proposed nothing at the round's
+    # start (prompt lookup without a match): chosen, it would have run a plain round.
+    silent: Sequence[bool] | None = None
 
 
 def bd_reward(alphas: Sequence[float]) -> float:

@@ -101,6 +101,10 @@ class _TraceEvaluator:
     def __call__(self, rounds: Sequence[RoundOutcome]) -> list[Gammas]:
         return [[self._gammas(name, r.start, r.count) for name in self.arms] for r in rounds]
 
+    def silent(self, round_: RoundOutcome) -> list[bool]:
+        lanes = [self.prompt.drafters.get(name) for name in self.arms]
+        return [lane is None or lane.drafted[round_.start] == 0 for lane in lanes]
+
     def _gammas(self, name: str, start: int, count: int) -> list[float]:
         lane = self.prompt.drafters.get(name)
         return lane.alpha[start : start + count] if lane else [0.0] * count

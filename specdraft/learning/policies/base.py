@@ -162,7 +162,9 @@ class Policy(ABC):
         self.costs.observe(feedback.arm, feedback.drafted, feedback.draft_seconds, feedback.verify_seconds)
         if feedback.gammas is not None:  # every arm's acceptance along the committed chunk
             for arm, gammas in enumerate(feedback.gammas):
-                if self.arms[arm] != PLAIN_ARM:
+                # A drafter silent here would not have drafted: its acceptance *when it
+                # drafts*, which plans K, learns nothing from this chunk.
+                if self.arms[arm] != PLAIN_ARM and not (feedback.silent and feedback.silent[arm]):
                     self.acceptance.observe(arm, gammas)
         else:
             self.acceptance.observe(feedback.arm, feedback.alphas)

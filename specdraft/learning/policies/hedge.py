@@ -107,7 +107,8 @@ class HedgeFamily(Policy):
         k = self.draft_tokens
         acceptance = self.rounds <= self.options["hybrid_rounds"] or self.options["loss"] == "acceptance"
         if self.options["game"] == "chunk":
-            return [[self._loss(i, g[:k], acceptance) for i, g in enumerate(fb.gammas)]]
+            silent = fb.silent or [False] * len(fb.gammas)
+            return [[self._loss(i, g[:k], acceptance, quiet) for i, (g, quiet) in enumerate(zip(fb.gammas, silent))]]
         # Token game: position t's loss needs gammas at t .. t+K-1; emit those now complete.
         for position in zip(*fb.gammas):
             self.history.append(list(position))
@@ -118,11 +119,13 @@ class HedgeFamily(Policy):
             self.scored_until += 1
         return out
 
-    def _loss(self, arm: int, gammas: list[float], acceptance: bool) -> float:
+    def _loss(self, arm: int, gammas: list[float], acceptance: bool, silent: bool = False) -> float:
         if acceptance:
             return acceptance_loss(gammas)
         if not self.goodput:
             return length_loss(gammas, self.draft_tokens)
+        if silent:  # chosen here, it would have drafted nothing: a plain round
+            return 1.0 - self.speed_score(arm, 1.0, 0)
         k = self.best_length(arm, self.draft_tokens)
         return 1.0 - self.speed_score(arm, expected_accept_length(gammas[:k]), k)
 
