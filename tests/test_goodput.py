@@ -186,3 +186,25 @@ def test_the_cost_model_matches_the_rounds_timings(monkeypatch):
             checked += 1
         seen.add(r.drafted)
     assert checked > 0
+
+
+def test_a_drafter_planned_at_zero_is_reprobed_with_backoff():
+    policy = build_policy("ucb", {}, ["slow"], draft_tokens=5)
+    for width in (1, 2) * 10:  # drafting costs 10x a verify: never worth it
+        policy.costs.observe(0, width - 1, 0.2 * (width - 1), 0.02)
+    plans = [policy.draft_length(0, 5) for _ in range(8 + 16 + 32 + 3)]
+    probes = [t for t, k in enumerate(plans) if k]
+    assert probes == [7, 7 + 16, 7 + 16 + 32]  # the gap doubles after each idle probe
+    assert set(plans) == {0, 1}
+
+
+def test_catching_up_is_not_charged_as_drafting():
+    _, drafter, _ = _tiny_engine()
+    drafter.reset()
+    context = [5, 9, 11, 3, 7, 5, 9, 11, 3, 7, 1, 2]
+    first = drafter.propose(context, 2)  # twelve unseen tokens: mostly catch-up
+    assert first.catch_up_seconds > 0
+    drafter.on_commit(1)
+    context = context + [int(first.tokens[0]), 4]  # one draft accepted, then the recovered token
+    second = drafter.propose(context, 2)  # only the recovered token is new: no catch-up
+    assert second.catch_up_seconds == 0.0

@@ -194,21 +194,31 @@ def test_policy_state_garbage_fields_exit_2(pool_file, tmp_path):
 # -- 9: first run and the terminal --------------------------------------------------------
 
 
-def test_profile_errors_do_not_import_transformers(tmp_path):
+def test_profile_errors_import_neither_transformers_nor_torch(tmp_path):
+    """A profile mistake is reported in a blink: nothing heavy is imported to find it,
+    whichever section holds it (target, a drafter kind's own keys, the policy)."""
     bad = tmp_path / "p.toml"
     bad.write_text("[target]\nhub = 1\n")
+    bad_drafter = tmp_path / "d.toml"
+    bad_drafter.write_text('[target]\nhub = "org/m"\n[[drafters]]\nname = "l"\nkind = "layers"\nlayers = 0\n')
+    bad_policy = tmp_path / "q.toml"
+    bad_policy.write_text('[target]\nhub = "org/m"\n[policy]\nname = "ucb"\nobjective = "fast"\n'
+                          '[[drafters]]\nname = "l"\nkind = "ngram"\n')
     script = textwrap.dedent(f"""
         import sys
         from typer.testing import CliRunner
         from specdraft.cli import app
         for args in (["generate", "--pool", {str(tmp_path / 'missing.toml')!r}, "x"],
-                     ["generate", "--pool", {str(bad)!r}, "x"]):
-            assert CliRunner().invoke(app, args).exit_code == 2
+                     ["generate", "--pool", {str(bad)!r}, "x"],
+                     ["generate", "--pool", {str(bad_drafter)!r}, "x"],
+                     ["bench", "--pool", {str(bad_policy)!r}, "--data", {str(bad)!r}]):
+            result = CliRunner().invoke(app, args)
+            assert result.exit_code == 2, (args, result.output)
         print("transformers" in sys.modules, "torch" in sys.modules)
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split()[0] == "False"
+    assert proc.stdout.split() == ["False", "False"]
 
 
 def test_shell_completion_is_available():

@@ -51,18 +51,23 @@ def run_bench_command(opts: BenchOptions, console: Console) -> int:
     if opts.replay:
         return _replay_command(opts, console)
     from specdraft.config.profile import load_profile
+    from specdraft.measurement.datasets import load_dataset
+
+    # Everything the user wrote is checked before torch, transformers or a model loads.
+    profile = load_profile(opts.pool).with_overrides(max_new_tokens=opts.max_new_tokens, seed=opts.seed)
+    flags = [f.strip() for f in opts.policies.split(",") if f.strip()] if opts.policies else None
+    for flag in flags or ():
+        profile.with_overrides(policy=flag)  # a bad --policies entry is a usage error now
+    examples = load_dataset(opts.data, warner(console), opts.limit)
+
     from specdraft.measurement.baselines import transformers_configs
     from specdraft.measurement.benchmark import plain_config, policy_configs, run_bench
-    from specdraft.measurement.datasets import load_dataset
     from specdraft.runtime import build_runtime
     from specdraft.session.prompt_run import check_prompts
     from specdraft.ui.progress import progress_bar
 
-    profile = load_profile(opts.pool).with_overrides(max_new_tokens=opts.max_new_tokens, seed=opts.seed)
-    examples = load_dataset(opts.data, warner(console), opts.limit)
     runtime = build_runtime(profile)
     check_prompts(runtime, ((e.id, e.prompt) for e in examples), opts.chat, f"--data {opts.data}")
-    flags = [f.strip() for f in opts.policies.split(",") if f.strip()] if opts.policies else None
     configs = [plain_config(profile, runtime, opts.chat)] + policy_configs(profile, flags, runtime, opts.chat)
     if opts.baseline == "transformers":
         configs += transformers_configs(profile, runtime, opts.chat)

@@ -118,7 +118,8 @@ class SpeculativeEngine:
             start = len(state.context)
             tokens, finish = self._commit(state, drafter, verified)
             feedback = RoundFeedback(arm, len(verified.alphas), verified.accepted, verified.alphas, watch.elapsed,
-                                     draft_seconds=watch["draft"], verify_seconds=watch["verify"])
+                                     draft_seconds=max(0.0, watch["draft"] - draft.catch_up_seconds),
+                                     verify_seconds=watch["verify"])
             evidence = self._evidence(verified, len(tokens)) if self.driver.full_information else None
             learned = self.driver.finish_round(RoundOutcome(feedback, start, len(tokens), evidence),
                                                last=finish is not None)

@@ -1,11 +1,24 @@
-"""Drafter kinds behind one interface (base.py), one file per kind, and the registry that
-builds a pool from the profile (registry.py)."""
+"""Drafter kinds behind one interface (base.py), one file per kind, their profile keys
+(options.py, torch-free) and the registry that builds a pool from the profile
+(registry.py). Names below load on first use, so that parsing a profile (which imports
+registry.py) never imports torch."""
 
-from specdraft.drafters.base import Draft, DraftContext, Drafter, PoolContext, TrajectoryScores
-from specdraft.drafters.layers import LayersDrafter, truncated_view
-from specdraft.drafters.model import ModelDrafter
-from specdraft.drafters.ngram import NgramDrafter
-from specdraft.drafters.none import PlainDecoding
+from __future__ import annotations
 
-__all__ = ["Draft", "DraftContext", "Drafter", "PoolContext", "TrajectoryScores", "PlainDecoding", "ModelDrafter",
-           "NgramDrafter", "LayersDrafter", "truncated_view"]
+import importlib
+from typing import Any
+
+_NAMES = {
+    "Draft": "base", "DraftContext": "base", "Drafter": "base", "PoolContext": "base", "TrajectoryScores": "base",
+    "PlainDecoding": "none", "ModelDrafter": "model", "NgramDrafter": "ngram", "LayersDrafter": "layers",
+    "truncated_view": "layers",
+}
+
+__all__ = list(_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -7,7 +7,7 @@ is told afterwards how many were accepted so it can roll its own state back. A
 deterministic drafter returns `probs=None` (one-hot q). A kind that is scored from the
 target's own hidden states names the layers it needs (`hidden_layers`); the verify forward
 hands them over at the committed positions, so the round never asks which kind it runs.
-Each kind also reads its own profile keys (`parse_options`), builds itself (`build`),
+Each kind's profile keys are parsed in `options.py` (torch-free); the kind builds itself (`build`),
 scores itself along a finished trajectory for offline replay (`trajectory_scores`), and
 says which causal LM it drafts with, if any (`causal_lm`), for cost measurement and
 transformers' assisted-generation baseline.
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import torch
@@ -25,7 +24,6 @@ import torch
 from specdraft.decoding.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from specdraft.config.tables import Table
     from specdraft.models.cached_lm import CachedLM
     from specdraft.models.loading import LoadedModel
 
@@ -36,6 +34,10 @@ Hidden = Mapping[int, torch.Tensor]  # {layer: [positions, H]} hidden state afte
 class Draft:
     tokens: torch.Tensor  # [k] long, on the target's device; k may be smaller than asked, even 0
     probs: torch.Tensor | None  # [k, V] q_j, or None for a deterministic (one-hot) drafter
+    # Seconds of the draft spent catching up on committed tokens the drafter had not seen
+    # (a model idle for a while): not a cost of drafting these k tokens, so the round cost
+    # model must not charge it per drafted token.
+    catch_up_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -84,13 +86,6 @@ class Drafter(ABC):
         self.ctx = ctx
 
     # --- from the profile -------------------------------------------------------------
-
-    @classmethod
-    def parse_options(cls, table: "Table", base: Path) -> Any:
-        """Read this kind's keys from its `[[drafters]]` table (name and kind are read already);
-        `base` is the profile's folder. Returns a frozen options object for `build`."""
-        table.finish()
-        return None
 
     @classmethod
     def build(cls, name: str, options: Any, pool: PoolContext, key: str) -> "Drafter":

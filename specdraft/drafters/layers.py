@@ -15,25 +15,17 @@ distribution there is one norm and one head projection.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from specdraft.config.tables import Table
 from specdraft.decoding.sampling import distributions
 from specdraft.decoding.verify import overlap
 from specdraft.drafters.base import DraftContext, Hidden, PoolContext
-from specdraft.drafters.model import ModelDrafter, parse_stop_below
+from specdraft.drafters.model import ModelDrafter
+from specdraft.drafters.options import LayersOptions
 from specdraft.errors import ProfileError
 from specdraft.models.cached_lm import CachedLM, fit_logits
-
-
-@dataclass(frozen=True)
-class LayersOptions:
-    layers: int
-    stop_below: float | None = None
 
 
 class TargetPrefix:
@@ -88,17 +80,6 @@ class LayersDrafter(ModelDrafter):
         self.lm = TargetPrefix(target, view, layers, ctx.vocab_size)
         self.layers = layers
         self._softcap = getattr(view.config, "final_logit_softcapping", None)
-
-    @classmethod
-    def parse_options(cls, table: Table, base: Path) -> LayersOptions:
-        layers = table.get("layers", int)
-        if layers is None:
-            raise table.error("layers", "missing; how many of the target's first decoder layers to use")
-        if layers < 1:
-            raise table.error("layers", f"must be at least 1 (got {layers})")
-        stop_below = parse_stop_below(table)
-        table.finish()
-        return LayersOptions(layers, stop_below)
 
     @classmethod
     def build(cls, name: str, options: LayersOptions, pool: PoolContext, key: str) -> "LayersDrafter":

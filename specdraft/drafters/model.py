@@ -10,33 +10,19 @@ not worth its time, or below a profile's fixed `stop_below` confidence.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+import time
 from typing import Sequence
 
 import torch
 
-from specdraft.config.model_spec import MODEL_KEYS, ModelSpec, parse_model_spec
-from specdraft.config.tables import Table
 from specdraft.decoding.sampling import distributions, sample
 from specdraft.decoding.verify import overlap
 from specdraft.drafters.base import Draft, DraftContext, Drafter, Hidden, PoolContext, TrajectoryScores
+from specdraft.drafters.options import ModelOptions
 from specdraft.learning.confidence import ConfidenceCalibration, worth_drafting
 from specdraft.models.cached_lm import CachedLM
 
 
-@dataclass(frozen=True)
-class ModelOptions:
-    model: ModelSpec
-    stop_below: float | None = None
-
-
-def parse_stop_below(table: Table) -> float | None:
-    """`stop_below`: a fixed confidence under which drafting stops; absent = learned."""
-    value = table.get("stop_below", (float, int))
-    if value is not None and not 0 <= value < 1:
-        raise table.error("stop_below", f"must be in [0, 1) (got {value})")
-    return None if value is None else float(value)
 
 
 class ModelDrafter(Drafter):
@@ -51,13 +37,6 @@ class ModelDrafter(Drafter):
         self._confidences: list[float] = []  # of the last draft's tokens, when stopping was on
         self._drafted_from = 0  # context length when the last draft started
         self._fed_drafts = 0  # drafted tokens that went into the cache
-
-    @classmethod
-    def parse_options(cls, table: Table, base: Path) -> ModelOptions:
-        spec = parse_model_spec(table.subset(MODEL_KEYS), base)
-        stop_below = parse_stop_below(table)
-        table.finish()
-        return ModelOptions(spec, stop_below)
 
     @classmethod
     def build(cls, name: str, options: ModelOptions, pool: PoolContext, key: str) -> "ModelDrafter":
@@ -79,7 +58,13 @@ class ModelDrafter(Drafter):
     def propose(self, context: Sequence[int], k: int, stop_price: float | None = None) -> Draft:
         if k <= 0:
             return self.empty_draft()
+        unseen = len(context) - min(self.lm.length, len(context) - 1)
+        started = time.perf_counter()
         logits = self._start_draft(context)  # [1, V]
+        # The first forward consumed `unseen` committed tokens to draft the first one: the
+        # share beyond one token is catch-up (pro rata: a small model's forward on a CPU
+        # grows with its width).
+        catch_up = (time.perf_counter() - started) * (unseen - 1) / unseen if unseen > 1 else 0.0
         stopping = self.stop_below is not None or stop_price is not None
         tokens, probs, self._confidences = [], [], []
         params, generator = self.ctx.params, self.ctx.generator
@@ -112,7 +97,7 @@ class ModelDrafter(Drafter):
         self._end_draft(context, fed)
         if not tokens:
             return self.empty_draft()
-        return Draft(torch.cat(tokens).to(self.ctx.device), torch.cat(probs).to(self.ctx.device))
+        return Draft(torch.cat(tokens).to(self.ctx.device), torch.cat(probs).to(self.ctx.device), catch_up)
 
     def _confidence(self, logits: torch.Tensor, q: torch.Tensor) -> float:
         """The drafter's top probability for its next token (one host read per drafted token,

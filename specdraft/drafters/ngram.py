@@ -7,34 +7,16 @@ not a rescan of the whole prompt.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from specdraft.config.tables import Table
 from specdraft.drafters.base import Draft, DraftContext, Drafter, Hidden, PoolContext, TrajectoryScores
-
-
-@dataclass(frozen=True)
-class NgramOptions:
-    min_ngram: int = 1
-    max_ngram: int = 3
+from specdraft.drafters.options import NgramOptions
 
 
 class NgramDrafter(Drafter):
     kind = "ngram"
-
-    @classmethod
-    def parse_options(cls, table: Table, base: Path) -> NgramOptions:
-        min_n, max_n = table.get("min_ngram", int, 1), table.get("max_ngram", int, 3)
-        if min_n < 1:
-            raise table.error("min_ngram", f"must be at least 1 (got {min_n})")
-        if max_n < min_n:
-            raise table.error("max_ngram", f"must be at least min_ngram = {min_n} (got {max_n})")
-        table.finish()
-        return NgramOptions(min_n, max_n)
 
     @classmethod
     def build(cls, name: str, options: NgramOptions, pool: PoolContext, key: str) -> "NgramDrafter":

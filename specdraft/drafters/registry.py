@@ -1,19 +1,33 @@
 """The drafter kinds a profile may name, and the pool factory: `[[drafters]]` tables in,
-ready drafters out. The only place that maps kind names to classes."""
+ready drafters out. The only place that maps kind names to classes.
+
+Parsing a table needs only the kind's key parser (`options.py`, torch-free); the class,
+and torch with it, is imported when a pool is built, so a profile validates in a blink.
+"""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from specdraft.config.tables import Table
-from specdraft.drafters.base import Drafter, PoolContext
-from specdraft.drafters.layers import LayersDrafter
-from specdraft.drafters.model import ModelDrafter
-from specdraft.drafters.ngram import NgramDrafter
+from specdraft.drafters.options import PARSERS
 
-KINDS: dict[str, type[Drafter]] = {cls.kind: cls for cls in (ModelDrafter, NgramDrafter, LayersDrafter)}
+if TYPE_CHECKING:
+    from specdraft.drafters.base import Drafter, PoolContext
+
+# kind name -> (module, class): imported on first use
+_CLASSES = {"model": ("specdraft.drafters.model", "ModelDrafter"),
+            "ngram": ("specdraft.drafters.ngram", "NgramDrafter"),
+            "layers": ("specdraft.drafters.layers", "LayersDrafter")}
+KINDS = tuple(PARSERS)
+
+
+def kind_class(kind: str) -> type["Drafter"]:
+    module, name = _CLASSES[kind]
+    return getattr(importlib.import_module(module), name)
 
 
 @dataclass(frozen=True)
@@ -32,10 +46,10 @@ def parse_drafter(table: Table, base: Path) -> DrafterConfig:
     kind = table.get("kind", str)
     if kind is None:
         raise table.error("kind", f"missing; expected one of {', '.join(KINDS)}")
-    if kind not in KINDS:
+    if kind not in PARSERS:
         raise table.error("kind", f'unknown kind "{kind}"; expected one of {", ".join(KINDS)}')
-    return DrafterConfig(name, kind, KINDS[kind].parse_options(table, base))
+    return DrafterConfig(name, kind, PARSERS[kind](table, base))
 
 
-def build_pool(configs: Sequence[DrafterConfig], pool: PoolContext) -> list[Drafter]:
-    return [KINDS[c.kind].build(c.name, c.options, pool, f"drafters[{i}]") for i, c in enumerate(configs)]
+def build_pool(configs: Sequence[DrafterConfig], pool: "PoolContext") -> list["Drafter"]:
+    return [kind_class(c.kind).build(c.name, c.options, pool, f"drafters[{i}]") for i, c in enumerate(configs)]

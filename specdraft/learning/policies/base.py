@@ -76,6 +76,7 @@ class Policy(ABC):
     FULL_INFORMATION: ClassVar[bool] = False  # needs evaluate = "all"
     STATE: ClassVar[tuple[str, ...]] = ()  # attributes that hold what was learned, saved as JSON
     REPROBE: ClassVar[int] = 8
+    MAX_PROBE_GAP: ClassVar[int] = 256
 
     def __init__(self, arms: Sequence[str], options: dict[str, Any] | None = None, seed: int | None = None,
                  draft_tokens: int = 5, horizon: int = 256):
@@ -140,7 +141,8 @@ class Policy(ABC):
         if not hasattr(self, "costs"):
             self.costs = RoundCostModel(len(self.arms))
         self.acceptance = AcceptanceByPosition(len(self.arms), self.draft_tokens)
-        self._idle = [0] * len(self.arms)  # consecutive rounds each arm was planned at K = 0
+        self._idle = [0] * len(self.arms)  # rounds each arm was planned at K = 0 since its last draft
+        self._probe_gap = [self.REPROBE] * len(self.arms)
         self.fresh()
         if self._initial_state is not None:
             self._apply_state(self._initial_state)
@@ -213,10 +215,17 @@ class Policy(ABC):
                 or self.full_information):
             return best
         # Under bandit feedback a drafter planned at K = 0 teaches nothing about its
-        # acceptance (full information scores it anyway); every REPROBE-th such round
-        # drafts one token, so a drafter that got better is noticed.
-        self._idle[arm] = self._idle[arm] + 1 if best == 0 else 0
-        return 1 if best == 0 and self._idle[arm] % self.REPROBE == 0 else best
+        # acceptance (full information scores it anyway), so after REPROBE such rounds it
+        # drafts one token; each probe that changes nothing doubles the wait (a slow
+        # drafter's probes must not add up), and drafting again resets it.
+        if best > 0:
+            self._idle[arm], self._probe_gap[arm] = 0, self.REPROBE
+            return best
+        self._idle[arm] += 1
+        if self._idle[arm] < self._probe_gap[arm]:
+            return 0
+        self._idle[arm], self._probe_gap[arm] = 0, min(2 * self._probe_gap[arm], self.MAX_PROBE_GAP)
+        return 1
 
     def best_length(self, arm: int, cap: int) -> int:
         """The draft length the estimates favour for `arm` (no exploration, no side effects)."""
