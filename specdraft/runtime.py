@@ -54,8 +54,8 @@ def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bo
     policy_config = PolicyConfig("fixed") if plain else profile.policy
     drafters = [PlainDecoding(ctx)] if plain else build_pool(
         profile.drafters, PoolContext(ctx, target, target_lm, file, seed))
-    if option_value(policy_config.name, policy_config.options, "allow_none"):
-        drafters.append(PlainDecoding(ctx))
+    if not plain and option_value(policy_config.name, policy_config.options, "allow_none"):
+        drafters.append(PlainDecoding(ctx))  # the "none" arm: a plain round when nothing pays off
     policy = build_policy(policy_config.name, policy_config.options, [d.name for d in drafters], seed=seed,
                           draft_tokens=profile.decode.draft_tokens, horizon=profile.decode.max_new_tokens)
     settings = EngineSettings(

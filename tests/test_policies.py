@@ -247,11 +247,17 @@ def test_sampled_evaluation_scores_few_rounds_while_the_leader_holds():
         return [[[0.9] * r.count, [0.1] * r.count, [0.2] * r.count] for r in rounds]
 
     driver.start_prompt(evaluator)
+    batches = []
     for t in range(200):
         plan = driver.choose(t)
         fb = RoundFeedback(plan.arm, plan.draft_tokens, 1, [1.0, 0.0], 0.02, draft_seconds=0.01, verify_seconds=0.01)
-        driver.finish_round(RoundOutcome(fb, t, 2), last=t == 199)
+        learned = driver.finish_round(RoundOutcome(fb, t, 2), last=t == 199)
+        if learned.evaluated:
+            batches.append((t, len(learned.evaluated)))
     assert len(scored) < 40  # about 200 / 16 once arm 0 leads, not 200
+    assert all(size == 1 for _, size in batches)  # each scored round alone, right when it is due
+    gaps = [b[0] - a[0] for a, b in zip(batches, batches[1:])]
+    assert gaps[:5] == [1, 2, 4, 8, 16]
     assert policy.distribution()[0] > 0.9
 
 

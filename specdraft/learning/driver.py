@@ -93,9 +93,11 @@ class PolicyDriver:
                 self.policy.observe(outcome.feedback)
                 return NOTHING_LEARNED
             self.skipped = 0
-        self.pending.append(outcome)
-        if not last and len(self.pending) < self.policy.evaluation_interval():
-            return NOTHING_LEARNED
+            self.pending.append(outcome)  # scored now, alone
+        else:
+            self.pending.append(outcome)
+            if not last and len(self.pending) < self.policy.evaluation_interval():
+                return NOTHING_LEARNED
         start = time.perf_counter()
         scored = self.evaluator(self.pending)
         evaluate_s = time.perf_counter() - start
