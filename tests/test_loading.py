@@ -232,3 +232,18 @@ def test_the_command_line_says_once_what_the_first_load_does(gguf, tmp_path):
     assert first.stderr == f"converting tiny.gguf once (~5 s), cached at {entry(gguf)}\n"
     second = CliRunner().invoke(app, ["generate", "--pool", str(pool), "hi"])
     assert second.exit_code == 0 and second.stderr == ""
+
+
+def test_a_conversion_with_unloaded_weights_is_refused_with_their_name(tmp_path):
+    """Seen once on a fresh machine: a GGUF-loaded model's tied head still on the meta
+    device at save time, failing with `Cannot copy out of meta tensor`. The converter ties
+    the weights again and, if any is still unloaded, says which, as a profile error."""
+    import torch
+
+    from specdraft.models.gguf_cache import _materialize_tied_weights
+
+    model = tiny_llama()  # untied head: tying again cannot fill it
+    model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.lm_head.weight, device="meta"))
+    with pytest.raises(ProfileError, match="m.gguf left 1 weights unloaded .first: lm_head.weight"):
+        _materialize_tied_weights(model, tmp_path / "m.gguf", "p.toml", "target")
+    _materialize_tied_weights(tiny_llama(), tmp_path / "m.gguf", "p.toml", "target")  # nothing to do
