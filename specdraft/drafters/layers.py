@@ -76,8 +76,7 @@ class LayersDrafter(ModelDrafter):
 
     def __init__(self, name: str, ctx: DraftContext, target: CachedLM, layers: int, stop_below: float | None = None):
         view = truncated_view(target.model, layers)
-        super().__init__(name, ctx, view, stop_below)
-        self.lm = TargetPrefix(target, view, layers, ctx.vocab_size)
+        super().__init__(name, ctx, view, stop_below, lm=TargetPrefix(target, view, layers, ctx.vocab_size))
         self.layers = layers
         self._softcap = getattr(view.config, "final_logit_softcapping", None)
 
@@ -91,10 +90,8 @@ class LayersDrafter(ModelDrafter):
     def _end_draft(self, context: Sequence[int], fed: int) -> None:
         self.lm.release()  # the verify recomputes these positions in every layer
 
-    def on_commit(self, n_accepted: int) -> None:
-        if self._confidences:
-            self.calibration.observe(self._confidences, n_accepted)
-            self._confidences = []
+    def _keep(self, n_accepted: int) -> None:
+        """Nothing to roll back: the draft positions left the target's cache in `_end_draft`."""
 
     @property
     def hidden_layers(self) -> tuple[int, ...]:
@@ -107,15 +104,12 @@ class LayersDrafter(ModelDrafter):
             raise ValueError(f"the layers drafter {self.name!r} is scored from the target's layer-{self.layers} "
                              "hidden states, and none were handed over")
         states = hidden[self.layers][:count]
-        logits = self.model.lm_head(self.model.model.norm(states))
+        view = self.lm.model
+        logits = view.lm_head(view.model.norm(states))
         if self._softcap:  # models that cap their logits (Gemma) do it after the head
             logits = torch.tanh(logits / self._softcap) * self._softcap
         logits = fit_logits(logits, self.ctx.vocab_size)
         return overlap(target_probs, distributions(logits, self.ctx.params).to(target_probs.device))
-
-    @property
-    def model(self) -> torch.nn.Module:
-        return self.lm.model
 
 
 def truncated_view(target: torch.nn.Module, layers: int) -> torch.nn.Module:

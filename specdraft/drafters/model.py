@@ -29,9 +29,11 @@ class ModelDrafter(Drafter):
     kind = "model"
     draft_alignment_is_score = True
 
-    def __init__(self, name: str, ctx: DraftContext, model: torch.nn.Module, stop_below: float | None = None):
+    def __init__(self, name: str, ctx: DraftContext, model: torch.nn.Module, stop_below: float | None = None,
+                 lm: CachedLM | None = None):
         super().__init__(name, ctx)
-        self.lm = CachedLM(model, logits_size=ctx.vocab_size)
+        # The model with the cache it drafts over: its own, unless a kind hands one in.
+        self.lm = lm if lm is not None else CachedLM(model, logits_size=ctx.vocab_size)
         self.stop_below = stop_below
         self.calibration = ConfidenceCalibration()  # kept across prompts: it describes the pair
         self._confidences: list[float] = []  # of the last draft's tokens, when stopping was on
@@ -72,22 +74,16 @@ class ModelDrafter(Drafter):
         for j in range(k):
             q = distributions(logits, params)
             token = logits.argmax(dim=-1) if params.greedy else sample(q, generator)  # [1]
-            # The first token is the plan's (the policy's K already judged it worth drafting);
-            # the confidence prunes the tail, so a stop never wastes the forward it needed.
-            if stopping and j > 0:
+            if stopping:
                 confidence = self._confidence(logits, q)
-                if self.stop_below is not None:
-                    if confidence < self.stop_below:
-                        break
-                else:
-                    acceptance = self.calibration.acceptance(confidence)
-                    if not worth_drafting(survive, acceptance, stop_price):
-                        break
-                    survive *= acceptance
-                self._confidences.append(confidence)
-            elif stopping:
-                confidence = self._confidence(logits, q)
-                survive = self.calibration.acceptance(confidence)
+                acceptance = self.calibration.acceptance(confidence)
+                # The first token is the plan's (the policy's K already judged it worth
+                # drafting); the confidence prunes the tail, so a stop never wastes the
+                # forward it needed.
+                if j > 0 and (confidence < self.stop_below if self.stop_below is not None
+                              else not worth_drafting(survive, acceptance, stop_price)):
+                    break
+                survive *= acceptance
                 self._confidences.append(confidence)
             tokens.append(token)
             probs.append(q)
@@ -125,7 +121,10 @@ class ModelDrafter(Drafter):
         if self._confidences:
             self.calibration.observe(self._confidences, n_accepted)
             self._confidences = []
-        # Keep the committed context plus the accepted drafts it already consumed.
+        self._keep(n_accepted)
+
+    def _keep(self, n_accepted: int) -> None:
+        """Roll the cache back to the committed context plus the accepted drafts it consumed."""
         self.lm.crop(self._drafted_from + min(n_accepted, self._fed_drafts))
 
     def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
