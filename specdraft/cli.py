@@ -133,6 +133,26 @@ def calibrate_beta(
     _run(console, verbose, lambda: run_calibrate(options, console))
 
 
+datastore_app = typer.Typer(no_args_is_help=True, help="Datastores the suffix drafter drafts from.")
+app.add_typer(datastore_app, name="datastore")
+
+
+@datastore_app.command("build")
+def datastore_build(
+    pool: Pool,
+    files: Annotated[list[str], typer.Argument(help="Text, JSONL or source files, or folders of them.", show_default=False)],
+    out: Annotated[str, typer.Option(help="Folder to write the datastore to.", show_default=False)],
+    depth: Annotated[int, typer.Option(help="Longest context suffix the store can match, in tokens.")] = 32,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Tokenize files with the pool's target tokenizer into a store that suffix drafters read (their store key)."""
+    from specdraft.commands.datastore import DatastoreOptions, run_datastore_build
+
+    console = err_console()
+    options = _options(DatastoreOptions, locals())
+    _run(console, verbose, lambda: run_datastore_build(options, console))
+
+
 def _options(cls, values: dict):
     """The command's options object from its parameters (`locals()`): every dataclass field
     is a parameter of the same name, so adding an option is one line in each place."""

@@ -9,7 +9,8 @@ import torch
 from specdraft.models.cached_lm import CachedLM
 from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
 from specdraft.decoding.sampling import SamplingParams
-from specdraft.drafters import DraftContext, ModelDrafter, NgramDrafter
+from specdraft.drafters import DraftContext, ModelDrafter, NgramDrafter, SuffixDrafter
+from specdraft.drafters.options import SuffixOptions
 from specdraft.drafters.layers import LayersDrafter, truncated_view
 from specdraft.learning.policies.base import Policy
 from specdraft.learning.policies.simple import FixedPolicy, RandomPolicy
@@ -44,6 +45,7 @@ def pool(target):
         ModelDrafter("small", ctx, tiny_llama(seed=1, layers=1)),
         ModelDrafter("half", ctx, truncated_view(target, 2)),
         ModelDrafter("twin", ctx, target),  # identical to the target: everything is accepted
+        SuffixDrafter("suffix", ctx, SuffixOptions()),  # also drafts from the earlier prompts of the module
     ]
 
 

@@ -234,16 +234,23 @@ def test_the_command_line_says_once_what_the_first_load_does(gguf, tmp_path):
     assert second.exit_code == 0 and second.stderr == ""
 
 
-def test_a_conversion_with_unloaded_weights_is_refused_with_their_name(tmp_path):
-    """Seen once on a fresh machine: a GGUF-loaded model's tied head still on the meta
-    device at save time, failing with `Cannot copy out of meta tensor`. The converter ties
-    the weights again and, if any is still unloaded, says which, as a profile error."""
+def test_a_tied_head_is_tied_to_the_embedding_and_unloaded_weights_are_named(tmp_path):
+    """Fresh CI runs saw a GGUF-loaded model with `tie_word_embeddings` whose head was not
+    the embedding (on the meta device, or random): the converter ties it itself, and names
+    any weight still unloaded in a profile error."""
     import torch
 
-    from specdraft.models.gguf_cache import _materialize_tied_weights
+    from specdraft.models.gguf_cache import tie_absent_head
 
-    model = tiny_llama()  # untied head: tying again cannot fill it
-    model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.lm_head.weight, device="meta"))
+    tied = tiny_llama()
+    tied.config.tie_word_embeddings = True
+    tied.lm_head.weight = torch.nn.Parameter(torch.empty_like(tied.lm_head.weight, device="meta"))
+    tie_absent_head(tied, tmp_path / "m.gguf", "p.toml", "target")
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight
+    untied = tiny_llama()  # its own head: never replaced by the embedding
+    head = untied.lm_head.weight
+    tie_absent_head(untied, tmp_path / "m.gguf", "p.toml", "target")
+    assert untied.lm_head.weight is head
+    untied.lm_head.weight = torch.nn.Parameter(torch.empty_like(head, device="meta"))
     with pytest.raises(ProfileError, match="m.gguf left 1 weights unloaded .first: lm_head.weight"):
-        _materialize_tied_weights(model, tmp_path / "m.gguf", "p.toml", "target")
-    _materialize_tied_weights(tiny_llama(), tmp_path / "m.gguf", "p.toml", "target")  # nothing to do
+        tie_absent_head(untied, tmp_path / "m.gguf", "p.toml", "target")

@@ -14,7 +14,8 @@ from specdraft.models.cached_lm import CachedLM
 from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
 from specdraft.decoding.sampling import SamplingParams, sampling_probs
 from specdraft.decoding.verify import verify_sampling
-from specdraft.drafters import DraftContext, ModelDrafter, NgramDrafter
+from specdraft.drafters.options import SuffixOptions
+from specdraft.drafters import SuffixDrafter, DraftContext, ModelDrafter, NgramDrafter
 from specdraft.drafters.layers import LayersDrafter, truncated_view
 from specdraft.learning.policies.simple import FixedPolicy, RandomPolicy
 from tiny import tiny_llama
@@ -75,7 +76,9 @@ def test_generated_sequences_follow_the_target(params):
     drafters = [ModelDrafter("small", ctx, tiny_llama(seed=5, vocab=vocab, layers=1, scale=8.0)),
                 NgramDrafter("lookup", ctx, 1, 2),
                 LayersDrafter("half", ctx, target_lm, 1),  # drafts over the target's own cache
-                ModelDrafter("own-cache", ctx, truncated_view(target, 1))]
+                ModelDrafter("own-cache", ctx, truncated_view(target, 1)),
+                # drafts from the earlier draws' outputs too: deterministic given them, so still exact
+                SuffixDrafter("suffix", ctx, SuffixOptions(min_prob=0.0))]
     policy = RandomPolicy([d.name for d in drafters], seed=2)
     engine = SpeculativeEngine(target_lm, drafters, policy, EngineSettings(3, 3, params), gen)
     pairs, thirds, n_draws = Counter(), Counter(), 1500

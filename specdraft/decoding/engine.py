@@ -105,34 +105,38 @@ class SpeculativeEngine:
 
     def generate(self, prompt_ids: Sequence[int]) -> Iterator[RoundRecord]:
         state = self._start(prompt_ids)
-        while state.produced < self.settings.max_new_tokens:
-            watch = Stopwatch()
-            plan = self.driver.choose(state.produced)
-            arm, k = plan.arm, plan.draft_tokens
-            drafter = self.drafters[arm]
-            watch.lap("overhead")
-            draft = drafter.propose(state.context, k, plan.stop_price) if k > 0 else drafter.empty_draft()
-            watch.lap("draft")
-            verified = self._verify(state.next_input, draft)
-            watch.lap("verify")
-            start = len(state.context)
-            tokens, finish = self._commit(state, drafter, verified)
-            feedback = RoundFeedback(arm, len(verified.alphas), verified.accepted, verified.alphas, watch.elapsed,
-                                     draft_seconds=max(0.0, watch["draft"] - draft.catch_up_seconds),
-                                     verify_seconds=watch["verify"])
-            evidence = self._evidence(verified, len(tokens)) if self.driver.full_information else None
-            learned = self.driver.finish_round(RoundOutcome(feedback, start, len(tokens), evidence),
-                                               last=finish is not None)
-            watch.lap("overhead")
-            watch.move(learned.evaluate_s, "overhead", "evaluate")
-            yield RoundRecord(arm=arm, drafter=drafter.name, drafted=feedback.drafted, accepted=verified.accepted,
-                              tokens=tokens, alphas=verified.alphas, draft_s=watch["draft"],
-                              verify_s=watch["verify"], overhead_s=watch["overhead"],
-                              evaluate_s=watch["evaluate"], finish=finish, evaluated=learned.evaluated or None,
-                              planned=k, expected_tokens=plan.expected_tokens,
-                              expected_seconds=plan.expected_seconds)
-            if finish:
-                return
+        try:
+            while state.produced < self.settings.max_new_tokens:
+                watch = Stopwatch()
+                plan = self.driver.choose(state.produced)
+                arm, k = plan.arm, plan.draft_tokens
+                drafter = self.drafters[arm]
+                watch.lap("overhead")
+                draft = drafter.propose(state.context, k, plan.stop_price) if k > 0 else drafter.empty_draft()
+                watch.lap("draft")
+                verified = self._verify(state.next_input, draft)
+                watch.lap("verify")
+                start = len(state.context)
+                tokens, finish = self._commit(state, drafter, verified)
+                feedback = RoundFeedback(arm, len(verified.alphas), verified.accepted, verified.alphas, watch.elapsed,
+                                         draft_seconds=max(0.0, watch["draft"] - draft.catch_up_seconds),
+                                         verify_seconds=watch["verify"])
+                evidence = self._evidence(verified, len(tokens)) if self.driver.full_information else None
+                learned = self.driver.finish_round(RoundOutcome(feedback, start, len(tokens), evidence),
+                                                   last=finish is not None)
+                watch.lap("overhead")
+                watch.move(learned.evaluate_s, "overhead", "evaluate")
+                yield RoundRecord(arm=arm, drafter=drafter.name, drafted=feedback.drafted, accepted=verified.accepted,
+                                  tokens=tokens, alphas=verified.alphas, draft_s=watch["draft"],
+                                  verify_s=watch["verify"], overhead_s=watch["overhead"],
+                                  evaluate_s=watch["evaluate"], finish=finish, evaluated=learned.evaluated or None,
+                                  planned=k, expected_tokens=plan.expected_tokens,
+                                  expected_seconds=plan.expected_seconds)
+                if finish:
+                    return
+        finally:  # also when the caller stops early: what was generated is still text
+            for drafter in self.drafters:
+                drafter.end_prompt(state.context)
 
     def _start(self, prompt_ids: Sequence[int]) -> _Prompt:
         """Reset every cache and the policy (as it asks), and prefill the prompt."""

@@ -11,6 +11,7 @@ from typing import Any
 _NAMES = {
     "Draft": "base", "DraftContext": "base", "Drafter": "base", "PoolContext": "base", "TrajectoryScores": "base",
     "PlainDecoding": "none", "ModelDrafter": "model", "NgramDrafter": "ngram", "LayersDrafter": "layers",
+    "SuffixDrafter": "suffix",
     "truncated_view": "layers",
 }
 

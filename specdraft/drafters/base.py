@@ -106,6 +106,10 @@ class Drafter(ABC):
     def on_commit(self, n_accepted: int) -> None:
         """After a round this drafter drafted: `n_accepted` of its tokens were kept."""
 
+    def end_prompt(self, context: Sequence[int]) -> None:
+        """The prompt is done: `context` is it and everything generated (a drafter that
+        learns from earlier text records it here)."""
+
     @abstractmethod
     def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
               hidden: Hidden | None = None) -> torch.Tensor:

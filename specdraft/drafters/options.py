@@ -34,6 +34,19 @@ class LayersOptions:
     stop_below: float | None = None
 
 
+@dataclass(frozen=True)
+class SuffixOptions:
+    prompt: bool = True  # match the current prompt and output
+    history: bool = True  # match earlier prompts and outputs of this process
+    store: Path | None = None  # a datastore from `specdraft datastore build`
+    learn: bool = False  # grow a store under the cache folder across runs, and match it
+    learn_max_tokens: int = 5_000_000  # the learned store's bound; the oldest text goes first
+    max_match: int = 32  # longest context suffix matched (also the index depth of learned text)
+    min_match: int = 1
+    min_prob: float = 0.1  # stop once the draft's estimated chance of surviving falls below
+    spec_factor: float = 4.0  # draft at most this many tokens per matched token
+
+
 def parse_ngram(table: Table, base: Path) -> NgramOptions:
     min_n, max_n = table.get("min_ngram", int, 1), table.get("max_ngram", int, 3)
     if min_n < 1:
@@ -62,6 +75,38 @@ def parse_layers(table: Table, base: Path) -> LayersOptions:
     return LayersOptions(layers, stop_below)
 
 
+def parse_suffix(table: Table, base: Path) -> SuffixOptions:
+    defaults = SuffixOptions()
+    flags = {key: table.get(key, bool, getattr(defaults, key)) for key in ("prompt", "history", "learn")}
+    store = table.get("store", str)
+    store_path = None
+    if store is not None:
+        if not store:
+            raise table.error("store", "is empty; give the folder `specdraft datastore build --out` wrote")
+        store_path = Path(store).expanduser()
+        store_path = store_path if store_path.is_absolute() else base / store_path
+    if not (flags["prompt"] or flags["history"] or flags["learn"] or store_path):
+        raise table.error("prompt", "every source is off (prompt, history, learn, store): nothing to draft from")
+    learn_max = table.get("learn_max_tokens", int, defaults.learn_max_tokens)
+    if learn_max < 1000:
+        raise table.error("learn_max_tokens", f"must be at least 1000 (got {learn_max})")
+    max_match = table.get("max_match", int, defaults.max_match)
+    if not 1 <= max_match <= 256:
+        raise table.error("max_match", f"must be in 1..256 (got {max_match})")
+    min_match = table.get("min_match", int, defaults.min_match)
+    if not 1 <= min_match <= max_match:
+        raise table.error("min_match", f"must be in 1..max_match = {max_match} (got {min_match})")
+    min_prob = float(table.get("min_prob", (float, int), defaults.min_prob))
+    if not 0 <= min_prob < 1:
+        raise table.error("min_prob", f"must be in [0, 1) (got {min_prob})")
+    spec_factor = float(table.get("spec_factor", (float, int), defaults.spec_factor))
+    if spec_factor <= 0:
+        raise table.error("spec_factor", f"must be positive (got {spec_factor})")
+    table.finish()
+    return SuffixOptions(flags["prompt"], flags["history"], store_path, flags["learn"], learn_max, max_match,
+                         min_match, min_prob, spec_factor)
+
+
 def _stop_below(table: Table) -> float | None:
     """`stop_below`: a fixed confidence under which drafting stops; absent = learned."""
     value = table.get("stop_below", (float, int))
@@ -71,4 +116,4 @@ def _stop_below(table: Table) -> float | None:
 
 
 # kind name -> its parser; the classes behind the names are in registry.py
-PARSERS = {"model": parse_model, "ngram": parse_ngram, "layers": parse_layers}
+PARSERS = {"model": parse_model, "ngram": parse_ngram, "layers": parse_layers, "suffix": parse_suffix}

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 # kind name -> (module, class): imported on first use
 _CLASSES = {"model": ("specdraft.drafters.model", "ModelDrafter"),
             "ngram": ("specdraft.drafters.ngram", "NgramDrafter"),
-            "layers": ("specdraft.drafters.layers", "LayersDrafter")}
+            "layers": ("specdraft.drafters.layers", "LayersDrafter"),
+            "suffix": ("specdraft.drafters.suffix", "SuffixDrafter")}
 KINDS = tuple(PARSERS)
 
 

@@ -170,6 +170,8 @@ def trace_prompt(runtime: Runtime, example: Example, prompt_len: int, context: l
     target_logits = runtime.engine.target.uncached_logits(context)[prompt_len - 1 : prompt_len - 1 + n]  # [n, V]
     p = distributions(target_logits, runtime.engine.settings.sampling)  # [n, V]
     scores = {d.name: d.trajectory_scores(context, prompt_len, p, k) for d in runtime.drafters}
+    for drafter in runtime.drafters:  # as in a live run: later prompts may draft from this one
+        drafter.end_prompt(context)
     return PromptTrace(example.id, example.task, prompt_len, context[prompt_len:], scores)
 
 

@@ -133,13 +133,16 @@ def remove_stale_partials(root: Path) -> None:
             shutil.rmtree(partial, ignore_errors=True)
 
 
-def _materialize_tied_weights(model: Any, gguf: Path, file: str, key: str) -> None:
-    """A GGUF holds a tied head once (as the embedding); the head is tied after loading.
-    Seen once in a fresh environment: the head still on the meta device at save time
-    (`Cannot copy out of meta tensor`). Tie again, and refuse clearly if that is not it."""
-    if not any(p.is_meta for p in model.parameters()):
-        return
-    model.tie_weights()
+def tie_absent_head(model: Any, gguf: Path, file: str, key: str) -> None:
+    """A GGUF without `output.weight` shares the embedding as its head (transformers then
+    sets `tie_word_embeddings`). transformers ties them while loading, but not reliably:
+    fresh CI runs saved an untied head, on the meta device or randomly initialized (rarely,
+    nondeterministically). Tie it here, always, and refuse clearly if any weight is still
+    unloaded."""
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    if getattr(model.config, "tie_word_embeddings", False) and head is not None and embedding is not None \
+            and head.weight.shape == embedding.weight.shape:
+        head.weight = embedding.weight
     missing = [name for name, p in model.named_parameters() if p.is_meta]
     if missing:
         raise ProfileError(file, key, f"converting {gguf.name} left {len(missing)} weights unloaded "
@@ -153,7 +156,7 @@ def _convert(gguf: Path, folder: Path, file: str, key: str, load: Callable[[Path
         model, tokenizer = load(gguf)
     except (OSError, ValueError, KeyError) as exc:
         raise ProfileError(file, key, f"cannot read GGUF file {gguf}: {_first_line(exc)}") from None
-    _materialize_tied_weights(model, gguf, file, key)
+    tie_absent_head(model, gguf, file, key)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".partial-{_host()}-{os.getpid()}-"))
     try:
         save_model(model, str(staging / "model.safetensors"))  # dedups tied embeddings

@@ -115,6 +115,29 @@ def load_model(spec: ModelSpec, file: str, key: str) -> LoadedModel:
     return LoadedModel(model, tokenizer, spec.describe())
 
 
+def load_tokenizer(spec: ModelSpec, file: str, key: str) -> Any:
+    """Only the tokenizer of `spec` (a GGUF is converted once first, as a model load would)."""
+    from transformers import AutoTokenizer
+
+    location, gguf_name = resolve_location(spec, file, key)
+    _quiet_transformers()
+    if gguf_name:
+        folder = gguf_cache.converted_gguf(Path(location) / gguf_name, file, key, _read_gguf)
+        location = str(folder) if folder is not None else location
+        extra = {} if folder is not None else {"gguf_file": gguf_name}
+    else:
+        extra = {}
+    offline = bool(gguf_name) or not spec.allow_download
+    try:
+        with _hub_offline(offline):
+            return AutoTokenizer.from_pretrained(location, trust_remote_code=spec.trust_remote_code,
+                                                 local_files_only=offline, **extra)
+    except OSError as exc:
+        raise _load_error(spec, file, key, exc) from None
+    except ValueError as exc:
+        raise ProfileError(file, key, f"cannot load the tokenizer of {spec.describe()}: {_first_line(exc)}") from None
+
+
 def _from_pretrained(location: str, dtype: torch.dtype, kwargs: dict, **extra: Any) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -133,8 +156,11 @@ def _load_gguf(gguf: Path, dtype: torch.dtype, kwargs: dict, file: str, key: str
         try:
             with _hub_offline(True):
                 if folder is None:
-                    return _from_pretrained(str(gguf.parent), dtype, kwargs, gguf_file=gguf.name)
-                return _from_pretrained(str(folder), dtype, kwargs)
+                    tokenizer, model = _from_pretrained(str(gguf.parent), dtype, kwargs, gguf_file=gguf.name)
+                else:
+                    tokenizer, model = _from_pretrained(str(folder), dtype, kwargs)
+                gguf_cache.tie_absent_head(model, gguf, file, key)  # transformers' own tying is not reliable here
+                return tokenizer, model
         except Exception as exc:
             if folder is None:
                 raise ProfileError(file, key, f"cannot read GGUF file {gguf}: {_first_line(exc)}") from None

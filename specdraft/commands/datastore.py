@@ -1,0 +1,145 @@
+"""`specdraft datastore build`: text, JSONL and source files tokenized with the target's
+tokenizer into a suffix-drafter store (drafters/datastore.py).
+
+Folders are walked for text files; a JSONL line contributes its text fields (`text`,
+`prompt`, `completion`, ...; else every string value) as one document; any other file is
+one document. A file that is not UTF-8 or a line that is not JSON is reported and skipped.
+The output folder is replaced only when it already holds a datastore, never another folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from rich.console import Console
+
+from specdraft.commands.io import EXIT_OK, warner
+from specdraft.errors import UsageError
+
+TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".pyi", ".c", ".h", ".cc", ".cpp", ".hpp", ".rs", ".go", ".java",
+                 ".js", ".ts", ".tsx", ".jsx", ".rb", ".sh", ".toml", ".yaml", ".yml", ".json", ".jsonl", ".ndjson",
+                 ".html", ".css", ".sql", ".tex", ".csv", ".kt", ".swift", ".scala", ".lua", ".php", ".cs"}
+TEXT_FIELDS = ("text", "prompt", "completion", "response", "output", "answer", "canonical_solution", "content")
+BATCH_CHARS = 4_000_000
+
+
+@dataclass
+class DatastoreOptions:
+    pool: str
+    files: list[str]
+    out: str
+    depth: int = 32
+
+
+def run_datastore_build(opts: DatastoreOptions, console: Console) -> int:
+    if not 1 <= opts.depth <= 256:
+        raise UsageError(f"--depth: must be in 1..256 (got {opts.depth})")
+    out = Path(opts.out)
+    _check_out(out)
+    paths = list(_walk(opts.files))
+    if not paths:
+        raise UsageError("no text files found in " + ", ".join(opts.files))
+    from specdraft.config.profile import load_profile
+    from specdraft.drafters.datastore import tokenizer_fingerprint, write_store
+    from specdraft.drafters.suffix_index import concatenate
+    from specdraft.models.loading import load_tokenizer
+
+    profile = load_profile(opts.pool)
+    tokenizer = load_tokenizer(profile.target, str(profile.file), "target")
+    warn = warner(console)
+    started = time.perf_counter()
+    documents: list[list[int]] = []
+    batch: list[str] = []
+    size = 0
+    for text in _documents(paths, warn):
+        batch.append(text)
+        size += len(text)
+        if size >= BATCH_CHARS:
+            documents += tokenizer(batch, add_special_tokens=False)["input_ids"]
+            batch, size = [], 0
+    if batch:
+        documents += tokenizer(batch, add_special_tokens=False)["input_ids"]
+    documents = [d for d in documents if d]
+    if not documents:
+        raise UsageError("the files hold no text to index")
+    tokenized = time.perf_counter()
+    text = concatenate(documents)
+    del documents
+    index = write_store(out, text, opts.depth, tokenizer_fingerprint(tokenizer),
+                        {"target": profile.target.describe(), "files": len(paths)})
+    indexed = time.perf_counter()
+    disk = sum(f.stat().st_size for f in out.iterdir()) / 2**20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+    console.print(f"{out}: {index.tokens:,} tokens from {len(paths)} files; tokenized in "
+                  f"{tokenized - started:.1f} s, indexed in {indexed - tokenized:.1f} s; {disk:.1f} MiB on disk, "
+                  f"peak memory {peak:.0f} MiB", markup=False)
+    return EXIT_OK
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: is a file; give a folder for the datastore")
+    if out.is_dir() and any(out.iterdir()) and not (out / "meta.json").exists():
+        raise UsageError(f"--out {out}: folder exists and is not a datastore; refusing to replace it")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"--out {out}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"--out {out}: folder {parent} is not writable")
+
+
+def _walk(items: list[str]) -> Iterator[Path]:
+    for item in items:
+        path = Path(item)
+        if path.is_dir():
+            for found in sorted(path.rglob("*")):
+                if found.is_file() and found.suffix.lower() in TEXT_SUFFIXES:
+                    yield found
+        elif path.is_file():
+            yield path
+        else:
+            raise UsageError(f"{item}: no such file or folder")
+
+
+def _documents(paths: list[Path], warn: Callable[[str], None]) -> Iterator[str]:
+    for path in paths:
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            warn(f"{path}: skipped: not UTF-8 text")
+            continue
+        except OSError as exc:
+            warn(f"{path}: skipped: {exc.strerror or exc}")
+            continue
+        if path.suffix.lower() in (".jsonl", ".ndjson"):
+            yield from _jsonl_documents(path, text, warn)
+        elif text.strip():
+            yield text
+
+
+def _jsonl_documents(path: Path, text: str, warn: Callable[[str], None]) -> Iterator[str]:
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            warn(f"{path}:{number}: skipped: not JSON ({exc.msg})")
+            continue
+        if isinstance(row, str):
+            yield row
+            continue
+        if not isinstance(row, dict):
+            warn(f"{path}:{number}: skipped: neither an object nor a string")
+            continue
+        fields = [row[k] for k in TEXT_FIELDS if isinstance(row.get(k), str)]
+        fields = fields or [v for v in row.values() if isinstance(v, str)]
+        if fields:
+            yield "\n".join(fields)

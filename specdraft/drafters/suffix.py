@@ -1,0 +1,189 @@
+"""The `suffix` drafter (SuffixDecoding, REST): continue the context the way text that
+ended like it continued before, in this prompt, in earlier prompts of this process, in a
+datastore built from files, or in what earlier runs generated (`learn = true`).
+
+Each source finds the longest suffix of the context it holds (suffix_index.py); the
+sources with the longest match vote with every occurrence on the next token, the most
+frequent wins and the occurrences that did not continue with it drop out. The running
+product of the winners' frequencies is the draft's confidence (SuffixDecoding's score):
+drafting stops when it falls below `min_prob`, below the round's early-stop price, or
+after `spec_factor` x the match length, so a long confident match drafts many tokens and a
+weak one few or none. Drafting is on the host and deterministic (q one-hot), so
+full-information scoring is free and acceptance stays lossless under sampling.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from specdraft.drafters.base import Draft, DraftContext, Drafter, Hidden, PoolContext, TrajectoryScores
+from specdraft.drafters.datastore import LearnedStore, StoreError, open_store, tokenizer_fingerprint
+from specdraft.drafters.options import SuffixOptions
+from specdraft.drafters.suffix_index import ContextIndex, Occurrences, SuffixIndex, continue_occurrences
+from specdraft.errors import ProfileError
+
+log = logging.getLogger("specdraft")
+
+
+class ProcessHistory:
+    """Earlier prompts and outputs, indexed in two levels so adding one stays cheap: a small
+    recent index rebuilt per document, folded into the main one once it reaches a quarter of it
+    (amortised O(log) rebuilds per token)."""
+
+    def __init__(self, depth: int, documents: Sequence[Sequence[int]] = ()):
+        self.depth = depth
+        self.main: SuffixIndex | None = None
+        self.main_docs: list[np.ndarray] = []
+        self.recent: SuffixIndex | None = None
+        self.recent_docs: list[np.ndarray] = []
+        for document in documents:
+            self.recent_docs.append(np.asarray(document, dtype=np.int32))
+        self._rebuild()
+
+    def add(self, document: Sequence[int]) -> None:
+        self.recent_docs.append(np.asarray(document, dtype=np.int32))
+        self._rebuild()
+
+    @property
+    def indexes(self) -> list[SuffixIndex]:
+        return [i for i in (self.main, self.recent) if i is not None]
+
+    def _rebuild(self) -> None:
+        recent_size = sum(len(d) for d in self.recent_docs)
+        if recent_size * 4 >= sum(len(d) for d in self.main_docs) and self.main_docs:
+            self.main_docs += self.recent_docs
+            self.recent_docs = []
+            self.main = SuffixIndex.from_documents(self.main_docs, self.depth)
+        elif not self.main_docs and self.recent_docs:
+            self.main_docs, self.recent_docs = self.recent_docs, []
+            self.main = SuffixIndex.from_documents(self.main_docs, self.depth)
+        self.recent = SuffixIndex.from_documents(self.recent_docs, self.depth) if self.recent_docs else None
+
+
+class SuffixDrafter(Drafter):
+    kind = "suffix"
+
+    @classmethod
+    def build(cls, name: str, options: SuffixOptions, pool: PoolContext, key: str) -> "SuffixDrafter":
+        fingerprint = tokenizer_fingerprint(pool.target.tokenizer) if options.store or options.learn else ""
+        store = None
+        if options.store is not None:
+            try:
+                store = open_store(options.store, fingerprint)
+            except StoreError as exc:
+                raise ProfileError(pool.file, f"{key}.store", str(exc)) from None
+        learned = None
+        if options.learn:
+            from specdraft.models.gguf_cache import cache_dir
+
+            learned = LearnedStore(cache_dir() / "suffix" / fingerprint[:16], fingerprint, options.max_match,
+                                   options.learn_max_tokens)
+        return cls(name, pool.draft, options, store=store, learned=learned)
+
+    def __init__(self, name: str, ctx: DraftContext, options: SuffixOptions, store: SuffixIndex | None = None,
+                 learned: LearnedStore | None = None):
+        super().__init__(name, ctx)
+        self.options = options
+        self.context_index = ContextIndex()
+        self.stores = [store] if store is not None else []
+        self.learned = learned
+        pending: list[np.ndarray] = []
+        if learned is not None:
+            try:
+                base, pending = learned.open()
+            except OSError as exc:  # an unwritable cache: draft without what earlier runs wrote
+                log.warning("suffix drafter %s: learned store %s unusable (%s)", name, learned.root, exc)
+                base, self.learned = None, None
+            if base is not None:
+                self.stores.append(base)
+        keep_history = options.history or learned is not None
+        self.history = ProcessHistory(options.max_match, pending) if keep_history else None
+
+    # --- the round -------------------------------------------------------------------
+
+    def reset(self) -> None:
+        self.context_index = ContextIndex()
+
+    def propose(self, context: Sequence[int], k: int, stop_price: float | None = None) -> Draft:
+        tokens = self._draft(context, len(context), k, stop_price)
+        return Draft(torch.tensor(tokens, dtype=torch.long, device=self.ctx.device), None)
+
+    def proposes_at(self, context: Sequence[int], position: int) -> bool:
+        return bool(self._draft(context, position, 1, None))
+
+    def end_prompt(self, context: Sequence[int]) -> None:
+        if self.history is not None and self.options.history:
+            self.history.add(context)
+        if self.learned is not None:
+            try:
+                self.learned.append(context)
+            except OSError as exc:
+                log.warning("suffix drafter %s: cannot record to %s (%s); learning stops for this run",
+                            self.name, self.learned.root, exc)
+                self.learned = None
+
+    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
+              hidden: Hidden | None = None) -> torch.Tensor:
+        # Each position is scored by the one token a fresh lookup there would propose.
+        proposals = []
+        for position in range(start, start + count):
+            first = self._draft(context, position, 1, None)
+            proposals.append(first[0] if first else -1)
+        tokens = torch.tensor(proposals, dtype=torch.long, device=target_probs.device)
+        picked = target_probs.gather(-1, tokens.clamp_min(0).view(-1, 1)).squeeze(-1)
+        return torch.where(tokens >= 0, picked, torch.zeros_like(picked))
+
+    def trajectory_scores(self, context: list[int], prompt_len: int, target_probs: torch.Tensor,
+                          k: int) -> TrajectoryScores:
+        n = len(context) - prompt_len
+        scores = TrajectoryScores([], [], [], [])
+        for t in range(n):
+            position = prompt_len + t
+            proposal = self._draft(context, position, k, None)
+            r = 0
+            while r < len(proposal) and t + r < n and proposal[r] == context[position + r]:
+                r += 1
+            rows = [(t + j, token) for j, token in enumerate(proposal) if t + j < n]
+            values = target_probs[[i for i, _ in rows], [tok for _, tok in rows]].tolist() if rows else []
+            scores.drafted.append(len(proposal))
+            scores.run.append(r)
+            scores.span.append(values)
+            scores.alpha.append(values[0] if values else 0.0)
+        return scores
+
+    # --- matching ----------------------------------------------------------------------
+
+    def _draft(self, context: Sequence[int], position: int, k: int, stop_price: float | None) -> list[int]:
+        """Up to k tokens continuing context[:position]."""
+        if k <= 0 or position < 1:
+            return []
+        options = self.options
+        found = self._occurrences(context, position)
+        if not found:
+            return []
+        length = found[0].length
+        limit = min(k, max(1, math.floor(options.spec_factor * length)))
+        floor = max(options.min_prob, stop_price or 0.0)
+        tokens, _ = continue_occurrences(found, limit, floor)
+        return tokens
+
+    def _occurrences(self, context: Sequence[int], position: int) -> list[Occurrences]:
+        """The sources' occurrences of the longest suffix of context[:position] any of them holds."""
+        options = self.options
+        window = context[max(0, position - options.max_match):position]
+        found: list[Occurrences] = []
+        if options.prompt:
+            self.context_index.sync(context)
+            found.append(self.context_index.longest_match(position, options.max_match))
+        indexes = self.stores + (self.history.indexes if self.history is not None else [])
+        found += [index.longest_match(window, options.max_match) for index in indexes]
+        best = max((o.length for o in found), default=0)
+        if best < options.min_match:
+            return []
+        return [o for o in found if o.length == best]
+
