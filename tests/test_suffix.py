@@ -267,3 +267,29 @@ def test_learn_records_each_prompt_under_the_cache_folder(tiny_models, tmp_path,
     assert result.exit_code == 0, result.stderr
     segments = list((tmp_path / "cache" / "suffix").glob("*/segments/*.npy"))
     assert len(segments) == 2
+
+
+def test_a_bench_pass_never_drafts_from_the_warm_up_or_an_earlier_repeat(tiny_models, tmp_path):
+    """Prompt i of a measured pass may draft only from prompts before it in that pass: the
+    warm-up runs prompt 0 first, so without forgetting, prompt 0 would be copied whole."""
+    from specdraft.config.profile import load_profile
+    from specdraft.measurement.benchmark import plain_config, policy_configs, run_bench
+    from specdraft.measurement.datasets import Example
+    from specdraft.runtime import build_runtime
+
+    pool = tmp_path / "pool.toml"
+    text = POOL.format(root=tiny_models, extra="").replace("max_new_tokens = 12", "max_new_tokens = 24")
+    pool.write_text(text.replace('drafter = "suffix"', 'drafter = "suffix"\ndraft_length = "fixed"'))
+    profile = load_profile(pool)
+    runtime = build_runtime(profile)
+    configs = [plain_config(profile, runtime, False)] + policy_configs(profile, ["fixed:suffix"], runtime, False)
+    examples = [Example("a", "ab"), Example("b", "ab")]
+    samples = [s for s in run_bench(configs, examples, repeat=2) if s.config == "fixed:suffix"]
+    fresh = build_runtime(profile, runtime.target)  # what a first prompt drafts with nothing before it
+    from specdraft.session.prompt_run import PromptRun
+
+    first = PromptRun(fresh, "ab", False).run()
+    for rep in (1, 2):
+        a, b = [s for s in samples if s.repeat == rep]
+        assert a.rounds == first.stats.rounds  # as if nothing came before
+        assert b.rounds < a.rounds  # the repeat of prompt a within the pass is drafted from it

@@ -110,6 +110,10 @@ class Drafter(ABC):
         """The prompt is done: `context` is it and everything generated (a drafter that
         learns from earlier text records it here)."""
 
+    def forget_run(self) -> None:
+        """Forget the text of this run's earlier prompts (a benchmark pass starts a fresh
+        stream; what was loaded from disk at start stays)."""
+
     @abstractmethod
     def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
               hidden: Hidden | None = None) -> torch.Tensor:

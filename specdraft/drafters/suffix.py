@@ -101,6 +101,7 @@ class SuffixDrafter(Drafter):
                 base, self.learned = None, None
             if base is not None:
                 self.stores.append(base)
+        self._loaded = pending  # learned text not yet compacted: history from before this run
         keep_history = options.history or learned is not None
         self.history = ProcessHistory(options.max_match, pending) if keep_history else None
 
@@ -126,6 +127,10 @@ class SuffixDrafter(Drafter):
                 log.warning("suffix drafter %s: cannot record to %s (%s); learning stops for this run",
                             self.name, self.learned.root, exc)
                 self.learned = None
+
+    def forget_run(self) -> None:
+        if self.history is not None:
+            self.history = ProcessHistory(self.options.max_match, self._loaded)
 
     def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
               hidden: Hidden | None = None) -> torch.Tensor:

@@ -61,6 +61,9 @@ class Sample:
 class Config:
     label: str
     run: Callable[[Example], Sample]
+    # Forget the text of earlier prompts (a drafter that drafts from them must not see the
+    # warm-up's or an earlier repeat's answer to the prompt it is measured on).
+    forget: Callable[[], None] = lambda: None
 
 
 def policy_configs(profile: Profile, flags: Sequence[str] | None, runtime: Runtime, chat: bool | None) -> list[Config]:
@@ -104,7 +107,11 @@ def _engine_config(label: str, runtime: Runtime, chat: bool | None) -> Config:
                       draft_lengths={str(k): n for k, n in sorted(stats.draft_lengths.items())},
                       ideal_speedup=stats.ideal_speedup)
 
-    return Config(label, run)
+    def forget() -> None:
+        for drafter in runtime.drafters:
+            drafter.forget_run()
+
+    return Config(label, run, forget)
 
 
 def _per_position(prompt_run: PromptRun, k: int) -> tuple[list[int], list[int]]:
@@ -129,6 +136,8 @@ def run_bench(configs: Sequence[Config], examples: Sequence[Example], repeat: in
         tick(f"warm-up {config.label}")
     samples = []
     for rep in range(1, repeat + 1):
+        for config in configs:  # each pass is a fresh stream: prompt i drafts only from prompts < i
+            config.forget()
         for index, example in enumerate(examples):
             shift = (index + rep) % len(configs)
             order = configs[shift:] + configs[:shift]
