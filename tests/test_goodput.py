@@ -208,3 +208,17 @@ def test_catching_up_is_not_charged_as_drafting():
     context = context + [int(first.tokens[0]), 4]  # one draft accepted, then the recovered token
     second = drafter.propose(context, 2)  # only the recovered token is new: no catch-up
     assert second.catch_up_seconds == 0.0
+
+
+def test_an_untried_position_is_expected_to_do_as_well_as_the_one_before():
+    """A drafter that was only ever drafted 3 deep and always accepted must be tried deeper:
+    with a fixed 0.5 prior at unseen positions the draft length would never grow past 3."""
+    acc = AcceptanceByPosition(arms=1, k_max=8)
+    for _ in range(50):
+        acc.observe(0, [1.0, 1.0, 1.0])
+    assert acc.rate(0, 4) > 0.95 and acc.rate(0, 8) > 0.95
+    policy = build_policy("fixed", {"draft_length": "goodput"}, ["d"], draft_tokens=8)
+    policy.acceptance = acc
+    for width in range(1, 10):
+        policy.costs.observe(0, width - 1, 0.0, 0.03 + 0.002 * width)
+    assert policy.best_length(0, 8) == 8

@@ -236,7 +236,7 @@ class Policy(ABC):
         seconds = [self.costs.round_seconds(arm, k) for k in range(cap + 1)]
         if any(s is None for s in seconds):
             return 1
-        return best_draft_length([self.acceptance.expected_committed(arm, k) for k in range(cap + 1)], seconds)
+        return best_draft_length(self.acceptance.committed_by_length(arm, cap), seconds)
 
     def estimate(self, arm: int, k: int) -> tuple[float, float | None]:
         """(E[committed | arm, k], T(arm, k) or None while unknown)."""
