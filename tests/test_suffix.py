@@ -67,10 +67,24 @@ def test_continuation_follows_the_most_frequent_and_stops_when_unlikely():
     index = SuffixIndex.from_documents([[7, 8, 9, 10]] * 3 + [[7, 8, 9, 11], [7, 8, 5]], 8)
     found = index.longest_match([1, 7, 8], 8)
     assert found.length == 2
-    tokens, chances = continue_occurrences([found], 5, 0.1)
-    assert tokens == [9, 10]
-    assert chances == pytest.approx([4 / 5, 4 / 5 * 3 / 4])
-    assert continue_occurrences([found], 5, 0.7)[0] == [9]  # 0.6 < 0.7: the second token is not drafted
+    draft = continue_occurrences([found], 5, 0.1)
+    assert draft.tokens == [9, 10]
+    assert draft.chances == pytest.approx([4 / 5, 4 / 5 * 3 / 4])
+    assert draft.score == pytest.approx(4 / 6 + 4 / 6 * 3 / 5)
+    assert continue_occurrences([found], 5, 0.7).tokens == [9]  # 0.6 < 0.7: the second token is not drafted
+
+
+def test_the_source_more_occurrences_agree_on_wins_over_a_longer_lone_match():
+    d = drafter(min_prob=0.0)
+    for _ in range(4):  # the run's history: "5 6" went on with 7 8 four times
+        d.end_prompt([5, 6, 7, 8])
+    d.reset()
+    # this prompt: "4 5 6" once went on with 9 9 (a longer match, seen once)
+    assert d.propose([4, 5, 6, 9, 9, 1, 4, 5, 6], 2).tokens.tolist() == [7, 8]
+    d.reset()
+    # as many times as the history's: equal support, and the longer match decides
+    context = [token for lead in (11, 12, 13, 14) for token in (lead, 4, 5, 6, 9, 9)] + [15, 4, 5, 6]
+    assert d.propose(context, 2).tokens.tolist() == [9, 9]
 
 
 def drafter(**options) -> SuffixDrafter:
@@ -120,7 +134,8 @@ def target():
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_greedy_output_equals_plain_decoding_over_a_run_of_prompts(target, k):
     d = drafter()
-    policy = build_policy("fixed", {"drafter": "sfx"}, ["sfx"], seed=0, draft_tokens=k, horizon=30)
+    policy = build_policy("fixed", {"drafter": "sfx", "draft_length": "fixed"}, ["sfx"], seed=0, draft_tokens=k,
+                          horizon=30)  # K from the drafter alone, not from timings
     engine = SpeculativeEngine(CachedLM(target), [d], policy, EngineSettings(k, 30, SamplingParams()))
     prompts = [[5, 9, 11, 3, 7, 5, 9], [5, 9, 11, 3], [17], [5, 9, 11, 3, 7, 5, 9]]
     drafted = 0
@@ -293,3 +308,12 @@ def test_a_bench_pass_never_drafts_from_the_warm_up_or_an_earlier_repeat(tiny_mo
         a, b = [s for s in samples if s.repeat == rep]
         assert a.rounds == first.stats.rounds  # as if nothing came before
         assert b.rounds < a.rounds  # the repeat of prompt a within the pass is drafted from it
+
+
+def test_trajectory_scores_of_consecutive_prompts_never_mix_their_text():
+    d = drafter(history=False)
+    probs = torch.full((4, VOCAB), 1 / VOCAB)
+    d.trajectory_scores([1] * 8, 4, probs, 3)  # its text repeats everywhere
+    scores = d.trajectory_scores([7, 8, 9, 10, 11, 12, 13, 7], 4, probs, 3)
+    # the second prompt's only repeat is its own "7" at the end: nothing before position 7 matches
+    assert scores.drafted[:3] == [0, 0, 0]

@@ -145,6 +145,7 @@ class SuffixDrafter(Drafter):
 
     def trajectory_scores(self, context: list[int], prompt_len: int, target_probs: torch.Tensor,
                           k: int) -> TrajectoryScores:
+        self.reset()  # another prompt's text must not stand in for this one's
         n = len(context) - prompt_len
         scores = TrajectoryScores([], [], [], [])
         for t in range(n):
@@ -164,31 +165,36 @@ class SuffixDrafter(Drafter):
     # --- matching ----------------------------------------------------------------------
 
     def _draft(self, context: Sequence[int], position: int, k: int, stop_price: float | None) -> list[int]:
-        """Up to k tokens continuing context[:position]."""
+        """Up to k tokens continuing context[:position]: each source's continuation of its
+        longest match, the best-supported one wins (ties: the longer match, then the source
+        closer to this prompt)."""
         if k <= 0 or position < 1:
             return []
         options = self.options
-        found = self._occurrences(context, position)
-        if not found:
-            return []
-        length = found[0].length
-        limit = min(k, max(1, math.floor(options.spec_factor * length)))
         floor = max(options.min_prob, stop_price or 0.0)
-        tokens, _ = continue_occurrences(found, limit, floor)
+        best: tuple[float, int] | None = None
+        tokens: list[int] = []
+        for source in self._sources(context, position):
+            length = source[0].length
+            limit = min(k, max(1, math.floor(options.spec_factor * length)))
+            draft = continue_occurrences(source, limit, floor)
+            rank = (draft.score, length)
+            if draft.tokens and (best is None or rank > best):
+                best, tokens = rank, draft.tokens
         return tokens
 
-    def _occurrences(self, context: Sequence[int], position: int) -> list[Occurrences]:
-        """The sources' occurrences of the longest suffix of context[:position] any of them holds."""
+    def _sources(self, context: Sequence[int], position: int) -> list[list[Occurrences]]:
+        """Per source, the occurrences of its longest suffix of context[:position] (at least
+        min_match long): this prompt, this run's history (its index levels merged), each store."""
         options = self.options
         window = context[max(0, position - options.max_match):position]
-        found: list[Occurrences] = []
+        groups: list[list[Occurrences]] = []
         if options.prompt:
             self.context_index.sync(context)
-            found.append(self.context_index.longest_match(position, options.max_match))
-        indexes = self.stores + (self.history.indexes if self.history is not None else [])
-        found += [index.longest_match(window, options.max_match) for index in indexes]
-        best = max((o.length for o in found), default=0)
-        if best < options.min_match:
-            return []
-        return [o for o in found if o.length == best]
-
+            groups.append([self.context_index.longest_match(position, options.max_match)])
+        if self.history is not None:
+            levels = [index.longest_match(window, options.max_match) for index in self.history.indexes]
+            longest = max((o.length for o in levels), default=0)
+            groups.append([o for o in levels if o.length == longest])
+        groups += [[store.longest_match(window, options.max_match)] for store in self.stores]
+        return [g for g in groups if g and g[0].length >= options.min_match]

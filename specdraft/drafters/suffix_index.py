@@ -171,16 +171,24 @@ def concatenate(documents: Sequence[Sequence[int]]) -> np.ndarray:
     return text
 
 
-def continue_occurrences(sources: Sequence[Occurrences], max_tokens: int, min_prob: float
-                         ) -> tuple[list[int], list[float]]:
+@dataclass(frozen=True)
+class Continuation:
+    tokens: list[int]
+    chances: list[float]  # running product of the chosen tokens' frequencies, after each
+    # Expected tokens accepted by the same model with every frequency count / (total + 1):
+    # what ranks sources, so that thin evidence (one earlier occurrence) does not outrank
+    # a draft many occurrences agree on.
+    score: float
+
+
+def continue_occurrences(sources: Sequence[Occurrences], max_tokens: int, min_prob: float) -> Continuation:
     """Follow the occurrences forward, most frequent next token first (SuffixDecoding's
     score): each step keeps the occurrences that continued with the chosen token, and the
-    draft stops when the product of the chosen tokens' frequencies falls below min_prob.
-    Returns the tokens and that running product after each."""
+    draft stops when the product of the chosen tokens' frequencies falls below min_prob."""
     live = [(s.text, s.after) for s in sources if len(s.after)]
     tokens: list[int] = []
     chances: list[float] = []
-    chance = 1.0
+    chance, cautious, score = 1.0, 1.0, 0.0
     while live and len(tokens) < max_tokens:
         counts: dict[int, int] = {}
         nexts = []
@@ -198,8 +206,10 @@ def continue_occurrences(sources: Sequence[Occurrences], max_tokens: int, min_pr
         chance *= counts[best] / total
         if chance < min_prob:
             break
+        cautious *= counts[best] / (total + 1)
+        score += cautious
         tokens.append(best)
         chances.append(chance)
         live = [(text, inside[following == best] + 1) for text, inside, following in nexts]
         live = [(text, after) for text, after in live if len(after)]
-    return tokens, chances
+    return Continuation(tokens, chances, score)
