@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
 
@@ -72,6 +72,28 @@ class TrajectoryScores:
     drafted: list[int]
     run: list[int]
     span: list[list[float]]
+
+
+def proposal_trajectory_scores(draft_at: Callable[[int], list[int]], context: Sequence[int], prompt_len: int,
+                                target_probs: torch.Tensor) -> TrajectoryScores:
+    """`trajectory_scores` of a deterministic drafter from what it would draft at each
+    generated position (`draft_at(position)`): its run is the drafted prefix that matches
+    the trajectory, its span the target's probability of each drafted token."""
+    n = len(context) - prompt_len
+    scores = TrajectoryScores([], [], [], [])
+    for t in range(n):
+        position = prompt_len + t
+        proposal = draft_at(position)
+        r = 0
+        while r < len(proposal) and t + r < n and proposal[r] == context[position + r]:
+            r += 1
+        rows = [(t + j, token) for j, token in enumerate(proposal) if t + j < n]
+        values = target_probs[[i for i, _ in rows], [tok for _, tok in rows]].tolist() if rows else []
+        scores.drafted.append(len(proposal))
+        scores.run.append(r)
+        scores.span.append(values)
+        scores.alpha.append(values[0] if values else 0.0)
+    return scores
 
 
 class Drafter(ABC):

@@ -11,7 +11,8 @@ from typing import Sequence
 
 import torch
 
-from specdraft.drafters.base import Draft, DraftContext, Drafter, Hidden, PoolContext, TrajectoryScores
+from specdraft.drafters.base import (Draft, DraftContext, Drafter, Hidden, PoolContext, TrajectoryScores,
+                                     proposal_trajectory_scores)
 from specdraft.drafters.options import NgramOptions
 
 
@@ -67,21 +68,8 @@ class NgramDrafter(Drafter):
     def trajectory_scores(self, context: list[int], prompt_len: int, target_probs: torch.Tensor,
                           k: int) -> TrajectoryScores:
         self.reset()
-        n = len(context) - prompt_len
-        scores = TrajectoryScores([], [], [], [])
-        for t in range(n):
-            position = prompt_len + t
-            proposal = self.propose(context[:position], k).tokens.tolist()
-            r = 0
-            while r < len(proposal) and t + r < n and proposal[r] == context[position + r]:
-                r += 1
-            rows = [(t + j, token) for j, token in enumerate(proposal) if t + j < n]
-            values = target_probs[[i for i, _ in rows], [tok for _, tok in rows]].tolist() if rows else []
-            scores.drafted.append(len(proposal))
-            scores.run.append(r)
-            scores.span.append(values)
-            scores.alpha.append(values[0] if values else 0.0)
-        return scores
+        return proposal_trajectory_scores(lambda position: self.propose(context[:position], k).tokens.tolist(),
+                                          context, prompt_len, target_probs)
 
     def _lookup(self, context: Sequence[int], length: int) -> int | None:
         """Where the continuation of context[:length] starts, for the longest suffix found."""

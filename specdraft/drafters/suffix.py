@@ -21,7 +21,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specdraft.drafters.base import Draft, DraftContext, Drafter, Hidden, PoolContext, TrajectoryScores
+from specdraft.drafters.base import (Draft, DraftContext, Drafter, Hidden, PoolContext, TrajectoryScores,
+                                     proposal_trajectory_scores)
 from specdraft.drafters.datastore import LearnedStore, StoreError, open_store, tokenizer_fingerprint
 from specdraft.drafters.options import SuffixOptions
 from specdraft.drafters.suffix_index import ContextIndex, Occurrences, SuffixIndex, continue_occurrences
@@ -146,21 +147,8 @@ class SuffixDrafter(Drafter):
     def trajectory_scores(self, context: list[int], prompt_len: int, target_probs: torch.Tensor,
                           k: int) -> TrajectoryScores:
         self.reset()  # another prompt's text must not stand in for this one's
-        n = len(context) - prompt_len
-        scores = TrajectoryScores([], [], [], [])
-        for t in range(n):
-            position = prompt_len + t
-            proposal = self._draft(context, position, k, None)
-            r = 0
-            while r < len(proposal) and t + r < n and proposal[r] == context[position + r]:
-                r += 1
-            rows = [(t + j, token) for j, token in enumerate(proposal) if t + j < n]
-            values = target_probs[[i for i, _ in rows], [tok for _, tok in rows]].tolist() if rows else []
-            scores.drafted.append(len(proposal))
-            scores.run.append(r)
-            scores.span.append(values)
-            scores.alpha.append(values[0] if values else 0.0)
-        return scores
+        return proposal_trajectory_scores(lambda position: self._draft(context, position, k, None),
+                                          context, prompt_len, target_probs)
 
     # --- matching ----------------------------------------------------------------------
 
