@@ -41,7 +41,8 @@ def main() -> None:
         line = f"{config:<28}{value:>8.1f}{value / plain if plain else float('nan'):>9.2f}x"
         if args.versus:
             line += f"{value / speed[args.versus]:>21.2f}x"
-        line += f"{tokens[config] / rounds[config]:>14.2f}{mismatches[config]:>10}"
+        per_round = f"{tokens[config] / rounds[config]:.2f}" if rounds[config] else "-"  # transformers' own: unknown
+        line += f"{per_round:>14}{mismatches[config]:>10}"
         print(line)
 
 
