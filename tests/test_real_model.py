@@ -38,7 +38,7 @@ PROMPTS = [
 
 
 @pytest.mark.parametrize("prompt, chat", PROMPTS)
-@pytest.mark.parametrize("policy", ["fixed:lookup", "fixed:early-exit-24", "random", "normalhedge"])
+@pytest.mark.parametrize("policy", ["fixed:lookup", "fixed:suffix", "fixed:early-exit-24", "random", "normalhedge"])
 def test_greedy_text_equals_transformers_generate(demo, prompt, chat, policy):
     profile, target = demo
     profile = profile.with_overrides(max_new_tokens=48, policy=policy, seed=0)
