@@ -9,7 +9,6 @@ The output folder is replaced only when it already holds a datastore, never anot
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import sys
@@ -22,6 +21,7 @@ from rich.console import Console
 
 from specdraft.commands.io import EXIT_OK, warner
 from specdraft.errors import UsageError
+from specdraft.measurement.datasets import json_lines
 
 TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".pyi", ".c", ".h", ".cc", ".cpp", ".hpp", ".rs", ".go", ".java",
                  ".js", ".ts", ".tsx", ".jsx", ".rb", ".sh", ".toml", ".yaml", ".yml", ".json", ".jsonl", ".ndjson",
@@ -125,14 +125,7 @@ def _documents(paths: list[Path], warn: Callable[[str], None]) -> Iterator[str]:
 
 
 def _jsonl_documents(path: Path, text: str, warn: Callable[[str], None]) -> Iterator[str]:
-    for number, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            warn(f"{path}:{number}: skipped: not JSON ({exc.msg})")
-            continue
+    for number, row in json_lines(text, str(path), warn):
         if isinstance(row, str):
             yield row
             continue

@@ -23,8 +23,6 @@ from specdraft.learning.confidence import ConfidenceCalibration, worth_drafting
 from specdraft.models.cached_lm import CachedLM
 
 
-
-
 class ModelDrafter(Drafter):
     kind = "model"
     draft_alignment_is_score = True

@@ -3,7 +3,7 @@ checked with key paths, into a frozen options object the kind's `build` takes.
 
 Torch-free on purpose (like the rest of the profile parser): a mistake in a profile is
 reported before torch or transformers load, in a fraction of a second. The kind classes
-(`ngram.py`, `model.py`, `layers.py`) point at these parsers; `registry.py` maps kind
+(`ngram.py`, `model.py`, `layers.py`, `suffix.py`) point at these parsers; `registry.py` maps kind
 names to both.
 """
 

@@ -12,7 +12,7 @@ import csv
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 from specdraft.errors import UsageError
 
@@ -70,16 +70,21 @@ def _decoded(data: bytes, file: str, warn: Callable[[str], None]) -> str:
     return b"\n".join(lines).decode("utf-8")
 
 
-def _jsonl(text: str, file: str, warn: Callable[[str], None]) -> list[Example]:
-    out = []
+def json_lines(text: str, file: str, warn: Callable[[str], None]) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) of each non-blank line; a line that is not JSON is
+    reported with its number and skipped."""
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            yield number, json.loads(line)
         except json.JSONDecodeError as exc:
             warn(f"{file}:{number}: skipped: not JSON ({exc.msg})")
-            continue
+
+
+def _jsonl(text: str, file: str, warn: Callable[[str], None]) -> list[Example]:
+    out = []
+    for number, row in json_lines(text, file, warn):
         example = _example(row, number, file, warn)
         if example:
             out.append(example)
