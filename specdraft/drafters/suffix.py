@@ -90,7 +90,7 @@ class SuffixDrafter(Drafter):
                  learned: LearnedStore | None = None):
         super().__init__(name, ctx)
         self.options = options
-        self.context_index = ContextIndex()
+        self.reset()
         self.stores = [store] if store is not None else []
         self.learned = learned
         pending: list[np.ndarray] = []
@@ -110,6 +110,11 @@ class SuffixDrafter(Drafter):
 
     def reset(self) -> None:
         self.context_index = ContextIndex()
+        # The last lookup (position and the context's last max_match tokens there) and what
+        # the sources found: a round asks about the same position up to three times (its
+        # draft, then, when evaluated, whether the drafter was silent there and its score
+        # there). Dropped when the history changes (end_prompt, forget_run).
+        self._matched: tuple[tuple[int, tuple[int, ...]], list[list[Occurrences]]] | None = None
 
     def propose(self, context: Sequence[int], k: int, stop_price: float | None = None) -> Draft:
         tokens = self._draft(context, len(context), k, stop_price)
@@ -119,6 +124,7 @@ class SuffixDrafter(Drafter):
         return bool(self._draft(context, position, 1, None))
 
     def end_prompt(self, context: Sequence[int]) -> None:
+        self._matched = None
         if self.history is not None and self.options.history:
             self.history.add(context)
         if self.learned is not None:
@@ -130,6 +136,7 @@ class SuffixDrafter(Drafter):
                 self.learned = None
 
     def forget_run(self) -> None:
+        self._matched = None
         if self.history is not None:
             self.history = ProcessHistory(self.options.max_match, self._loaded)
 
@@ -176,6 +183,9 @@ class SuffixDrafter(Drafter):
         min_match long): this prompt, this run's history (its index levels merged), each store."""
         options = self.options
         window = context[max(0, position - options.max_match):position]
+        key = (position, tuple(window))
+        if self._matched is not None and self._matched[0] == key:
+            return self._matched[1]
         groups: list[list[Occurrences]] = []
         if options.prompt:
             self.context_index.sync(context)
@@ -185,4 +195,6 @@ class SuffixDrafter(Drafter):
             longest = max((o.length for o in levels), default=0)
             groups.append([o for o in levels if o.length == longest])
         groups += [[store.longest_match(window, options.max_match)] for store in self.stores]
-        return [g for g in groups if g and g[0].length >= options.min_match]
+        found = [g for g in groups if g and g[0].length >= options.min_match]
+        self._matched = (key, found)
+        return found
