@@ -153,6 +153,37 @@ def datastore_build(
     _run(console, verbose, lambda: run_datastore_build(options, console))
 
 
+train_app = typer.Typer(no_args_is_help=True, help="Train drafters from the frozen target.")
+app.add_typer(train_app, name="train")
+
+
+@train_app.command("head")
+def train_head(
+    pool: Pool,
+    data: Annotated[list[str], typer.Option("--data", help="Training text: JSONL (a prompt and an answer become a chat exchange; `generate --json` output works), text or source files, or folders of them. Repeat for several.", show_default=False)],
+    out: Annotated[str, typer.Option(help="Folder for the head (a `head` drafter's path).", show_default=False)],
+    epochs: Annotated[Optional[float], typer.Option(help="Passes over the data (default 4).", show_default=False)] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Optimizer steps (overrides --epochs).", show_default=False)] = None,
+    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 1e-3,
+    draft_vocab: Annotated[int, typer.Option("--draft-vocab", help="Rows of the head's readout: the most frequent target tokens of the data.")] = 8192,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per training sequence.")] = 512,
+    batch_sequences: Annotated[int, typer.Option("--batch", help="Sequences per optimizer step.")] = 8,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="Use at most this many tokens of the data.", show_default=False)] = None,
+    chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Format prompt/answer pairs in the chat template (default: when the tokenizer has one).", show_default=False)] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda\[:N].")] = "auto",
+    features: Annotated[Optional[str], typer.Option(help="Folder for the target's cached features (default: under the cache folder).", show_default=False)] = None,
+    restart: Annotated[bool, typer.Option("--restart", help="Ignore a saved training state in --out and start over.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed for initialisation, batching and noise.")] = 0,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Train an EAGLE-style draft head for the pool's target (kind = "head")."""
+    from specdraft.commands.train import TrainHeadOptions, run_train_head
+
+    console = err_console()
+    options = _options(TrainHeadOptions, locals())
+    _run(console, verbose, lambda: run_train_head(options, console))
+
+
 def _options(cls, values: dict):
     """The command's options object from its parameters (`locals()`): every dataclass field
     is a parameter of the same name, so adding an option is one line in each place."""

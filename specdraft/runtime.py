@@ -18,6 +18,7 @@ from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
 from specdraft.decoding.sampling import SamplingParams
 from specdraft.drafters import DraftContext, Drafter, PlainDecoding, PoolContext
 from specdraft.drafters.registry import build_pool
+from specdraft.errors import ProfileError
 from specdraft.learning.policies import build_policy, option_value
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.loading import LoadedModel, eos_token_ids, load_model
@@ -52,8 +53,12 @@ def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bo
     ctx = DraftContext(sampling_params(profile), generator, target_lm.device, vocab_size)
 
     policy_config = PolicyConfig("fixed") if plain else profile.policy
-    drafters = [PlainDecoding(ctx)] if plain else build_pool(
+    drafters, absent = ([PlainDecoding(ctx)], {}) if plain else build_pool(
         profile.drafters, PoolContext(ctx, target, target_lm, file, seed))
+    chosen = policy_config.options.get("drafter") if policy_config.name == "fixed" else None
+    if chosen in absent:
+        raise ProfileError(file, "policy.drafter", f'the fixed policy drafts with "{chosen}", which is not '
+                                                   f"available: {absent[chosen]}")
     if not plain and option_value(policy_config.name, policy_config.options, "allow_none"):
         drafters.append(PlainDecoding(ctx))  # the "none" arm: a plain round when nothing pays off
     policy = build_policy(policy_config.name, policy_config.options, [d.name for d in drafters], seed=seed,

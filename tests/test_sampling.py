@@ -16,9 +16,10 @@ from specdraft.decoding.sampling import SamplingParams, sampling_probs
 from specdraft.decoding.verify import verify_sampling
 from specdraft.drafters.options import SuffixOptions
 from specdraft.drafters import SuffixDrafter, DraftContext, ModelDrafter, NgramDrafter
+from specdraft.drafters.head import HeadDrafter
 from specdraft.drafters.layers import LayersDrafter, truncated_view
 from specdraft.learning.policies.simple import FixedPolicy, RandomPolicy
-from tiny import tiny_llama
+from tiny import random_head, tiny_llama
 
 P_MIN = 1e-3  # a correct sampler fails one of these tests about once in a thousand runs
 
@@ -78,7 +79,9 @@ def test_generated_sequences_follow_the_target(params):
                 LayersDrafter("half", ctx, target_lm, 1),  # drafts over the target's own cache
                 ModelDrafter("own-cache", ctx, truncated_view(target, 1)),
                 # drafts from the earlier draws' outputs too: deterministic given them, so still exact
-                SuffixDrafter("suffix", ctx, SuffixOptions(min_prob=0.0))]
+                SuffixDrafter("suffix", ctx, SuffixOptions(min_prob=0.0)),
+                # reads the target's features; q = 0 outside its draft vocabulary (tokens 1..4)
+                HeadDrafter("head", ctx, random_head(target, [1, 2, 3, 4]), target)]
     policy = RandomPolicy([d.name for d in drafters], seed=2)
     engine = SpeculativeEngine(target_lm, drafters, policy, EngineSettings(3, 3, params), gen)
     pairs, thirds, n_draws = Counter(), Counter(), 1500

@@ -74,3 +74,19 @@ def save_tiny_pair(folder: Path, seed: int = 0, layers: int = 3) -> Path:
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+def random_head(target: torch.nn.Module, vocab_ids: list[int] | None = None, seed: int = 3):
+    """A draft head for `target` with random weights large enough that its drafts vary
+    with the context; over `vocab_ids` (default: the whole vocabulary)."""
+    from specdraft.drafters.head_model import DraftHead, HeadConfig
+
+    torch.manual_seed(seed)
+    ids = torch.arange(target.config.vocab_size) if vocab_ids is None else torch.tensor(vocab_ids)
+    head = DraftHead(HeadConfig.for_target(target, len(ids)))
+    head.vocab_ids = ids.clone()
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+    return head

@@ -1,9 +1,7 @@
 """`specdraft datastore build`: text, JSONL and source files tokenized with the target's
 tokenizer into a suffix-drafter store (drafters/datastore.py).
 
-Folders are walked for text files; a JSONL line contributes its text fields (`text`,
-`prompt`, `completion`, ...; else every string value) as one document; any other file is
-one document. A file that is not UTF-8 or a line that is not JSON is reported and skipped.
+Files and folders are read into documents by `training/corpus.py`.
 The output folder is replaced only when it already holds a datastore, never another folder.
 """
 
@@ -15,18 +13,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 from rich.console import Console
 
 from specdraft.commands.io import EXIT_OK, warner
 from specdraft.errors import UsageError
-from specdraft.measurement.datasets import json_lines
+from specdraft.training.corpus import documents, walk
 
-TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".pyi", ".c", ".h", ".cc", ".cpp", ".hpp", ".rs", ".go", ".java",
-                 ".js", ".ts", ".tsx", ".jsx", ".rb", ".sh", ".toml", ".yaml", ".yml", ".json", ".jsonl", ".ndjson",
-                 ".html", ".css", ".sql", ".tex", ".csv", ".kt", ".swift", ".scala", ".lua", ".php", ".cs"}
-TEXT_FIELDS = ("text", "prompt", "completion", "response", "output", "answer", "canonical_solution", "content")
 BATCH_CHARS = 4_000_000
 
 
@@ -43,7 +36,7 @@ def run_datastore_build(opts: DatastoreOptions, console: Console) -> int:
         raise UsageError(f"--depth: must be in 1..256 (got {opts.depth})")
     out = Path(opts.out)
     _check_out(out)
-    paths = list(_walk(opts.files))
+    paths = list(walk(opts.files))
     if not paths:
         raise UsageError("no text files found in " + ", ".join(opts.files))
     from specdraft.config.profile import load_profile
@@ -58,9 +51,9 @@ def run_datastore_build(opts: DatastoreOptions, console: Console) -> int:
     documents: list[list[int]] = []
     batch: list[str] = []
     size = 0
-    for text in _documents(paths, warn):
-        batch.append(text)
-        size += len(text)
+    for document in documents(paths, warn):
+        batch.append(document.text)
+        size += len(document.text)
         if size >= BATCH_CHARS:
             documents += tokenizer(batch, add_special_tokens=False)["input_ids"]
             batch, size = [], 0
@@ -93,46 +86,3 @@ def _check_out(out: Path) -> None:
         raise UsageError(f"--out {out}: folder {parent} does not exist")
     if not os.access(parent, os.W_OK):
         raise UsageError(f"--out {out}: folder {parent} is not writable")
-
-
-def _walk(items: list[str]) -> Iterator[Path]:
-    for item in items:
-        path = Path(item)
-        if path.is_dir():
-            for found in sorted(path.rglob("*")):
-                if found.is_file() and found.suffix.lower() in TEXT_SUFFIXES:
-                    yield found
-        elif path.is_file():
-            yield path
-        else:
-            raise UsageError(f"{item}: no such file or folder")
-
-
-def _documents(paths: list[Path], warn: Callable[[str], None]) -> Iterator[str]:
-    for path in paths:
-        try:
-            text = path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError:
-            warn(f"{path}: skipped: not UTF-8 text")
-            continue
-        except OSError as exc:
-            warn(f"{path}: skipped: {exc.strerror or exc}")
-            continue
-        if path.suffix.lower() in (".jsonl", ".ndjson"):
-            yield from _jsonl_documents(path, text, warn)
-        elif text.strip():
-            yield text
-
-
-def _jsonl_documents(path: Path, text: str, warn: Callable[[str], None]) -> Iterator[str]:
-    for number, row in json_lines(text, str(path), warn):
-        if isinstance(row, str):
-            yield row
-            continue
-        if not isinstance(row, dict):
-            warn(f"{path}:{number}: skipped: neither an object nor a string")
-            continue
-        fields = [row[k] for k in TEXT_FIELDS if isinstance(row.get(k), str)]
-        fields = fields or [v for v in row.values() if isinstance(v, str)]
-        if fields:
-            yield "\n".join(fields)

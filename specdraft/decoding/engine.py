@@ -5,7 +5,8 @@ per round with the tokens that round committed. It never branches on drafter kin
 policy: the PolicyDriver plans the round (arm, draft length, early-stop price) and decides
 what the policy learns and when, the PoolEvaluator scores drafters when the policy asks
 for full information, from the target's hidden states for the layers the pool's drafters
-name. One host synchronisation per round: reading the packed verdict (plus one per draft
+name; drafters that draft from the target's features get them after every verify. One
+host synchronisation per round: reading the packed verdict (plus one per draft
 token while a model drafter's early stop reads its confidence).
 """
 
@@ -98,6 +99,10 @@ class SpeculativeEngine:
         # Target layers whose hidden states some drafter is scored from: handed over by the
         # verify forward when the policy evaluates every drafter.
         self.hidden_layers = tuple(sorted({layer for d in self.drafters for layer in d.hidden_layers}))
+        # Drafters that draft from the target's features get them at every committed
+        # position, whichever arm drafted, so switching to them costs no catch-up forward.
+        self.feature_drafters = [d for d in self.drafters if d.feature_layers]
+        self.feature_layers = tuple(sorted({layer for d in self.feature_drafters for layer in d.feature_layers}))
 
     @property
     def policy(self) -> Policy:
@@ -149,13 +154,15 @@ class SpeculativeEngine:
         self.driver.start_prompt(PoolEvaluator(self.drafters, context) if self.driver.full_information else None)
         device = self.target.device
         if len(context) > 1:  # prefill all but the last token; the first verify feeds that one
-            self.target.feed(torch.tensor(context[:-1], dtype=torch.long, device=device), keep=1)
+            _, hidden = self.target.feed_with_hidden(torch.tensor(context[:-1], dtype=torch.long, device=device), 1,
+                                                     self.feature_layers)
+            self._hand_over(0, hidden, len(context) - 1)
         return _Prompt(context, torch.tensor(context[-1:], dtype=torch.long, device=device))
 
     def _verify(self, next_input: torch.Tensor, draft: Draft) -> _Verified:
         """One target forward over [last committed token, draft] and lossless acceptance."""
         k = draft.tokens.shape[0]
-        layers = self.hidden_layers if self.driver.full_information else ()
+        layers = tuple(sorted(set(self.feature_layers) | set(self.hidden_layers if self.driver.full_information else ())))
         logits, hidden = self.target.feed_with_hidden(torch.cat([next_input, draft.tokens]), 0, layers)  # [k + 1, V]
         probs = None
         if self.settings.sampling.greedy:
@@ -178,11 +185,19 @@ class SpeculativeEngine:
         return RoundEvidence(verified.alphas_on_device, verified.target_probs(count, self.settings.sampling),
                              {layer: h[:count] for layer, h in verified.hidden.items()})
 
+    def _hand_over(self, position: int, hidden: dict[int, torch.Tensor], count: int) -> None:
+        """The target's features at positions position .. position + count - 1 to the drafters
+        that draft from them."""
+        for drafter in self.feature_drafters:
+            drafter.observe_features(position, {layer: hidden[layer][:count] for layer in drafter.feature_layers})
+
     def _commit(self, state: _Prompt, drafter: Drafter, verified: _Verified) -> tuple[list[int], str | None]:
         """Keep the accepted tokens: crop rejected positions from the caches, cut at EOS and
         at the budget. Returns the committed tokens and why generation ends, if it does."""
         self.target.crop(len(state.context) + verified.accepted)  # context[:-1] + last + accepted drafts
         drafter.on_commit(verified.accepted)
+        # The verify fed [last committed token, accepted drafts]: their features are final.
+        self._hand_over(len(state.context) - 1, verified.hidden, verified.accepted + 1)
         tokens, finish = verified.tokens, None
         for i, token in enumerate(tokens):
             if token in self.settings.eos_ids:

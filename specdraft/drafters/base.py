@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 Hidden = Mapping[int, torch.Tensor]  # {layer: [positions, H]} hidden state after that many target layers
 
 
+class DrafterUnavailable(Exception):
+    """An optional drafter whose files are absent: the pool is built without it."""
+
+
 @dataclass(frozen=True)
 class Draft:
     tokens: torch.Tensor  # [k] long, on the target's device; k may be smaller than asked, even 0
@@ -154,6 +158,16 @@ class Drafter(ABC):
     def hidden_layers(self) -> tuple[int, ...]:
         """Target layers whose hidden states `score` reads (none for most kinds)."""
         return ()
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """Target layers whose hidden states this drafter drafts from: handed over at every
+        committed position (`observe_features`), whichever arm drafted (none for most kinds)."""
+        return ()
+
+    def observe_features(self, position: int, hidden: Hidden) -> None:
+        """The target's hidden states for `feature_layers` at committed positions
+        position, position + 1, ... ({layer: [n, H]})."""
 
     def empty_draft(self) -> Draft:
         return Draft(torch.empty(0, dtype=torch.long, device=self.ctx.device), None)

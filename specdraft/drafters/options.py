@@ -3,7 +3,7 @@ checked with key paths, into a frozen options object the kind's `build` takes.
 
 Torch-free on purpose (like the rest of the profile parser): a mistake in a profile is
 reported before torch or transformers load, in a fraction of a second. The kind classes
-(`ngram.py`, `model.py`, `layers.py`, `suffix.py`) point at these parsers; `registry.py` maps kind
+(`ngram.py`, `model.py`, `layers.py`, `suffix.py`, `head.py`) point at these parsers; `registry.py` maps kind
 names to both.
 """
 
@@ -45,6 +45,13 @@ class SuffixOptions:
     min_match: int = 1
     min_prob: float = 0.1  # stop once the draft's estimated chance of surviving falls below
     spec_factor: float = 4.0  # draft at most this many tokens per matched token
+
+
+@dataclass(frozen=True)
+class HeadOptions:
+    path: Path  # the folder `specdraft train head --out` wrote
+    stop_below: float | None = None
+    optional: bool = False  # a missing head folder leaves the drafter out of the pool (with a warning)
 
 
 def parse_ngram(table: Table, base: Path) -> NgramOptions:
@@ -107,6 +114,18 @@ def parse_suffix(table: Table, base: Path) -> SuffixOptions:
                          min_match, min_prob, spec_factor)
 
 
+def parse_head(table: Table, base: Path) -> HeadOptions:
+    path = table.get("path", str)
+    if not path:
+        raise table.error("path", "missing; the folder `specdraft train head --out` wrote")
+    folder = Path(path).expanduser()
+    folder = folder if folder.is_absolute() else base / folder
+    stop_below = _stop_below(table)
+    optional = table.get("optional", bool, False)
+    table.finish()
+    return HeadOptions(folder, stop_below, optional)
+
+
 def _stop_below(table: Table) -> float | None:
     """`stop_below`: a fixed confidence under which drafting stops; absent = learned."""
     value = table.get("stop_below", (float, int))
@@ -116,4 +135,5 @@ def _stop_below(table: Table) -> float | None:
 
 
 # kind name -> its parser; the classes behind the names are in registry.py
-PARSERS = {"model": parse_model, "ngram": parse_ngram, "layers": parse_layers, "suffix": parse_suffix}
+PARSERS = {"model": parse_model, "ngram": parse_ngram, "layers": parse_layers, "suffix": parse_suffix,
+           "head": parse_head}

@@ -8,6 +8,7 @@ and torch with it, is imported when a pool is built, so a profile validates in a
 from __future__ import annotations
 
 import importlib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -18,11 +19,14 @@ from specdraft.drafters.options import PARSERS
 if TYPE_CHECKING:
     from specdraft.drafters.base import Drafter, PoolContext
 
+log = logging.getLogger("specdraft")
+
 # kind name -> (module, class): imported on first use
 _CLASSES = {"model": ("specdraft.drafters.model", "ModelDrafter"),
             "ngram": ("specdraft.drafters.ngram", "NgramDrafter"),
             "layers": ("specdraft.drafters.layers", "LayersDrafter"),
-            "suffix": ("specdraft.drafters.suffix", "SuffixDrafter")}
+            "suffix": ("specdraft.drafters.suffix", "SuffixDrafter"),
+            "head": ("specdraft.drafters.head", "HeadDrafter")}
 KINDS = tuple(PARSERS)
 
 
@@ -52,5 +56,15 @@ def parse_drafter(table: Table, base: Path) -> DrafterConfig:
     return DrafterConfig(name, kind, PARSERS[kind](table, base))
 
 
-def build_pool(configs: Sequence[DrafterConfig], pool: "PoolContext") -> list["Drafter"]:
-    return [kind_class(c.kind).build(c.name, c.options, pool, f"drafters[{i}]") for i, c in enumerate(configs)]
+def build_pool(configs: Sequence[DrafterConfig], pool: "PoolContext") -> tuple[list["Drafter"], dict[str, str]]:
+    """The drafters that could be built, and {name: why} for optional ones left out."""
+    from specdraft.drafters.base import DrafterUnavailable
+
+    drafters, absent = [], {}
+    for i, config in enumerate(configs):
+        try:
+            drafters.append(kind_class(config.kind).build(config.name, config.options, pool, f"drafters[{i}]"))
+        except DrafterUnavailable as exc:
+            log.warning('drafter "%s" left out of the pool: %s', config.name, exc)
+            absent[config.name] = str(exc)
+    return drafters, absent

@@ -1,0 +1,154 @@
+"""`specdraft train head`: read a corpus, run the frozen target over it once (features
+cached on disk), and train a draft head that the `head` drafter kind loads.
+
+The output folder gets the head (head.safetensors + head.json, written at every
+checkpoint, so an interrupted run still leaves a usable head) and the resume state.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from rich.console import Console
+
+from specdraft.commands.io import EXIT_OK, check_count, check_seed, warner
+from specdraft.errors import UsageError
+
+HELD_OUT = 0.05  # share of sequences kept out of training to report the head's KL and top-1
+
+
+@dataclass
+class TrainHeadOptions:
+    pool: str
+    data: list[str]
+    out: str
+    epochs: Optional[float] = None
+    steps: Optional[int] = None
+    lr: float = 1e-3
+    draft_vocab: int = 8192
+    seq_len: int = 512
+    batch_sequences: int = 8
+    max_tokens: Optional[int] = None
+    chat: Optional[bool] = None
+    device: str = "auto"
+    features: Optional[str] = None
+    restart: bool = False
+    seed: int = 0
+
+
+def run_train_head(opts: TrainHeadOptions, console: Console) -> int:
+    _check(opts)
+    out = Path(opts.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: is a file; give a folder for the head")
+    from specdraft.training.corpus import walk
+
+    paths = list(walk(opts.data))
+    if not paths:
+        raise UsageError("--data: no text files found in " + ", ".join(opts.data))
+
+    import torch
+
+    from specdraft.config.profile import load_profile
+    from specdraft.drafters.head_model import TargetSignature, save_head
+    from specdraft.models.gguf_cache import cache_dir
+    from specdraft.models.loading import eos_token_ids, load_model, resolve_device
+    from specdraft.training.corpus import documents
+    from specdraft.training.features import extract_features, feature_key, finished, sequences_of, token_stream
+    from specdraft.training.head import HeadObjective, HeadTrainingSettings, draft_vocabulary, new_head
+    from specdraft.training.loop import STATE, LoopSettings, train
+
+    profile = load_profile(opts.pool)
+    device = resolve_device(opts.device, None, "--device")
+    target = load_model(profile.target, str(profile.file), "target")
+    model = target.model.to(device).eval()
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    tokenizer = target.tokenizer
+    chat = opts.chat if opts.chat is not None else bool(getattr(tokenizer, "chat_template", None))
+    started = time.perf_counter()
+
+    docs = list(documents(paths, warner(console), exchanges=True))
+    eos = sorted(eos_token_ids(model, tokenizer))
+    stream = token_stream(docs, tokenizer, chat, eos[0] if eos else None)
+    tokens = sequences_of(stream, opts.seq_len, opts.max_tokens)
+    if tokens.shape[0] < 2:
+        raise UsageError(f"--data: {len(stream)} tokens make fewer than 2 sequences of --seq-len {opts.seq_len}; "
+                         "give more text or a shorter --seq-len")
+    layer = int(model.config.num_hidden_layers)
+    signature = TargetSignature.of(model)
+    key = feature_key(json.dumps(signature.__dict__, sort_keys=True), tokens, [layer])
+    folder = Path(opts.features) if opts.features else cache_dir() / "features" / key
+    console.print(f"{len(docs)} documents, {tokens.size:,} tokens in {tokens.shape[0]} sequences of {opts.seq_len}",
+                  markup=False)
+    if not finished(folder, tokens.shape[0]):
+        console.print(f"running the target over them once; features cached in {folder}", markup=False)
+        from specdraft.ui.progress import progress_bar
+
+        with progress_bar(console, "target features", tokens.shape[0]) as ticker:
+            data = extract_features(model, tokens, [layer], folder,
+                                    lambda done, total: ticker.progress.update(ticker.task, completed=done))
+        console.print(f"features: {time.perf_counter() - started:.0f} s", markup=False)
+    else:
+        data = extract_features(model, tokens, [layer], folder)  # all done: opens them
+        console.print(f"features: reusing {folder}", markup=False)
+
+    rng = np.random.default_rng(opts.seed)
+    order = rng.permutation(data.sequences)
+    held = max(1, int(round(data.sequences * HELD_OUT)))
+    held_rows, train_rows = np.sort(order[:held]), np.sort(order[held:])
+    vocab_size = int(model.get_output_embeddings().weight.shape[0])
+    vocab_ids = draft_vocabulary(data.tokens[train_rows], opts.draft_vocab, vocab_size, tuple(eos))
+    torch.manual_seed(opts.seed)
+    head = new_head(model, vocab_ids).to(device)
+    settings = HeadTrainingSettings(draft_vocab=int(vocab_ids.numel()), batch_sequences=opts.batch_sequences,
+                                    seed=opts.seed)
+    objective = HeadObjective(head, model, data, layer, settings, train_rows, device)
+    per_epoch = max(1, len(train_rows) // opts.batch_sequences)
+    steps = opts.steps if opts.steps is not None else max(1, int(round(per_epoch * (opts.epochs or 4.0))))
+    identity = {"features": key, "vocab": int(vocab_ids.numel()), "lr": opts.lr, "steps": steps,
+                "batch": opts.batch_sequences, "seed": opts.seed}
+    if opts.restart:
+        (out / STATE).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    before = objective.evaluate(held_rows)
+    console.print(f"held-out before training: KL {before['kl']:.3f}, top-1 agreement {before['top1']:.1%}",
+                  markup=False)
+    trained_at = time.perf_counter()
+
+    def save(step: int, metrics: dict[str, float]) -> None:
+        save_head(out, head, {"steps": step, "of_steps": steps, "tokens": int(tokens.size),
+                              "data": [str(p) for p in paths][:20], "lr": opts.lr, "seq_len": opts.seq_len,
+                              "chat": chat, "train_metrics": metrics})
+
+    head.train()
+    result = train(head, LoopSettings(steps=steps, lr=opts.lr, warmup=min(20, steps // 10 + 1), identity=identity),
+                   objective.step, save, out, console, label="train head")
+    after = objective.evaluate(held_rows)
+    save_head(out, head.eval(), {**head.config.trained, "held_out_kl": after["kl"], "held_out_top1": after["top1"],
+                                 "train_seconds": round(time.perf_counter() - trained_at, 1)})
+    console.print(f"held-out after {result.step} steps: KL {after['kl']:.3f}, top-1 agreement {after['top1']:.1%} "
+                  f"(trained {result.seconds / 60:.1f} min, total {(time.perf_counter() - started) / 60:.1f} min); "
+                  f"head written to {out}", markup=False)
+    return EXIT_OK
+
+
+def _check(opts: TrainHeadOptions) -> None:
+    check_count(opts.steps, "--steps")
+    check_count(opts.max_tokens, "--max-tokens")
+    check_seed(opts.seed)
+    if opts.epochs is not None and opts.epochs <= 0:
+        raise UsageError(f"--epochs: must be positive (got {opts.epochs})")
+    if not opts.lr > 0:
+        raise UsageError(f"--lr: must be positive (got {opts.lr})")
+    if opts.draft_vocab < 2:
+        raise UsageError(f"--draft-vocab: must be at least 2 (got {opts.draft_vocab})")
+    if opts.seq_len < 8:
+        raise UsageError(f"--seq-len: must be at least 8 (got {opts.seq_len})")
+    if opts.batch_sequences < 1:
+        raise UsageError(f"--batch: must be at least 1 (got {opts.batch_sequences})")

@@ -1,0 +1,197 @@
+"""The `head` drafter kind: a trained draft head (EAGLE-style, `head_model.py`) that drafts
+from the target's own features.
+
+Every round the verify hands over the target's final feature at the newly committed
+positions (`feature_layers`, `observe_features`); the round never knows the kind. The head
+keeps its own one-layer KV cache over pairs (f_{t-1}, x_t): "consumed up to token j" means
+pairs for t = 1..j are cached. A draft catches up on the committed pairs it has not seen in
+one small forward, then drafts autoregressively, feeding its own predicted feature where the
+target's is not known yet. Those draft pairs are dropped after the round: the accepted
+tokens' real features arrive with the next hand-over. Full-information scoring is the same
+catch-up forward over committed pairs (exact: q at a committed position depends only on the
+committed text and the target's features there).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specdraft.decoding.sampling import distributions
+from specdraft.decoding.verify import overlap
+from specdraft.drafters.base import Draft, DraftContext, DrafterUnavailable, Hidden, PoolContext, TrajectoryScores
+from specdraft.drafters.head_model import DraftHead, HeadFileError, Readout, load_head
+from specdraft.drafters.model import ModelDrafter
+from specdraft.drafters.options import HeadOptions
+from specdraft.errors import ProfileError
+
+
+class HeadCache:
+    """The head with its KV cache and the target features it has been handed."""
+
+    def __init__(self, head: DraftHead, target: torch.nn.Module, logits_size: int):
+        self.device = next(target.parameters()).device
+        dtype = next(target.parameters()).dtype
+        self.head = head.to(self.device, dtype)
+        self.embed = target.get_input_embeddings()
+        self.readout = Readout(target, self.head.vocab_ids)
+        self.logits_size = logits_size
+        self.hidden_size = head.config.hidden_size
+        self.model = self.head  # what measures its cost
+        self.reset()
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.head.layer_config)
+        self.length = 0  # tokens consumed: pairs for tokens 1 .. length - 1 are cached
+        self.features = torch.empty(0, self.hidden_size, device=self.device, dtype=self.embed.weight.dtype)
+        self.last: torch.Tensor | None = None  # [1, 1, H]: the latest predicted feature
+
+    def observe(self, position: int, rows: torch.Tensor) -> None:
+        """The target's features at positions position .. position + n - 1."""
+        if position > self.features.shape[0]:
+            raise ValueError(f"target features for position {position} handed over before those at "
+                             f"{self.features.shape[0]}")
+        self.features = torch.cat([self.features[:position], rows.to(self.features.dtype)])
+
+    def crop(self, length: int) -> None:
+        if length < self.length:
+            pairs_kept = max(0, length - 1)
+            if self.cache.get_seq_length() > pairs_kept:
+                self.cache.crop(pairs_kept - self.cache.get_seq_length())
+            self.length = length
+
+    @torch.inference_mode()
+    def consume(self, context: Sequence[int], upto: int, keep: int) -> torch.Tensor:
+        """Cache the pairs for tokens context[length:upto] and return the small (draft-vocab)
+        logits after the last `keep` of them [keep, N]: row i predicts the token after it."""
+        first = max(1, self.length)
+        if upto > self.features.shape[0] + 1:
+            raise ValueError(f"the head has the target's features up to position {self.features.shape[0] - 1} "
+                             f"and was asked to consume token {upto - 1}")
+        if upto <= first:
+            raise ValueError("nothing to consume")
+        tokens = torch.tensor(context[first:upto], dtype=torch.long, device=self.device)
+        features = self.features[first - 1 : upto - 1]
+        positions = torch.arange(first - 1, upto - 1, device=self.device).view(1, -1)
+        out = self.head(self.embed(tokens).view(1, -1, self.hidden_size), features.view(1, -1, self.hidden_size),
+                        positions, self.cache)
+        self.length = upto
+        self.last = out[:, -1:]
+        return self.readout.small(out[0, -keep:])
+
+    @torch.inference_mode()
+    def step(self, token: torch.Tensor) -> torch.Tensor:
+        """Feed a drafted token with the head's own latest prediction: small logits [1, N]."""
+        position = torch.tensor([[self.length - 1]], device=self.device)
+        out = self.head(self.embed(token.view(1, 1).to(self.device)), self.last, position, self.cache)
+        self.length += 1
+        self.last = out
+        return self.readout.small(out[0])
+
+    def widen(self, small: torch.Tensor) -> torch.Tensor:
+        return self.readout.widen(small, self.logits_size)
+
+
+class HeadDrafter(ModelDrafter):
+    kind = "head"
+    draft_alignment_is_score = False  # drafts past the first token use predicted features
+
+    def __init__(self, name: str, ctx: DraftContext, head: DraftHead, target: torch.nn.Module,
+                 stop_below: float | None = None):
+        self.head_cache = HeadCache(head, target, ctx.vocab_size)
+        super().__init__(name, ctx, head, stop_below, lm=self.head_cache)  # type: ignore[arg-type]
+        self.target = target
+        self.feature_layer = int(target.config.num_hidden_layers)
+
+    @classmethod
+    def build(cls, name: str, options: HeadOptions, pool: PoolContext, key: str) -> "HeadDrafter":
+        if options.optional and not options.path.exists():
+            raise DrafterUnavailable(f"no head at {options.path} (train it with `specdraft train head`)")
+        try:
+            head = load_head(options.path, pool.target.model)
+        except HeadFileError as exc:
+            raise ProfileError(pool.file, f"{key}.path", str(exc)) from None
+        return cls(name, pool.draft, head, pool.target.model, options.stop_below)
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return (self.feature_layer,)
+
+    def observe_features(self, position: int, hidden: Hidden) -> None:
+        self.head_cache.observe(position, hidden[self.feature_layer])
+
+    def propose(self, context: Sequence[int], k: int, stop_price: float | None = None) -> Draft:
+        if len(context) < 2:  # no feature yet: the head reads the target's feature at the token before
+            return self.empty_draft()
+        return super().propose(context, k, stop_price)
+
+    def _start_draft(self, context: Sequence[int]) -> torch.Tensor:
+        cache = self.head_cache
+        if cache.length >= len(context):
+            cache.crop(len(context) - 1)
+        return cache.widen(cache.consume(context, len(context), keep=1))
+
+    def _step(self, token: torch.Tensor) -> torch.Tensor:
+        return self.head_cache.widen(self.head_cache.step(token))
+
+    def _keep(self, n_accepted: int) -> None:
+        # Draft pairs were built on predicted features: recompute them from the real ones.
+        self.head_cache.crop(self._drafted_from)
+
+    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
+              hidden: Hidden | None = None) -> torch.Tensor:
+        cache = self.head_cache
+        if cache.length > start - 1:
+            cache.crop(start - 1)
+        upto = start + count - 1
+        scorable = min(count, upto - max(1, cache.length, 1))  # position 1 has no pair before it
+        gammas = target_probs.new_zeros(count)
+        if scorable > 0:
+            logits = cache.widen(cache.consume(context, upto, keep=scorable))
+            q = distributions(logits, self.ctx.params).to(target_probs.device)
+            gammas[count - scorable:] = overlap(target_probs[count - scorable:], q)
+        return gammas
+
+    @torch.inference_mode()
+    def trajectory_scores(self, context: list[int], prompt_len: int, target_probs: torch.Tensor,
+                          k: int) -> TrajectoryScores:
+        """Exact: the head drafts k tokens at every generated position from the target's
+        features along the trajectory (computed here with one uncached target forward)."""
+        ids = torch.tensor([context], dtype=torch.long, device=self.head_cache.device)
+        features = self.target(ids, output_hidden_states=True).hidden_states[self.feature_layer][0]
+        n = len(context) - prompt_len
+        scores = TrajectoryScores([], [], [], [])
+        probs = target_probs
+        for t in range(n):
+            position = prompt_len + t
+            self.reset()
+            self.head_cache.observe(0, features[: position - 1])
+            logits = self._start_draft(context[:position]) if position >= 2 else None
+            proposal, span = [], []
+            for j in range(k):
+                if logits is None:
+                    break
+                token = logits.argmax(dim=-1)
+                proposal.append(int(token))
+                if t + j < n:
+                    q = distributions(logits, self.ctx.params).to(probs.device)
+                    span.append(float(overlap(probs[t + j : t + j + 1], q)))
+                if j < k - 1:
+                    logits = self._step(token)
+            r = 0
+            while r < len(proposal) and t + r < n and proposal[r] == context[position + r]:
+                r += 1
+            scores.drafted.append(len(proposal))
+            scores.run.append(r)
+            scores.span.append(span)
+            scores.alpha.append(span[0] if span else 0.0)
+        self.reset()
+        return scores
+
+    @property
+    def causal_lm(self) -> None:
+        """Not a causal LM transformers can assist with: its cost is measured by the round."""
+        return None

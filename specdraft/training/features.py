@@ -1,0 +1,118 @@
+"""The frozen target's features over a training corpus, computed once and kept on disk.
+
+Training a drafter needs, at every position of the corpus, the target's hidden state(s)
+and its next-token distribution; the distribution is one head projection of the final
+feature, so only hidden states are stored (float16, memory-mapped). Documents are joined
+with the end-of-text token and cut into sequences of `seq_len` tokens (teacher forcing:
+one target forward per sequence, far cheaper than generating). The folder is named after
+the target, the token stream and the layers, so a second training run on the same data
+skips the target pass, and a run killed half-way resumes at the first unfinished batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from specdraft.training.corpus import Document
+
+FP16_MAX = 65000.0
+
+
+@dataclass
+class FeatureSet:
+    folder: Path
+    tokens: np.ndarray  # [sequences, seq_len] int32
+    features: dict[int, np.ndarray]  # {layer: [sequences, seq_len, H] float16}
+
+    @property
+    def sequences(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def seq_len(self) -> int:
+        return self.tokens.shape[1]
+
+
+def token_stream(docs: Sequence[Document], tokenizer: Any, chat: bool, separator: int | None) -> list[int]:
+    """Every document's tokens in order, exchanges in the chat template when `chat`, each
+    plain document followed by `separator` (the end-of-text token)."""
+    out: list[int] = []
+    for doc in docs:
+        if doc.exchange is not None and chat:
+            prompt, answer = doc.exchange
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt},
+                                                 {"role": "assistant", "content": answer}], tokenize=True)
+            out += list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        else:
+            text = doc.text if doc.exchange is None else "\n".join(doc.exchange)
+            out += tokenizer(text, add_special_tokens=False)["input_ids"]
+            if separator is not None:
+                out.append(separator)
+    return out
+
+
+def sequences_of(stream: list[int], seq_len: int, max_tokens: int | None) -> np.ndarray:
+    """[n, seq_len] int32: the stream cut into whole sequences (the tail shorter than one is dropped)."""
+    if max_tokens is not None:
+        stream = stream[:max_tokens]
+    n = len(stream) // seq_len
+    return np.asarray(stream[: n * seq_len], dtype=np.int32).reshape(n, seq_len)
+
+
+def feature_key(signature: str, tokens: np.ndarray, layers: Sequence[int]) -> str:
+    digest = hashlib.sha256()
+    digest.update(signature.encode())
+    digest.update(json.dumps(list(layers)).encode())
+    digest.update(np.ascontiguousarray(tokens).tobytes())
+    digest.update(str(tokens.shape).encode())
+    return digest.hexdigest()[:16]
+
+
+def extract_features(target: torch.nn.Module, tokens: np.ndarray, layers: Sequence[int], folder: Path,
+                     progress: Callable[[int, int], None] | None = None, batch_tokens: int = 4096) -> FeatureSet:
+    """The target's hidden states after each of `layers` at every position of `tokens`
+    [n, seq_len], written under `folder` (resumed where a previous run stopped)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    n, seq_len = tokens.shape
+    hidden = int(target.config.hidden_size)
+    meta_path, done_path = folder / "meta.json", folder / "done.json"
+    meta = {"sequences": n, "seq_len": seq_len, "hidden": hidden, "layers": list(layers)}
+    if meta_path.exists() and json.loads(meta_path.read_text()) != meta:
+        done_path.unlink(missing_ok=True)  # another shape under the same key: start over
+    np.save(folder / "tokens.npy", tokens)
+    mode = "r+" if done_path.exists() else "w+"
+    arrays = {layer: np.lib.format.open_memmap(folder / f"features-{layer}.npy", mode=mode, dtype=np.float16,
+                                               shape=(n, seq_len, hidden)) for layer in layers}
+    meta_path.write_text(json.dumps(meta))
+    done = json.loads(done_path.read_text())["sequences"] if done_path.exists() else 0
+    batch = max(1, batch_tokens // seq_len)
+    device = next(target.parameters()).device
+    started = time.perf_counter()
+    with torch.inference_mode():
+        for first in range(done, n, batch):
+            ids = torch.from_numpy(tokens[first : first + batch].astype(np.int64)).to(device)
+            out = target(ids, output_hidden_states=True)
+            for layer in layers:
+                states = out.hidden_states[layer].float().clamp_(-FP16_MAX, FP16_MAX)
+                arrays[layer][first : first + ids.shape[0]] = states.cpu().numpy().astype(np.float16)
+            for array in arrays.values():
+                array.flush()
+            done = first + ids.shape[0]
+            done_path.write_text(json.dumps({"sequences": done, "seconds": time.perf_counter() - started}))
+            if progress is not None:
+                progress(done, n)
+    return FeatureSet(folder, tokens, {layer: np.load(folder / f"features-{layer}.npy", mmap_mode="r")
+                                       for layer in layers})
+
+
+def finished(folder: Path, sequences: int) -> bool:
+    done = folder / "done.json"
+    return done.exists() and json.loads(done.read_text()).get("sequences") == sequences
