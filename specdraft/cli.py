@@ -176,7 +176,7 @@ def train_head(
     seed: Annotated[int, typer.Option(help="Seed for initialisation, batching and noise.")] = 0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
-    """Train an EAGLE-style draft head for the pool's target (kind = "head")."""
+    """Train an EAGLE-style draft head for the pool's target (for a `head` drafter)."""
     from specdraft.commands.train import TrainHeadOptions, run_train_head
 
     console = err_console()

@@ -286,3 +286,12 @@ def test_train_head_usage_errors_exit_2(tiny_models, tmp_path):
         result = runner.invoke(app, ["train", "head", "--pool", str(base), "--out", str(tmp_path / "o"), *extra])
         assert result.exit_code == 2, (extra, result.stderr)
         assert message in result.stderr
+
+
+def test_a_head_times_its_own_forward_for_traces(target):
+    engine, drafters = engine_for(target, random_head(target), "fixed")
+    seconds = drafters[1].forward_seconds((1, 5), repeats=2)
+    assert set(seconds) == {1, 5} and all(s > 0 for s in seconds.values())
+    assert drafters[1].head_cache.length == 0  # left reset
+    out = [t for r in engine.generate(PROMPTS[0]) for t in r.tokens]
+    assert out == plain_greedy(target, PROMPTS[0], 32)

@@ -17,6 +17,7 @@ EXAMPLES = [Example("a", "hello there hello there", "copy"), Example("b", "abc",
 
 POLICIES = [
     ("fixed:half", {}),
+    ("fixed:head", {}),
     ("fixed:lookup", {}),
     ("random", {}),
     ("ucb", {"reward": "be"}),
@@ -39,8 +40,17 @@ TIMING_FREE = {"objective": "acceptance", "draft_length": "fixed", "allow_none":
 def traced(tiny_models, tmp_path_factory):
     from conftest import POOL
 
-    file = tmp_path_factory.mktemp("replay") / "pool.toml"
-    file.write_text(POOL.format(root=tiny_models).replace("max_new_tokens = 24", "max_new_tokens = 40\nseed = 3"))
+    from transformers import AutoModelForCausalLM
+
+    from specdraft.drafters.head_model import save_head
+    from tiny import random_head
+
+    folder = tmp_path_factory.mktemp("replay")
+    target = AutoModelForCausalLM.from_pretrained(tiny_models / "target").double()
+    save_head(folder / "head", random_head(target, list(range(0, 259, 3))))
+    file = folder / "pool.toml"
+    head = f'\n[[drafters]]\nname = "head"\nkind = "head"\npath = "{folder / "head"}"\n'
+    file.write_text(POOL.format(root=tiny_models).replace("max_new_tokens = 24", "max_new_tokens = 40\nseed = 3") + head)
     profile = load_profile(file)
     runtime = build_runtime(profile)
     trace = record_trace(runtime, EXAMPLES, chat=False)
@@ -78,8 +88,9 @@ def test_trace_round_trips_through_its_file(traced, tmp_path):
     trace.save(tmp_path / "t.jsonl")
     again = Trace.load(tmp_path / "t.jsonl")
     assert again == trace
-    assert set(trace.header.costs) == {"target", "lookup", "small", "half", "none"}
+    assert set(trace.header.costs) == {"target", "lookup", "small", "half", "head", "none"}
     assert trace.header.costs["target"](1) > 0
+    assert trace.header.costs["head"](1) > 0  # timed by the head itself: not a causal LM
 
 
 def test_trace_records_the_plain_greedy_trajectory(traced):

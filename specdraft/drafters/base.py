@@ -180,6 +180,12 @@ class Drafter(ABC):
         or None when drafting happens on the host."""
         return None
 
+    def forward_seconds(self, widths: Sequence[int], repeats: int) -> dict[int, float] | None:
+        """Median seconds of one of its forwards over each number of tokens in `widths`,
+        with a warm cache, for drafters that draft with a network but not a causal LM
+        (`causal_lm` is None); None for the others."""
+        return None
+
     @abstractmethod
     def trajectory_scores(self, context: list[int], prompt_len: int, target_probs: torch.Tensor,
                           k: int) -> TrajectoryScores:

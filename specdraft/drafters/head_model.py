@@ -48,7 +48,7 @@ class TargetSignature:
         config = target.config
         weight = target.get_input_embeddings().weight.detach()
         flat = weight.reshape(-1)
-        index = torch.linspace(0, flat.numel() - 1, SIGNATURE_SIZE, device=flat.device).long()
+        index = torch.arange(SIGNATURE_SIZE, device=flat.device) * (flat.numel() - 1) // (SIGNATURE_SIZE - 1)
         bits = (flat[index] > 0).cpu().numpy()
         return cls(getattr(config, "model_type", "?"), int(config.hidden_size), int(config.num_hidden_layers),
                    int(weight.shape[0]), _pack_bits(bits))

@@ -177,11 +177,16 @@ def trace_prompt(runtime: Runtime, example: Example, prompt_len: int, context: l
 
 def measure_costs(runtime: Runtime, k: int, repeats: int = 5) -> dict[str, ForwardCost]:
     """Median seconds of a forward of 1 and of k + 1 tokens after a 64-token prefill;
-    drafters that draft on the host cost nothing."""
+    drafters that draft on the host cost nothing; a drafter with a network of its own
+    that is not a causal LM times itself (`forward_seconds`)."""
     costs = {"target": _forward_cost(runtime.engine.target.model, k, repeats)}
     for drafter in runtime.drafters:
-        model = drafter.causal_lm
-        costs[drafter.name] = _forward_cost(model, k, repeats) if model is not None else ForwardCost(0.0, 0.0)
+        model, own = drafter.causal_lm, drafter.forward_seconds((1, k + 1), repeats)
+        if own is not None:
+            per_token = max(0.0, (own[k + 1] - own[1]) / k)
+            costs[drafter.name] = ForwardCost(max(0.0, own[1] - per_token), per_token)
+        else:
+            costs[drafter.name] = _forward_cost(model, k, repeats) if model is not None else ForwardCost(0.0, 0.0)
     return costs
 
 

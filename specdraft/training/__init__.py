@@ -1,3 +1,3 @@
 """Training drafters from the frozen target: the corpus reader (`corpus.py`), the target's
 features cached on disk (`features.py`), the shared loop with progress, checkpoints and
-Ctrl-C (`loop.py`), and what each trained kind learns (`head.py` for `kind = "head"`)."""
+Ctrl-C (`loop.py`), and what each trained kind learns (`head.py` for head drafters)."""
