@@ -52,3 +52,42 @@ def test_greedy_text_equals_transformers_generate(demo, prompt, chat, policy):
     assert run.text == target.tokenizer.decode(reference, skip_special_tokens=True)
     if policy == "fixed:lookup" and not chat:
         assert run.stats.mean_accepted > 1.0
+
+
+def test_a_head_trained_briefly_on_the_real_target_drafts_losslessly(demo, tmp_path):
+    """The real target's final feature (post-norm, what its head reads) is what training
+    stores and what the verify hands over: a head trained for a few steps on a few hundred
+    tokens drafts, and the text stays transformers' greedy text."""
+    import numpy as np
+    from rich.console import Console
+
+    from specdraft.drafters.head_model import save_head
+    from specdraft.training.features import extract_features
+    from specdraft.training.head import HeadObjective, HeadTrainingSettings, draft_vocabulary, new_head
+    from specdraft.training.loop import LoopSettings, train
+
+    profile, target = demo
+    model = target.model
+    text = "def add(a, b):\n    return a + b\n\n" * 24
+    tokens = np.asarray(target.tokenizer(text)["input_ids"][:192], dtype=np.int32).reshape(3, 64)
+    layer = model.config.num_hidden_layers
+    data = extract_features(model, tokens, [layer], tmp_path / "f")
+    head = new_head(model, draft_vocabulary(tokens, 512, model.config.vocab_size))
+    objective = HeadObjective(head, model, data, layer, HeadTrainingSettings(batch_sequences=3), np.arange(3),
+                              torch.device("cpu"))
+    before = objective.evaluate(np.arange(3))
+    train(head, LoopSettings(steps=4, lr=1e-3, warmup=1), objective.step, lambda *a: None, tmp_path,
+          Console(stderr=True, quiet=True))
+    assert objective.evaluate(np.arange(3))["kl"] < before["kl"]
+    save_head(tmp_path / "head", head)
+    pool = tmp_path / "pool.toml"
+    target_table = DEMO.read_text().split("[decode]")[0]  # the demo's [target]
+    pool.write_text(target_table + f'[policy]\nname = "fixed"\ndrafter = "head"\n\n'
+                    f'[[drafters]]\nname = "head"\nkind = "head"\npath = "{tmp_path / "head"}"\n')
+    runtime = build_runtime(load_profile(pool).with_overrides(max_new_tokens=32, seed=0), target=target)
+    run = PromptRun(runtime, "def add(a, b):", False).run()
+    ids = torch.tensor([run.prompt_ids])
+    with torch.inference_mode():
+        reference = model.generate(ids, max_new_tokens=32, do_sample=False)[0, ids.shape[1]:].tolist()
+    assert list(run.detokenizer.ids) == reference
+    assert run.stats.usage["head"].drafted > 0

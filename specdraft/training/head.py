@@ -86,7 +86,10 @@ class HeadObjective:
         return loss, {"kl": float(kl.detach()), "top1": float(top1)}
 
     def step(self, step: int) -> tuple[torch.Tensor, dict[str, float]]:
-        return self.loss(*self.batch(self.next_rows()))
+        # bf16 autocast on a GPU (the master weights and the loss stay float32); a CPU
+        # trains in float32, where bf16 gained only ~1.3x here.
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+            return self.loss(*self.batch(self.next_rows()))
 
     @torch.no_grad()
     def evaluate(self, rows: np.ndarray) -> dict[str, float]:
