@@ -168,6 +168,7 @@ def train_head(
     draft_vocab: Annotated[int, typer.Option("--draft-vocab", help="Rows of the head's readout: the most frequent target tokens of the data.")] = 8192,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per training sequence.")] = 512,
     batch_sequences: Annotated[int, typer.Option("--batch", help="Sequences per optimizer step.")] = 8,
+    unroll: Annotated[int, typer.Option(help="2: also train the second draft step on the head's own prediction (twice the time per step).")] = 1,
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="Use at most this many tokens of the data.", show_default=False)] = None,
     chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Format prompt/answer pairs in the chat template (default: when the tokenizer has one).", show_default=False)] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda\[:N].")] = "auto",

@@ -295,3 +295,21 @@ def test_a_head_times_its_own_forward_for_traces(target):
     assert drafters[1].head_cache.length == 0  # left reset
     out = [t for r in engine.generate(PROMPTS[0]) for t in r.tokens]
     assert out == plain_greedy(target, PROMPTS[0], 32)
+
+
+def test_unrolled_training_scores_the_second_draft_step_on_the_heads_own_prediction(tmp_path):
+    target = tiny_llama(seed=0, layers=2, scale=6.0).float()
+    tokens = np.random.default_rng(0).integers(3, VOCAB, size=(4, 16)).astype(np.int32)
+    layer = target.config.num_hidden_layers
+    data = extract_features(target, tokens, [layer], tmp_path / "f")
+    head = new_head(target, draft_vocabulary(tokens, VOCAB, VOCAB))
+    objective = HeadObjective(head, target, data, layer, HeadTrainingSettings(batch_sequences=4, unroll=2, noise=0.0),
+                              np.arange(4), torch.device("cpu"))
+    loss, metrics = objective.step(0)
+    assert set(metrics) == {"kl", "top1", "kl@2", "top1@2"}
+    # depth 2 reads depth 1's predictions: its inputs depend on the head's weights twice
+    loss.backward()
+    assert head.fc.weight.grad is not None and torch.isfinite(loss)
+    one, _ = objective.loss(*objective.batch(np.arange(4)), noise=False, unroll=1)
+    two, m2 = objective.loss(*objective.batch(np.arange(4)), noise=False, unroll=2)
+    assert float(two) != pytest.approx(float(one))

@@ -33,6 +33,7 @@ class TrainHeadOptions:
     draft_vocab: int = 8192
     seq_len: int = 512
     batch_sequences: int = 8
+    unroll: int = 1
     max_tokens: Optional[int] = None
     chat: Optional[bool] = None
     device: str = "auto"
@@ -107,18 +108,18 @@ def run_train_head(opts: TrainHeadOptions, console: Console) -> int:
     torch.manual_seed(opts.seed)
     head = new_head(model, vocab_ids).to(device)
     settings = HeadTrainingSettings(draft_vocab=int(vocab_ids.numel()), batch_sequences=opts.batch_sequences,
-                                    seed=opts.seed)
+                                    unroll=opts.unroll, seed=opts.seed)
     objective = HeadObjective(head, model, data, layer, settings, train_rows, device)
     per_epoch = max(1, len(train_rows) // opts.batch_sequences)
     steps = opts.steps if opts.steps is not None else max(1, int(round(per_epoch * (opts.epochs or 4.0))))
     identity = {"features": key, "vocab": int(vocab_ids.numel()), "lr": opts.lr, "steps": steps,
-                "batch": opts.batch_sequences, "seed": opts.seed}
+                "batch": opts.batch_sequences, "unroll": opts.unroll, "seed": opts.seed}
     if opts.restart:
         (out / STATE).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     before = objective.evaluate(held_rows)
-    console.print(f"held-out before training: KL {before['kl']:.3f}, top-1 agreement {before['top1']:.1%}",
-                  markup=False)
+    console.print(f"held-out before training: KL {before['kl']:.3f}, top-1 agreement {before['top1']:.1%} "
+                  f"(second draft token {before['top1@2']:.1%})", markup=False)
     trained_at = time.perf_counter()
 
     def save(step: int, metrics: dict[str, float]) -> None:
@@ -131,8 +132,10 @@ def run_train_head(opts: TrainHeadOptions, console: Console) -> int:
                    objective.step, save, out, console, label="train head")
     after = objective.evaluate(held_rows)
     save_head(out, head.eval(), {**head.config.trained, "held_out_kl": after["kl"], "held_out_top1": after["top1"],
+                                 "held_out_top1_second": after["top1@2"],
                                  "train_seconds": round(time.perf_counter() - trained_at, 1)})
     console.print(f"held-out after {result.step} steps: KL {after['kl']:.3f}, top-1 agreement {after['top1']:.1%} "
+                  f"(second draft token {after['top1@2']:.1%}) "
                   f"(trained {result.seconds / 60:.1f} min, total {(time.perf_counter() - started) / 60:.1f} min); "
                   f"head written to {out}", markup=False)
     return EXIT_OK
@@ -150,5 +153,7 @@ def _check(opts: TrainHeadOptions) -> None:
         raise UsageError(f"--draft-vocab: must be at least 2 (got {opts.draft_vocab})")
     if opts.seq_len < 8:
         raise UsageError(f"--seq-len: must be at least 8 (got {opts.seq_len})")
+    if opts.unroll not in (1, 2):
+        raise UsageError(f"--unroll: 1 or 2 (got {opts.unroll})")
     if opts.batch_sequences < 1:
         raise UsageError(f"--batch: must be at least 1 (got {opts.batch_sequences})")

@@ -2,8 +2,9 @@
 and the next token x_{t+1}, predict f_{t+1}; loss = KL(target || head) on the token after
 (over the draft vocabulary, both read out by the target's own head rows) plus a smooth-L1
 pull of the predicted feature toward the real one (EAGLE: the regression keeps the
-prediction usable as the next step's input). Input features get a little noise, so the
-head tolerates its own slightly-wrong predictions when it drafts several tokens.
+prediction usable as the next step's input). Input features get a little noise, and with
+`unroll = 2` the head also learns the second draft step from its own prediction, so it
+tolerates its own slightly-wrong features when it drafts several tokens.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class HeadTrainingSettings:
     batch_sequences: int = 8
     regression_weight: float = 1.0
     noise: float = 0.05  # std of input-feature noise, relative to the features' RMS
+    unroll: int = 1  # 2: also train the second draft step on the head's own prediction
     seed: int = 0
 
 
@@ -65,9 +67,12 @@ class HeadObjective:
         rows, self.order = self.order[:b], self.order[b:]
         return rows
 
-    def loss(self, tokens: torch.Tensor, features: torch.Tensor, noise: bool = True
+    def loss(self, tokens: torch.Tensor, features: torch.Tensor, noise: bool = True, unroll: int | None = None
              ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Loss over every pair (f_t, x_{t+1}) -> (f_{t+1}, p_{t+1}) of the batch."""
+        """Loss over every pair (f_t, x_{t+1}) -> (f_{t+1}, p_{t+1}) of the batch; with
+        `unroll` 2, also over (predicted f_t, x_{t+1}) -> (f_{t+1}, p_{t+1}): the second
+        drafted token, read from the head's own prediction as when it drafts."""
+        unroll = self.settings.unroll if unroll is None else unroll
         length = tokens.shape[1]
         inputs = features[:, :-1]
         if noise and self.settings.noise > 0:
@@ -77,13 +82,20 @@ class HeadObjective:
             goal = features[:, 1:]
             log_p = F.log_softmax(self.readout.small(goal).float(), dim=-1)
         positions = torch.arange(length - 1, device=tokens.device).expand(tokens.shape[0], -1)
-        predicted = self.head(embeddings, inputs, positions)
-        log_q = F.log_softmax(self.readout.small(predicted).float(), dim=-1)
-        kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
-        regression = F.smooth_l1_loss(predicted.float(), goal)
-        top1 = (log_q.argmax(-1) == log_p.argmax(-1)).float().mean()
-        loss = kl + self.settings.regression_weight * regression
-        return loss, {"kl": float(kl.detach()), "top1": float(top1)}
+        loss, metrics = torch.zeros((), device=tokens.device), {}
+        for depth in range(1, unroll + 1):
+            predicted = self.head(embeddings, inputs, positions)
+            log_q = F.log_softmax(self.readout.small(predicted).float(), dim=-1)
+            kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+            regression = F.smooth_l1_loss(predicted.float(), goal)
+            loss = loss + (kl + self.settings.regression_weight * regression) / unroll
+            suffix = "" if depth == 1 else f"@{depth}"
+            metrics["kl" + suffix] = float(kl.detach())
+            metrics["top1" + suffix] = float((log_q.argmax(-1) == log_p.argmax(-1)).float().mean())
+            # The next depth: each pair's feature is the prediction made one position earlier.
+            inputs, embeddings, goal, log_p = predicted[:, :-1], embeddings[:, 1:], goal[:, 1:], log_p[:, 1:]
+            positions = positions[:, 1:]
+        return loss, metrics
 
     def step(self, step: int) -> tuple[torch.Tensor, dict[str, float]]:
         # bf16 autocast on a GPU (the master weights and the loss stay float32); a CPU
@@ -95,9 +107,10 @@ class HeadObjective:
     def evaluate(self, rows: np.ndarray) -> dict[str, float]:
         """Mean KL and top-1 agreement on `rows` (held out), without noise."""
         self.head.eval()
-        totals, batches = {"kl": 0.0, "top1": 0.0}, 0
+        totals, batches = {"kl": 0.0, "top1": 0.0, "kl@2": 0.0, "top1@2": 0.0}, 0
         for first in range(0, len(rows), self.settings.batch_sequences):
-            _, metrics = self.loss(*self.batch(rows[first : first + self.settings.batch_sequences]), noise=False)
+            _, metrics = self.loss(*self.batch(rows[first : first + self.settings.batch_sequences]), noise=False,
+                                   unroll=2)
             for key in totals:
                 totals[key] += metrics[key]
             batches += 1
