@@ -16,7 +16,9 @@ for `specdraft generate --each-line --json`, whose output is the training data),
 head-eval.jsonl (EVAL_PER_TASK prompts per task), and reference exchanges for the same
 training prompts (--ref DIR: code-ref.jsonl with the canonical solutions, math-ref.jsonl
 with every GSM8K test answer outside evaluation and stream.jsonl, calculator annotations
-removed). Standard library only; deterministic.
+removed), and with --stdlib N, N more open code prompts made the same way from the
+standard library's public functions (stdlib-prompts.txt, next to the reference files).
+Standard library only; deterministic for a given Python.
 
     /work/qwen-parts-venv/bin/python benchmarks/make_head_data.py
 """
@@ -67,6 +69,33 @@ def open_code_prompt(stub: str, entry: str) -> str | None:
     return f"Write a Python function `{entry}({args})` that does the following: {first}."
 
 
+def stdlib_prompts(count: int) -> list[str]:
+    """Open code prompts from the standard library's public module-level functions: the
+    same shape as the HumanEval ones, from the Python that runs this script."""
+    import ast
+    import sysconfig
+
+    root = sysconfig.get_paths()["stdlib"]
+    found = []
+    for name in sorted(os.listdir(root)):
+        if not name.endswith(".py") or name.startswith("_"):
+            continue
+        try:
+            tree = ast.parse(open(os.path.join(root, name), encoding="utf-8").read())
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                doc = ast.get_docstring(node) or ""
+                first = re.split(r"(?<=[.!?])\s", " ".join(doc.split()))[0].rstrip(".")
+                if 20 <= len(first) <= 200 and node.args.args:
+                    args = ", ".join(a.arg for a in node.args.args)
+                    found.append(f"Write a Python function `{node.name}({args})` that does the following: "
+                                 f"{first[0].lower() + first[1:]}.")
+    step = max(1, len(found) // count)
+    return found[::step][:count]
+
+
 def main() -> None:
     import sys
 
@@ -102,6 +131,10 @@ def main() -> None:
                     steps = re.sub(r"<<[^>]*>>", "", steps).strip()
                     f.write(json.dumps({"prompt": q + MATH_SUFFIX,
                                         "answer": f"{steps}\nThe answer is {final.strip()}."}) + "\n")
+    if "--stdlib" in sys.argv:
+        count = int(sys.argv[sys.argv.index("--stdlib") + 1])
+        with open(os.path.join(ref or DATA, "stdlib-prompts.txt"), "w", encoding="utf-8") as f:
+            f.write("\n".join(stdlib_prompts(count)) + "\n")
     with open(os.path.join(DATA, "head-train-code.txt"), "w", encoding="utf-8") as f:
         f.write("\n".join(code_train) + "\n")
     with open(os.path.join(DATA, "head-train-math.txt"), "w", encoding="utf-8") as f:

@@ -160,7 +160,7 @@ app.add_typer(train_app, name="train")
 @train_app.command("head")
 def train_head(
     pool: Pool,
-    data: Annotated[list[str], typer.Option("--data", help="Training text: JSONL (a prompt and an answer become a chat exchange; `generate --json` output works), text or source files, or folders of them. Repeat for several.", show_default=False)],
+    data: Annotated[list[str], typer.Option("--data", help="Training text: JSONL (a prompt and an answer become a chat exchange; `generate --json` output works), text or source files, or folders of them; more may follow as arguments.", show_default=False)],
     out: Annotated[str, typer.Option(help="Folder for the head (a `head` drafter's path).", show_default=False)],
     epochs: Annotated[Optional[float], typer.Option(help="Passes over the data (default 4).", show_default=False)] = None,
     steps: Annotated[Optional[int], typer.Option(help="Optimizer steps (overrides --epochs).", show_default=False)] = None,
@@ -175,12 +175,14 @@ def train_head(
     features: Annotated[Optional[str], typer.Option(help="Folder for the target's cached features (default: under the cache folder).", show_default=False)] = None,
     restart: Annotated[bool, typer.Option("--restart", help="Ignore a saved training state in --out and start over.")] = False,
     seed: Annotated[int, typer.Option(help="Seed for initialisation, batching and noise.")] = 0,
+    more: Annotated[Optional[list[str]], typer.Argument(help="More training files or folders (as for --data).", show_default=False)] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Train an EAGLE-style draft head for the pool's target (for a `head` drafter)."""
     from specdraft.commands.train import TrainHeadOptions, run_train_head
 
     console = err_console()
+    data = [*data, *(more or [])]  # `--data a b c` reads as --data a plus arguments b c
     options = _options(TrainHeadOptions, locals())
     _run(console, verbose, lambda: run_train_head(options, console))
 
