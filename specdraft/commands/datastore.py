@@ -48,23 +48,23 @@ def run_datastore_build(opts: DatastoreOptions, console: Console) -> int:
     tokenizer = load_tokenizer(profile.target, str(profile.file), "target")
     warn = warner(console)
     started = time.perf_counter()
-    documents: list[list[int]] = []
+    token_docs: list[list[int]] = []
     batch: list[str] = []
     size = 0
     for document in documents(paths, warn):
         batch.append(document.text)
         size += len(document.text)
         if size >= BATCH_CHARS:
-            documents += tokenizer(batch, add_special_tokens=False)["input_ids"]
+            token_docs += tokenizer(batch, add_special_tokens=False)["input_ids"]
             batch, size = [], 0
     if batch:
-        documents += tokenizer(batch, add_special_tokens=False)["input_ids"]
-    documents = [d for d in documents if d]
-    if not documents:
+        token_docs += tokenizer(batch, add_special_tokens=False)["input_ids"]
+    token_docs = [d for d in token_docs if d]
+    if not token_docs:
         raise UsageError("the files hold no text to index")
     tokenized = time.perf_counter()
-    text = concatenate(documents)
-    del documents
+    text = concatenate(token_docs)
+    del token_docs
     index = write_store(out, text, opts.depth, tokenizer_fingerprint(tokenizer),
                         {"target": profile.target.describe(), "files": len(paths)})
     indexed = time.perf_counter()
