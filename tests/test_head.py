@@ -313,3 +313,17 @@ def test_unrolled_training_scores_the_second_draft_step_on_the_heads_own_predict
     one, _ = objective.loss(*objective.batch(np.arange(4)), noise=False, unroll=1)
     two, m2 = objective.loss(*objective.batch(np.arange(4)), noise=False, unroll=2)
     assert float(two) != pytest.approx(float(one))
+
+
+def test_handed_over_features_grow_past_the_buffer_and_can_be_rewritten(target):
+    from specdraft.drafters.head import HeadCache
+
+    cache = HeadCache(random_head(target), target, VOCAB)
+    rows = torch.randn(300, target.config.hidden_size, dtype=torch.float64)
+    cache.observe(0, rows[:200])
+    cache.observe(200, rows[200:])  # past the initial 256 rows
+    assert torch.equal(cache.features, rows)
+    cache.observe(150, rows[:10])  # a position handed over again replaces what followed it
+    assert cache.known == 160 and torch.equal(cache.features[150:], rows[:10])
+    with pytest.raises(ValueError, match="before those at 160"):
+        cache.observe(170, rows[:1])

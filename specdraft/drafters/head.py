@@ -48,15 +48,27 @@ class HeadCache:
 
         self.cache = DynamicCache(config=self.head.layer_config)
         self.length = 0  # tokens consumed: pairs for tokens 1 .. length - 1 are cached
-        self.features = torch.empty(0, self.hidden_size, device=self.device, dtype=self.embed.weight.dtype)
+        # The target's features at positions 0 .. known - 1, in a buffer that doubles when
+        # full (a copy per round would grow with the context).
+        self._buffer = torch.empty(256, self.hidden_size, device=self.device, dtype=self.embed.weight.dtype)
+        self.known = 0
         self.last: torch.Tensor | None = None  # [1, 1, H]: the latest predicted feature
+
+    @property
+    def features(self) -> torch.Tensor:
+        return self._buffer[: self.known]
 
     def observe(self, position: int, rows: torch.Tensor) -> None:
         """The target's features at positions position .. position + n - 1."""
-        if position > self.features.shape[0]:
-            raise ValueError(f"target features for position {position} handed over before those at "
-                             f"{self.features.shape[0]}")
-        self.features = torch.cat([self.features[:position], rows.to(self.features.dtype)])
+        if position > self.known:
+            raise ValueError(f"target features for position {position} handed over before those at {self.known}")
+        end = position + rows.shape[0]
+        if end > self._buffer.shape[0]:
+            grown = self._buffer.new_empty(max(end, 2 * self._buffer.shape[0]), self.hidden_size)
+            grown[: self.known] = self._buffer[: self.known]
+            self._buffer = grown
+        self._buffer[position:end] = rows.to(self._buffer.dtype)
+        self.known = end
 
     def crop(self, length: int) -> None:
         if length < self.length:
@@ -70,8 +82,8 @@ class HeadCache:
         """Cache the pairs for tokens context[length:upto] and return the small (draft-vocab)
         logits after the last `keep` of them [keep, N]: row i predicts the token after it."""
         first = max(1, self.length)
-        if upto > self.features.shape[0] + 1:
-            raise ValueError(f"the head has the target's features up to position {self.features.shape[0] - 1} "
+        if upto > self.known + 1:
+            raise ValueError(f"the head has the target's features up to position {self.known - 1} "
                              f"and was asked to consume token {upto - 1}")
         if upto <= first:
             raise ValueError("nothing to consume")
