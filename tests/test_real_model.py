@@ -68,6 +68,7 @@ def test_a_head_trained_briefly_on_the_real_target_drafts_losslessly(demo, tmp_p
 
     profile, target = demo
     model = target.model
+    torch.manual_seed(0)  # the head's initial weights and the training noise
     text = "def add(a, b):\n    return a + b\n\n" * 24
     tokens = np.asarray(target.tokenizer(text)["input_ids"][:192], dtype=np.int32).reshape(3, 64)
     layer = model.config.num_hidden_layers
@@ -82,7 +83,8 @@ def test_a_head_trained_briefly_on_the_real_target_drafts_losslessly(demo, tmp_p
     save_head(tmp_path / "head", head)
     pool = tmp_path / "pool.toml"
     target_table = DEMO.read_text().split("[decode]")[0]  # the demo's [target]
-    pool.write_text(target_table + f'[policy]\nname = "fixed"\ndrafter = "head"\n\n'
+    # fixed draft lengths: drafting must not depend on this machine's timings
+    pool.write_text(target_table + f'[policy]\nname = "fixed"\ndrafter = "head"\ndraft_length = "fixed"\n\n'
                     f'[[drafters]]\nname = "head"\nkind = "head"\npath = "{tmp_path / "head"}"\n')
     runtime = build_runtime(load_profile(pool).with_overrides(max_new_tokens=32, seed=0), target=target)
     run = PromptRun(runtime, "def add(a, b):", False).run()
