@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 import transformers
 
 from specdraft.config.model_spec import ModelSpec
@@ -160,6 +161,25 @@ def test_damaged_cache_entry_is_rebuilt(gguf, messages, damage):
     loaded = load(gguf)
     assert loaded.model is not None and len(gguf.conversions) == 2
     assert any(m.startswith(f"cached conversion {folder} is unusable") for m in messages)
+
+
+def test_a_load_never_leaves_torchs_default_dtype_changed(gguf, monkeypatch):
+    """transformers sets the default dtype while it builds a model and does not always
+    restore it (two loads in threads race on it): a head built afterwards would be float64."""
+    real = transformers.AutoModelForCausalLM.from_pretrained
+
+    def leaky(*args, **kwargs):
+        model = real(*args, **kwargs)
+        torch.set_default_dtype(torch.float64)  # what a racing load leaves behind
+        return model
+
+    load(gguf)  # converted and cached by the fixture's fake conversion
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", leaky)
+    try:
+        load(gguf)
+        assert torch.get_default_dtype() == torch.float32
+    finally:
+        torch.set_default_dtype(torch.float32)
 
 
 def test_unwritable_cache_folder_warns_before_converting_and_still_loads(gguf, messages, tmp_path, monkeypatch):

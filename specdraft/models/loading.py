@@ -96,23 +96,40 @@ def load_model(spec: ModelSpec, file: str, key: str) -> LoadedModel:
         kwargs["quantization_config"] = _quantization_config(spec, device, file, key)
         kwargs["device_map"] = {"": device.index or 0}
     _quiet_transformers()
-    if gguf_name:
-        tokenizer, model = _load_gguf(Path(location) / gguf_name, dtype, kwargs, file, key)
-    else:
-        # Nothing is fetched unless the profile allows it: no request, no retries, no wait.
-        offline = not spec.allow_download
-        kwargs["local_files_only"] = offline
-        try:
-            with _hub_offline(offline):
-                tokenizer, model = _from_pretrained(location, dtype, kwargs)
-        except OSError as exc:
-            raise _load_error(spec, file, key, exc) from None
-        except ValueError as exc:
-            raise ProfileError(file, key, f"cannot load model {spec.describe()}: {_first_line(exc)}") from None
+    with _default_dtype_kept():
+        tokenizer, model = _load(spec, location, gguf_name, dtype, kwargs, file, key)
     if not spec.quantization:
         model = model.to(device)
     model.eval()
     return LoadedModel(model, tokenizer, spec.describe())
+
+
+@contextlib.contextmanager
+def _default_dtype_kept() -> Iterator[None]:
+    """transformers sets torch's default dtype while it builds a model and, on some
+    paths (a GGUF file loaded as float64), leaves it set: modules made later (a draft
+    head) would silently be float64."""
+    default = torch.get_default_dtype()
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(default)
+
+
+def _load(spec: ModelSpec, location: str, gguf_name: str | None, dtype: torch.dtype, kwargs: dict, file: str,
+          key: str) -> tuple[Any, Any]:
+    if gguf_name:
+        return _load_gguf(Path(location) / gguf_name, dtype, kwargs, file, key)
+    # Nothing is fetched unless the profile allows it: no request, no retries, no wait.
+    offline = not spec.allow_download
+    kwargs["local_files_only"] = offline
+    try:
+        with _hub_offline(offline):
+            return _from_pretrained(location, dtype, kwargs)
+    except OSError as exc:
+        raise _load_error(spec, file, key, exc) from None
+    except ValueError as exc:
+        raise ProfileError(file, key, f"cannot load model {spec.describe()}: {_first_line(exc)}") from None
 
 
 def load_tokenizer(spec: ModelSpec, file: str, key: str) -> Any:

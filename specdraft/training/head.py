@@ -119,7 +119,8 @@ class HeadObjective:
 
 
 def new_head(target: torch.nn.Module, vocab_ids: torch.Tensor) -> DraftHead:
-    head = DraftHead(HeadConfig.for_target(target, int(vocab_ids.numel())))
+    # float32 master weights whatever torch's default dtype is (a float64 load may leave it changed)
+    head = DraftHead(HeadConfig.for_target(target, int(vocab_ids.numel()))).float()
     head.vocab_ids = vocab_ids.clone()
     head.init_from_target(target)
     return head
