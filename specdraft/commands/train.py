@@ -63,6 +63,7 @@ def run_train_head(opts: TrainHeadOptions, console: Console) -> int:
     from specdraft.training.features import extract_features, feature_key, finished, sequences_of, token_stream
     from specdraft.training.head import HeadObjective, HeadTrainingSettings, draft_vocabulary, new_head
     from specdraft.training.loop import STATE, LoopSettings, train
+    from specdraft.ui.progress import progress_bar
 
     profile = load_profile(opts.pool)
     device = resolve_device(opts.device, None, "--device")
@@ -87,17 +88,14 @@ def run_train_head(opts: TrainHeadOptions, console: Console) -> int:
     folder = Path(opts.features) if opts.features else cache_dir() / "features" / key
     console.print(f"{len(docs)} documents, {tokens.size:,} tokens in {tokens.shape[0]} sequences of {opts.seq_len}",
                   markup=False)
-    if not finished(folder, tokens.shape[0]):
-        console.print(f"running the target over them once; features cached in {folder}", markup=False)
-        from specdraft.ui.progress import progress_bar
-
-        with progress_bar(console, "target features", tokens.shape[0]) as ticker:
-            data = extract_features(model, tokens, [layer], folder,
-                                    lambda done, total: ticker.progress.update(ticker.task, completed=done))
+    reusing = finished(folder, tokens.shape[0])
+    console.print(f"features: reusing {folder}" if reusing else
+                  f"running the target over them once; features cached in {folder}", markup=False)
+    with progress_bar(console, "target features", tokens.shape[0]) as ticker:  # resumes; opens finished ones
+        data = extract_features(model, tokens, [layer], folder,
+                                lambda done, total: ticker.progress.update(ticker.task, completed=done))
+    if not reusing:
         console.print(f"features: {time.perf_counter() - started:.0f} s", markup=False)
-    else:
-        data = extract_features(model, tokens, [layer], folder)  # all done: opens them
-        console.print(f"features: reusing {folder}", markup=False)
 
     rng = np.random.default_rng(opts.seed)
     order = rng.permutation(data.sequences)
@@ -107,8 +105,7 @@ def run_train_head(opts: TrainHeadOptions, console: Console) -> int:
     vocab_ids = draft_vocabulary(data.tokens[train_rows], opts.draft_vocab, vocab_size, tuple(eos))
     torch.manual_seed(opts.seed)
     head = new_head(model, vocab_ids).to(device)
-    settings = HeadTrainingSettings(draft_vocab=int(vocab_ids.numel()), batch_sequences=opts.batch_sequences,
-                                    unroll=opts.unroll, seed=opts.seed)
+    settings = HeadTrainingSettings(batch_sequences=opts.batch_sequences, unroll=opts.unroll, seed=opts.seed)
     objective = HeadObjective(head, model, data, layer, settings, train_rows, device)
     per_epoch = max(1, len(train_rows) // opts.batch_sequences)
     steps = opts.steps if opts.steps is not None else max(1, int(round(per_epoch * (opts.epochs or 4.0))))

@@ -40,7 +40,6 @@ class HeadCache:
         self.readout = Readout(target, self.head.vocab_ids)
         self.logits_size = logits_size
         self.hidden_size = head.config.hidden_size
-        self.model = self.head  # what measures its cost
         self.reset()
 
     def reset(self) -> None:
@@ -161,7 +160,7 @@ class HeadDrafter(ModelDrafter):
         if cache.length > start - 1:
             cache.crop(start - 1)
         upto = start + count - 1
-        scorable = min(count, upto - max(1, cache.length, 1))  # position 1 has no pair before it
+        scorable = min(count, upto - max(1, cache.length))  # position 1 has no pair before it
         gammas = target_probs.new_zeros(count)
         if scorable > 0:
             logits = cache.widen(cache.consume(context, upto, keep=scorable))

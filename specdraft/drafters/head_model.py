@@ -256,5 +256,4 @@ class Readout:
         if self.whole and small.shape[-1] == width:
             return small
         out = small.new_full((*small.shape[:-1], width), float("-inf"))
-        keep = self.vocab_ids < width
-        return out.index_copy_(-1, self.vocab_ids[keep], small[..., keep] if not bool(keep.all()) else small)
+        return out.index_copy_(-1, self.vocab_ids, small)  # ids are rows of the target's head: all < width

@@ -87,7 +87,6 @@ def extract_features(target: torch.nn.Module, tokens: np.ndarray, layers: Sequen
     meta = {"sequences": n, "seq_len": seq_len, "hidden": hidden, "layers": list(layers)}
     if meta_path.exists() and json.loads(meta_path.read_text()) != meta:
         done_path.unlink(missing_ok=True)  # another shape under the same key: start over
-    np.save(folder / "tokens.npy", tokens)
     mode = "r+" if done_path.exists() else "w+"
     arrays = {layer: np.lib.format.open_memmap(folder / f"features-{layer}.npy", mode=mode, dtype=np.float16,
                                                shape=(n, seq_len, hidden)) for layer in layers}

@@ -21,7 +21,6 @@ from specdraft.training.features import FeatureSet
 
 @dataclass
 class HeadTrainingSettings:
-    draft_vocab: int = 8192
     batch_sequences: int = 8
     regression_weight: float = 1.0
     noise: float = 0.05  # std of input-feature noise, relative to the features' RMS
