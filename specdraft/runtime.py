@@ -8,7 +8,7 @@ ProfileError while the pool is built, naming the drafter's key path.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -22,6 +22,7 @@ from specdraft.errors import ProfileError
 from specdraft.learning.policies import build_policy, option_value
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.loading import LoadedModel, eos_token_ids, load_model
+from specdraft.models.kv_cache import core_choice
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Runtime:
     target: LoadedModel
     engine: SpeculativeEngine
     drafters: list[Drafter]
+    models: dict = field(default_factory=dict)  # drafters' loaded models by spec, for runtimes built beside this one
 
     @property
     def tokenizer(self) -> Any:
@@ -41,20 +43,25 @@ def sampling_params(profile: Profile) -> SamplingParams:
     return SamplingParams(d.temperature, d.top_k, d.top_p, soft_feedback=d.feedback == "soft")
 
 
-def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bool = False) -> Runtime:
-    """`target` may be passed in when the caller already loaded it (tests, bench).
+def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bool = False,
+                  models: dict | None = None) -> Runtime:
+    """`target` may be passed in when the caller already loaded it (tests, bench), and
+    `models` (another runtime's `.models`) to share the drafters' weights with it.
     `plain=True` builds the baseline: the same engine with only the no-draft arm."""
     file = str(profile.file)
+    models = {} if models is None else models
     target = target or load_model(profile.target, file, "target")
-    target_lm = CachedLM(target.model)
-    vocab_size = int(target.model.get_output_embeddings().weight.shape[0])
+    decode = profile.decode
+    static, graphs = core_choice(decode.kv_cache, decode.cuda_graphs, next(target.model.parameters()).device)
+    target_lm = CachedLM(target.model, static=static, graphs=graphs)
+    vocab_size = int(target.model.get_output_embeddings().out_features)  # a quantized head has no .weight
     seed = profile.decode.seed if profile.decode.seed is not None else random.randrange(2**63)
     generator = torch.Generator(device=target_lm.device).manual_seed(seed)
     ctx = DraftContext(sampling_params(profile), generator, target_lm.device, vocab_size)
 
     policy_config = PolicyConfig("fixed") if plain else profile.policy
     drafters, absent = ([PlainDecoding(ctx)], {}) if plain else build_pool(
-        profile.drafters, PoolContext(ctx, target, target_lm, file, seed))
+        profile.drafters, PoolContext(ctx, target, target_lm, file, seed, models, decode.kv_cache, decode.cuda_graphs))
     chosen = policy_config.options.get("drafter") if policy_config.name == "fixed" else None
     if chosen in absent:
         raise ProfileError(file, "policy.drafter", f'the fixed policy drafts with "{chosen}", which is not '
@@ -70,4 +77,4 @@ def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bo
         eos_ids=eos_token_ids(target.model, target.tokenizer),
     )
     engine = SpeculativeEngine(target_lm, drafters, policy, settings, generator)
-    return Runtime(profile, target, engine, drafters)
+    return Runtime(profile, target, engine, drafters, models)

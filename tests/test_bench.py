@@ -260,3 +260,22 @@ def test_summarize_marks_noise_and_implausible_speedups():
     console = Console(file=io.StringIO(), width=250)
     console.print(bench_table(list(rows.values()), "t [x]"))
     assert "1.67x?" in console.file.getvalue() and "t [x]" in console.file.getvalue()
+
+
+def test_policies_side_by_side_share_each_drafters_weights(pool_file, monkeypatch):
+    """bench builds one runtime per policy: each model drafter is loaded once, not once per
+    policy (a 0.5B drafter in float32 is 2 GB; four copies did not fit in this machine)."""
+    from specdraft.measurement.benchmark import policy_configs
+    from specdraft.models import loading
+    from specdraft.runtime import build_runtime
+
+    loads = []
+    real = loading.load_model
+    monkeypatch.setattr(loading, "load_model", lambda spec, *a: loads.append(spec) or real(spec, *a))
+    profile = load_profile(pool_file)
+    base = build_runtime(profile)
+    policy_configs(profile, ["fixed:small", "random", "ucb"], base, None)
+    assert [spec.path.name for spec in loads] == ["drafter"]  # "small", once for four runtimes
+    again = build_runtime(profile, base.target, models=base.models)
+    small = [d for d in (base.drafters + again.drafters) if d.name == "small"]
+    assert small[0].lm.model is small[1].lm.model and small[0].lm is not small[1].lm  # own caches

@@ -117,7 +117,7 @@ def gguf(tmp_path, monkeypatch, messages):
         for _ in gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."):
             time.sleep(getattr(fake_model, "delay", 0))
         tok = byte_tokenizer()
-        model = tiny_llama(vocab=len(tok))
+        model = tiny_llama(vocab=len(tok)).to(kwargs.get("dtype", torch.float32))
         model.config.eos_token_id = tok.eos_token_id
         return model
 
@@ -145,8 +145,30 @@ def test_first_load_converts_once_and_says_so(gguf, messages):
     assert len(gguf.conversions) == 1
     folder = entry(gguf)
     assert [m for m in messages if m.startswith("converting")] == [
-        f"converting tiny.gguf once (~5 s), cached at {folder}"]
+        f"converting tiny.gguf to float64 once (~5 s), cached at {folder}"]
     assert (folder / "specdraft.json").exists()
+
+
+def test_each_dtype_caches_its_own_weights(gguf):
+    """The cache holds weights in the dtype they run in: a bfloat16 entry is half the bytes
+    of a float32 one, and float32 entries keep their old names (no re-conversion)."""
+    from safetensors import safe_open
+
+    from specdraft.models.gguf_cache import entry_folder
+
+    for dtype in ("float32", "bfloat16", "float32"):
+        loaded = load_model(ModelSpec(path=gguf.path, dtype=dtype), "p.toml", "target")
+        assert next(loaded.model.parameters()).dtype == getattr(torch, dtype)
+    assert len(gguf.conversions) == 2
+    sizes = {}
+    for dtype in ("float32", "bfloat16"):
+        folder = entry_folder(gguf.path, dtype)
+        with safe_open(folder / "model.safetensors", "pt") as weights:
+            assert {weights.get_tensor(k).dtype for k in weights.keys()} == {getattr(torch, dtype)}
+        sizes[dtype] = (folder / "model.safetensors").stat().st_size
+    assert entry_folder(gguf.path, "float32").name.startswith("tiny-")
+    assert entry_folder(gguf.path, "bfloat16").name.startswith("tiny-bfloat16-")
+    assert sizes["bfloat16"] < 0.6 * sizes["float32"]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "delete tokenizer", "delete config"])
@@ -249,7 +271,7 @@ def test_the_command_line_says_once_what_the_first_load_does(gguf, tmp_path):
                     '[[drafters]]\nname = "lookup"\nkind = "ngram"\n')
     first = CliRunner().invoke(app, ["generate", "--pool", str(pool), "hi"])
     assert first.exit_code == 0, first.stderr
-    assert first.stderr == f"converting tiny.gguf once (~5 s), cached at {entry(gguf)}\n"
+    assert first.stderr == f"converting tiny.gguf to float64 once (~5 s), cached at {entry(gguf)}\n"
     second = CliRunner().invoke(app, ["generate", "--pool", str(pool), "hi"])
     assert second.exit_code == 0 and second.stderr == ""
 

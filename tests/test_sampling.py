@@ -19,6 +19,7 @@ from specdraft.drafters import SuffixDrafter, DraftContext, ModelDrafter, NgramD
 from specdraft.drafters.head import HeadDrafter
 from specdraft.drafters.layers import LayersDrafter, truncated_view
 from specdraft.learning.policies.simple import FixedPolicy, RandomPolicy
+from specdraft.models.quantize import quantize_linears
 from tiny import random_head, tiny_llama
 
 P_MIN = 1e-3  # a correct sampler fails one of these tests about once in a thousand runs
@@ -55,6 +56,11 @@ def test_first_committed_token_follows_p(one_hot):
     assert chi_square_p(counts, expected, n_draws) > P_MIN
 
 
+def quantized(model, bits):
+    quantize_linears(model, bits)
+    return model
+
+
 def exact_joint(model, prompt, params, length):
     """Exact probability of every continuation of `length` tokens under the target."""
     vocab = model.config.vocab_size
@@ -81,7 +87,9 @@ def test_generated_sequences_follow_the_target(params):
                 # drafts from the earlier draws' outputs too: deterministic given them, so still exact
                 SuffixDrafter("suffix", ctx, SuffixOptions(min_prob=0.0)),
                 # reads the target's features; q = 0 outside its draft vocabulary (tokens 1..4)
-                HeadDrafter("head", ctx, random_head(target, [1, 2, 3, 4]), target)]
+                HeadDrafter("head", ctx, random_head(target, [1, 2, 3, 4]), target),
+                # weight-only int8 (bf16 arithmetic inside): q is its own distribution, still exact
+                ModelDrafter("int8", ctx, quantized(tiny_llama(seed=5, vocab=vocab, layers=1, scale=8.0), 8))]
     policy = RandomPolicy([d.name for d in drafters], seed=2)
     engine = SpeculativeEngine(target_lm, drafters, policy, EngineSettings(3, 3, params), gen)
     pairs, thirds, n_draws = Counter(), Counter(), 1500

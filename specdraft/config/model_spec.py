@@ -12,7 +12,9 @@ from pathlib import Path
 from specdraft.config.tables import Table
 
 DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")
-QUANTIZATIONS = ("4bit", "8bit")
+# int8 / int4: weight-only, on torch's own CPU kernels (bitsandbytes on CUDA);
+# 8bit / 4bit: bitsandbytes, CUDA only.
+QUANTIZATIONS = ("int8", "int4", "8bit", "4bit")
 MODEL_KEYS = ("hub", "path", "package", "file", "allow_download", "dtype", "device", "quantization",
               "trust_remote_code")
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")

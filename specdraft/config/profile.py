@@ -39,6 +39,8 @@ class DecodeConfig:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     feedback: str = "exact"  # greedy alignment: "exact" (argmax agreement) or "soft" (T = 1 overlap)
+    kv_cache: str = "auto"  # "dynamic" | "static" | "auto" (static on CUDA, where graphs need it)
+    cuda_graphs: bool = True  # replay small feeds as CUDA graphs (static cache on CUDA only)
 
     @property
     def greedy(self) -> bool:
@@ -169,6 +171,8 @@ def _parse_decode(table: Table) -> DecodeConfig:
         seed=table.get("seed", int, None),
         stop=tuple(stop),
         feedback=table.choice("feedback", ("exact", "soft"), "exact"),
+        kv_cache=table.choice("kv_cache", ("auto", "dynamic", "static"), "auto"),
+        cuda_graphs=table.get("cuda_graphs", bool, True),
     )
     table.finish()
     _check_decode(decode, table.file, prefix="decode.")

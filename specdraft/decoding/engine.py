@@ -95,7 +95,7 @@ class SpeculativeEngine:
         self.drafters = list(drafters)
         self.settings = settings
         self.generator = generator
-        self.driver = PolicyDriver(policy, settings.draft_tokens, settings.max_new_tokens)
+        self.driver = PolicyDriver(policy, settings.draft_tokens, settings.max_new_tokens, target.clock)
         # Target layers whose hidden states some drafter is scored from: handed over by the
         # verify forward when the policy evaluates every drafter.
         self.hidden_layers = tuple(sorted({layer for d in self.drafters for layer in d.hidden_layers}))
@@ -112,7 +112,7 @@ class SpeculativeEngine:
         state = self._start(prompt_ids)
         try:
             while state.produced < self.settings.max_new_tokens:
-                watch = Stopwatch()
+                watch = Stopwatch(self.target.clock)
                 plan = self.driver.choose(state.produced)
                 arm, k = plan.arm, plan.draft_tokens
                 drafter = self.drafters[arm]

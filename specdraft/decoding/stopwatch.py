@@ -1,19 +1,52 @@
-"""A per-round stopwatch: laps charged to named phases (draft, verify, evaluate, overhead)."""
+"""A per-round stopwatch: laps charged to named phases (draft, verify, evaluate, overhead),
+and the device-aware clock every timing in the decode path reads.
+
+On a GPU, kernels run after the host has moved on: a host clock read right after a forward
+measures the launch, not the work. `device_clock` waits for the device first, so the round
+records, the cost model, the panel and replay traces see what each phase really took. The
+wait costs little here: every round already syncs to learn how many tokens were accepted.
+"""
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
+from typing import Callable
+
+import torch
+
+Clock = Callable[[], float]
+
+
+def host_clock() -> float:
+    """time.perf_counter, looked up at each call (tests replace it with a fake clock)."""
+    return time.perf_counter()
+
+
+def device_clock(device: torch.device) -> Clock:
+    """perf_counter, after the device's queued work is done (CUDA, MPS); plain on CPU."""
+    if device.type == "cuda":
+        def clock() -> float:
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+        return clock
+    if device.type == "mps":
+        def mps_clock() -> float:
+            torch.mps.synchronize()
+            return time.perf_counter()
+        return mps_clock
+    return host_clock
 
 
 class Stopwatch:
-    def __init__(self) -> None:
-        self.started = self.last = time.perf_counter()
+    def __init__(self, clock: Clock = host_clock) -> None:
+        self.clock = clock
+        self.started = self.last = clock()
         self.spent: defaultdict[str, float] = defaultdict(float)
 
     def lap(self, phase: str) -> None:
         """Charge the time since the previous lap to `phase`."""
-        now = time.perf_counter()
+        now = self.clock()
         self.spent[phase] += now - self.last
         self.last = now
 

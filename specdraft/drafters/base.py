@@ -16,7 +16,7 @@ transformers' assisted-generation baseline.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
@@ -63,6 +63,27 @@ class PoolContext:
     target_lm: "CachedLM"  # the target with the KV cache the round verifies with
     file: str  # the profile, for error messages
     seed: int  # the run's seed; model drafters on another device derive their own generator from it
+    # Models already loaded in this process, by spec: runtimes built side by side (bench's
+    # policies) share one copy of each drafter's weights instead of loading it once each.
+    models: dict = field(default_factory=dict)
+    kv_cache: str = "auto"  # [decode] kv_cache and cuda_graphs, for the drafters' own caches
+    cuda_graphs: bool = True
+
+    def load(self, spec: Any, key: str) -> "LoadedModel":
+        """The model of `spec`, loaded once per pool context (weights are only read)."""
+        from specdraft.models.loading import load_model
+
+        if spec not in self.models:
+            self.models[spec] = load_model(spec, self.file, key)
+        return self.models[spec]
+
+    def cached_lm(self, model: torch.nn.Module) -> "CachedLM":
+        """A drafter's own model with its own cache, of the kind the run asked for."""
+        from specdraft.models.cached_lm import CachedLM
+        from specdraft.models.kv_cache import core_choice
+
+        static, graphs = core_choice(self.kv_cache, self.cuda_graphs, next(model.parameters()).device)
+        return CachedLM(model, logits_size=self.draft.vocab_size, static=static, graphs=graphs)
 
 
 @dataclass

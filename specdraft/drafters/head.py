@@ -15,12 +15,12 @@ committed text and the target's features there).
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Sequence
 
 import torch
 
 from specdraft.decoding.sampling import distributions
+from specdraft.decoding.stopwatch import device_clock
 from specdraft.decoding.verify import overlap
 from specdraft.drafters.base import Draft, DraftContext, DrafterUnavailable, Hidden, PoolContext, TrajectoryScores
 from specdraft.drafters.head_model import DraftHead, HeadFileError, Readout, load_head
@@ -34,6 +34,7 @@ class HeadCache:
 
     def __init__(self, head: DraftHead, target: torch.nn.Module, logits_size: int):
         self.device = next(target.parameters()).device
+        self.clock = device_clock(self.device)
         dtype = next(target.parameters()).dtype
         self.head = head.to(self.device, dtype)
         self.embed = target.get_input_embeddings()
@@ -210,16 +211,15 @@ class HeadDrafter(ModelDrafter):
         length = 65 + max(widths)
         tokens = [5] * (length + 1)
         samples: dict[int, list[float]] = {w: [] for w in widths}
+        clock = cache.clock
         self.reset()
         cache.observe(0, torch.randn(length, cache.hidden_size, device=cache.device, dtype=cache.features.dtype))
         cache.consume(tokens, 65, keep=1)
         for _ in range(repeats):
             for width in widths:
-                _synchronize(cache.device)
-                started = time.perf_counter()
+                started = clock()
                 cache.consume(tokens, 65 + width, keep=1)
-                _synchronize(cache.device)
-                samples[width].append(time.perf_counter() - started)
+                samples[width].append(clock() - started)
                 cache.crop(65)
         self.reset()
         return {w: statistics.median(s) for w, s in samples.items()}
@@ -229,7 +229,3 @@ class HeadDrafter(ModelDrafter):
         """Not a causal LM transformers can assist with: its cost is measured by the round."""
         return None
 
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -35,6 +35,7 @@ class TargetPrefix:
     def __init__(self, target: CachedLM, view: torch.nn.Module, layers: int, logits_size: int):
         self.target, self.model, self.layers, self.logits_size = target, view, layers, logits_size
         self.device = target.device
+        self.clock = target.clock
         self.extra = 0  # positions written beyond the target's own length
 
     @property
@@ -47,6 +48,7 @@ class TargetPrefix:
     @torch.inference_mode()
     def feed(self, tokens: torch.Tensor, keep: int = 1) -> torch.Tensor:
         n = tokens.shape[-1]
+        self.target.reserve(self.length + n)
         positions = torch.arange(self.length, self.length + n, device=self.device)
         out = self.model(input_ids=tokens.view(1, n).to(self.device), position_ids=positions.view(1, n),
                          past_key_values=self.target.cache, use_cache=True, logits_to_keep=keep)
@@ -61,8 +63,7 @@ class TargetPrefix:
 
     def _remove(self, count: int) -> None:
         if count > 0:
-            for layer in self.target.cache.layers[: self.layers]:
-                layer.crop(-count)  # a layer's crop takes the number of tokens to remove
+            self.target.kv.remove_last(count, layers=self.layers, length=self.length)
             self.extra -= count
 
     @torch.inference_mode()

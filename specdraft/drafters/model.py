@@ -10,7 +10,6 @@ not worth its time, or below a profile's fixed `stop_below` confidence.
 
 from __future__ import annotations
 
-import time
 from typing import Sequence
 
 import torch
@@ -40,9 +39,9 @@ class ModelDrafter(Drafter):
 
     @classmethod
     def build(cls, name: str, options: ModelOptions, pool: PoolContext, key: str) -> "ModelDrafter":
-        from specdraft.models.loading import check_tokenizers, load_model
+        from specdraft.models.loading import check_tokenizers
 
-        loaded = load_model(options.model, pool.file, key)
+        loaded = pool.load(options.model, key)
         check_tokenizers(pool.target, loaded, pool.file, key)
         ctx = pool.draft
         device = next(loaded.model.parameters()).device
@@ -50,7 +49,7 @@ class ModelDrafter(Drafter):
             index = int(key.partition("[")[2].rstrip("]") or 0)
             generator = torch.Generator(device=device).manual_seed(pool.seed + index + 1)
             ctx = DraftContext(ctx.params, generator, ctx.device, ctx.vocab_size)
-        return cls(name, ctx, loaded.model, options.stop_below)
+        return cls(name, ctx, loaded.model, options.stop_below, lm=pool.cached_lm(loaded.model))
 
     def reset(self) -> None:
         self.lm.reset()
@@ -59,12 +58,12 @@ class ModelDrafter(Drafter):
         if k <= 0:
             return self.empty_draft()
         unseen = len(context) - min(self.lm.length, len(context) - 1)
-        started = time.perf_counter()
+        started = self.lm.clock()
         logits = self._start_draft(context)  # [1, V]
         # The first forward consumed `unseen` committed tokens to draft the first one: the
         # share beyond one token is catch-up (pro rata: a small model's forward on a CPU
         # grows with its width).
-        catch_up = (time.perf_counter() - started) * (unseen - 1) / unseen if unseen > 1 else 0.0
+        catch_up = (self.lm.clock() - started) * (unseen - 1) / unseen if unseen > 1 else 0.0
         stopping = self.stop_below is not None or stop_price is not None
         tokens, probs, self._confidences = [], [], []
         params, generator = self.ctx.params, self.ctx.generator

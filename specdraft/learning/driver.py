@@ -15,10 +15,10 @@ round (live: draft and verify; replay: read the trace), and hands the outcome to
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
+from specdraft.decoding.stopwatch import Clock, host_clock
 from specdraft.learning.feedback import RoundFeedback
 from specdraft.learning.policies.base import Policy, RoundPlan
 
@@ -54,8 +54,9 @@ NOTHING_LEARNED = Learned([])
 
 
 class PolicyDriver:
-    def __init__(self, policy: Policy, draft_tokens: int, max_new_tokens: int):
+    def __init__(self, policy: Policy, draft_tokens: int, max_new_tokens: int, clock: Clock = host_clock):
         self.policy = policy
+        self.clock = clock  # the target device's: evaluation runs drafters' forwards there
         self.draft_tokens = draft_tokens
         self.max_new_tokens = max_new_tokens
         self.evaluator: Evaluator | None = None
@@ -98,9 +99,9 @@ class PolicyDriver:
             self.pending.append(outcome)
             if not last and len(self.pending) < self.policy.evaluation_interval():
                 return NOTHING_LEARNED
-        start = time.perf_counter()
+        start = self.clock()
         scored = self.evaluator(self.pending)
-        evaluate_s = time.perf_counter() - start
+        evaluate_s = self.clock() - start
         evaluated = []
         silent = getattr(self.evaluator, "silent", None)
         for round_, gammas in zip(self.pending, scored, strict=True):

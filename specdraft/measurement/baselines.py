@@ -4,11 +4,11 @@ causal LM, on the same prompts in the same run as specdraft."""
 
 from __future__ import annotations
 
-import time
 
 import torch
 
 from specdraft.config.profile import Profile
+from specdraft.decoding.stopwatch import device_clock
 from specdraft.measurement.benchmark import Config, Sample
 from specdraft.measurement.datasets import Example
 from specdraft.runtime import Runtime
@@ -37,10 +37,11 @@ def _hf_config(label: str, runtime: Runtime, kwargs: dict, chat: bool | None) ->
     def run(example: Example) -> Sample:
         ids = prompt_token_ids(tokenizer, example.prompt, chat)
         inputs = torch.tensor([ids], device=runtime.engine.target.device)
-        start = time.perf_counter()
+        clock = device_clock(inputs.device)
+        start = clock()
         out = model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new,
                              do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id, **kwargs)
-        elapsed = time.perf_counter() - start
+        elapsed = clock() - start
         new = out[0, len(ids):].tolist()
         return Sample(example.id, example.task, label, 0, len(new), 0, elapsed, ids=new)
 

@@ -78,7 +78,7 @@ def policy_configs(profile: Profile, flags: Sequence[str] | None, runtime: Runti
             continue
         seen.add(flag)
         variant = profile.with_overrides(policy=flag)
-        configs.append(_engine_config(flag, build_runtime(variant, runtime.target), chat))
+        configs.append(_engine_config(flag, build_runtime(variant, runtime.target, models=runtime.models), chat))
     return configs
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -199,13 +198,9 @@ def _forward_cost(model: torch.nn.Module, k: int, repeats: int) -> ForwardCost:
     for _ in range(repeats):
         for width in samples:
             tokens = torch.full((width,), 5, dtype=torch.long, device=device)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
+            start = lm.clock()
             lm.feed(tokens, keep=0)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            samples[width].append(time.perf_counter() - start)
+            samples[width].append(lm.clock() - start)
             lm.crop(64)
     one, wide = statistics.median(samples[1]), statistics.median(samples[k + 1])
     per_token = max(0.0, (wide - one) / k)

@@ -2,31 +2,52 @@
 
 Every model in a round (the target and each model-backed drafter) is one of these. It
 knows how many tokens its cache holds, feeds new tokens at the right positions, and crops
-back to a shorter length so that rejected draft tokens leave no trace.
+back to a shorter length so that rejected draft tokens leave no trace. The cache is
+dynamic or static (kv_cache.py); over a static cache on a GPU, small feeds replay CUDA
+graphs (cuda_graphs.py). Every combination gives the same logits.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Sequence
 
 import torch
 
+from specdraft.decoding.stopwatch import device_clock
+from specdraft.models.cuda_graphs import Capture, GraphedForward, Outputs
+from specdraft.models.kv_cache import new_kv_cache
+
 
 class CachedLM:
-    def __init__(self, model: torch.nn.Module, logits_size: int | None = None):
+    def __init__(self, model: torch.nn.Module, logits_size: int | None = None, static: bool = False,
+                 graphs: bool = False, capture: Capture | None = None):
+        """`static`: a preallocated KV cache; `graphs`: replay small feeds as CUDA graphs
+        (needs the static cache; `capture` replaces CUDA's, for tests)."""
         self.model = model
         self.device = next(model.parameters()).device
+        self.clock = device_clock(self.device)  # waits for the GPU: forward_seconds is real work
         # Pad or cut this model's logits to the target's width so that p and q line up.
         self.logits_size = logits_size
         self.forward_seconds = 0.0  # host time spent in forwards, for overhead accounting
-        self.reset()
+        self.kv = new_kv_cache(model, static)
+        if graphs and not static:
+            raise ValueError("CUDA graphs need the static KV cache")
+        self.graphs = GraphedForward(self._forward, self.device, capture) if graphs else None
+        self.length = 0
+
+    @property
+    def cache(self):
+        """The transformers cache object (drafters that run a view of this model write into it)."""
+        return self.kv.cache
 
     def reset(self) -> None:
-        from transformers import DynamicCache  # here, so that importing this module stays light
-
-        self.cache = DynamicCache(config=self.model.config)
+        self.kv.reset()
         self.length = 0
+
+    def reserve(self, length: int) -> None:
+        """Room in the cache for `length` tokens (a static cache grows when it must)."""
+        if self.kv.ensure_capacity(length) and self.graphs is not None:
+            self.graphs.clear()  # the static buffers moved: captured graphs point at the old ones
 
     def feed(self, tokens: torch.Tensor, keep: int = 1) -> torch.Tensor:
         """Consume `tokens` [n] and return the logits of the last `keep` positions [keep, V]
@@ -39,22 +60,21 @@ class CachedLM:
         """`feed`, also returning the hidden state after each of `layers` decoder layers at
         every position of `tokens` ({layer: [n, H]}, pre final norm): what drafters that
         read the target's internals are scored from."""
-        start = time.perf_counter()
+        start = self.clock()
         n = tokens.shape[-1]
-        positions = torch.arange(self.length, self.length + n, device=self.device)
-        out = self.model(
-            input_ids=tokens.view(1, n).to(self.device),
-            position_ids=positions.view(1, n),
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=keep,
-            output_hidden_states=bool(layers),
-        )
+        self.reserve(self.length + n)
+        ids = tokens.view(1, n).to(self.device)
+        positions = torch.arange(self.length, self.length + n, device=self.device).view(1, n)
+        outputs = self.graphs(ids, positions, keep, layers) if self.graphs is not None else None
+        logits, hidden = outputs if outputs is not None else self._forward(ids, positions, keep, layers)
         self.length += n
-        logits = self._fit(out.logits[0])
-        hidden = {layer: out.hidden_states[layer][0] for layer in layers}
-        self.forward_seconds += time.perf_counter() - start
-        return logits, hidden
+        self.forward_seconds += self.clock() - start
+        return self._fit(logits), hidden
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, keep: int, layers: Sequence[int]) -> Outputs:
+        out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=keep, output_hidden_states=bool(layers))
+        return out.logits[0], {layer: out.hidden_states[layer][0] for layer in layers}
 
     @torch.inference_mode()
     def uncached_logits(self, tokens: Sequence[int]) -> torch.Tensor:
@@ -65,7 +85,7 @@ class CachedLM:
     def crop(self, length: int) -> None:
         """Forget everything after the first `length` tokens."""
         if length < self.length:
-            self.cache.crop(length - self.length)  # transformers 5 takes tokens to remove, negative
+            self.kv.remove_last(self.length - length, length=self.length)
             self.length = length
 
     def _fit(self, logits: torch.Tensor) -> torch.Tensor:

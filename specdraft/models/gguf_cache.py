@@ -1,6 +1,10 @@
 """The GGUF conversion cache: a GGUF model dequantized once and saved as safetensors +
-config + tokenizer under SPECDRAFT_CACHE_DIR/gguf/<stem>-<fingerprint>/, so later loads
-take about a second instead of tens of seconds.
+config + tokenizer under SPECDRAFT_CACHE_DIR/gguf/<stem>[-<dtype>]-<fingerprint>/, so later
+loads take about a second instead of tens of seconds.
+
+- An entry holds the weights in the dtype the model will run in (float32 entries keep the
+  name they always had): a bfloat16 run caches half the bytes of a float32 one, and loading
+  it casts nothing.
 
 - An entry is written into a `.partial-<host>-<pid>-*` sibling and renamed into place, so
   a published entry is always whole; partial folders left by a killed process are removed
@@ -50,19 +54,24 @@ def cache_dir() -> Path:
     return Path(base) / "specdraft"
 
 
-def entry_folder(gguf: Path) -> Path:
+def entry_folder(gguf: Path, dtype: str = "float32") -> Path:
+    """Where `gguf` converted to `dtype` (a torch dtype's name, e.g. "bfloat16") is cached."""
     import transformers
 
     stat = gguf.stat()
     fingerprint = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
-    return cache_dir() / "gguf" / f"{gguf.stem}-{hashlib.sha256(fingerprint.encode()).hexdigest()[:16]}"
+    if dtype != "float32":
+        fingerprint += f"|{dtype}"
+    label = gguf.stem if dtype == "float32" else f"{gguf.stem}-{dtype}"
+    return cache_dir() / "gguf" / f"{label}-{hashlib.sha256(fingerprint.encode()).hexdigest()[:16]}"
 
 
-def converted_gguf(gguf: Path, file: str, key: str, load: Callable[[Path], tuple[Any, Any]]) -> Path | None:
-    """The cache folder holding `gguf` converted (converting it first when needed), or None
-    when the cache cannot be written: the caller then loads the GGUF directly.
-    `load(gguf)` returns (model, tokenizer) read from the GGUF file."""
-    folder = entry_folder(gguf)
+def converted_gguf(gguf: Path, file: str, key: str, load: Callable[[Path, str], tuple[Any, Any]],
+                   dtype: str = "float32") -> Path | None:
+    """The cache folder holding `gguf` converted to `dtype` (converting it first when needed),
+    or None when the cache cannot be written: the caller then loads the GGUF directly.
+    `load(gguf, dtype)` returns (model, tokenizer) read from the GGUF file."""
+    folder = entry_folder(gguf, dtype)
     problem = verify_entry(folder)
     if problem is None:
         return folder
@@ -83,8 +92,8 @@ def converted_gguf(gguf: Path, file: str, key: str, load: Callable[[Path], tuple
         if problem != "missing":
             log.warning("cached conversion %s is unusable (%s); rebuilding it", folder, problem)
         remove_stale_partials(folder.parent)
-        log.info("converting %s once (~%d s), cached at %s", gguf.name, seconds, folder)
-        _convert(gguf, folder, file, key, load)
+        log.info("converting %s to %s once (~%d s), cached at %s", gguf.name, dtype, seconds, folder)
+        _convert(gguf, folder, file, key, lambda path: load(path, dtype))
     return folder
 
 

@@ -92,14 +92,19 @@ def load_model(spec: ModelSpec, file: str, key: str) -> LoadedModel:
     device = resolve_device(spec.device, file, key)
     dtype = resolve_dtype(spec.dtype, device)
     kwargs: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code}
-    if spec.quantization:
+    bitsandbytes = spec.quantization is not None and (spec.quantization in ("8bit", "4bit") or device.type != "cpu")
+    if bitsandbytes:
         kwargs["quantization_config"] = _quantization_config(spec, device, file, key)
         kwargs["device_map"] = {"": device.index or 0}
     _quiet_transformers()
     with _default_dtype_kept():
         tokenizer, model = _load(spec, location, gguf_name, dtype, kwargs, file, key)
-    if not spec.quantization:
+    if not bitsandbytes:
         model = model.to(device)
+        if spec.quantization:
+            from specdraft.models.quantize import quantize_linears
+
+            quantize_linears(model, 4 if spec.quantization == "int4" else 8)
     model.eval()
     return LoadedModel(model, tokenizer, spec.describe())
 
@@ -139,7 +144,8 @@ def load_tokenizer(spec: ModelSpec, file: str, key: str) -> Any:
     location, gguf_name = resolve_location(spec, file, key)
     _quiet_transformers()
     if gguf_name:
-        folder = gguf_cache.converted_gguf(Path(location) / gguf_name, file, key, _read_gguf)
+        dtype = resolve_dtype(spec.dtype, resolve_device(spec.device, file, key))
+        folder = gguf_cache.converted_gguf(Path(location) / gguf_name, file, key, _read_gguf, _dtype_name(dtype))
         location = str(folder) if folder is not None else location
         extra = {} if folder is not None else {"gguf_file": gguf_name}
     else:
@@ -169,7 +175,7 @@ def _load_gguf(gguf: Path, dtype: torch.dtype, kwargs: dict, file: str, key: str
     cannot be written; rebuilt once when a cached entry still fails to load."""
     kwargs = {**kwargs, "local_files_only": True}
     for attempt in (1, 2):
-        folder = gguf_cache.converted_gguf(gguf, file, key, _read_gguf)
+        folder = gguf_cache.converted_gguf(gguf, file, key, _read_gguf, _dtype_name(dtype))
         try:
             with _hub_offline(True):
                 if folder is None:
@@ -189,8 +195,12 @@ def _load_gguf(gguf: Path, dtype: torch.dtype, kwargs: dict, file: str, key: str
     raise AssertionError("unreachable")
 
 
-def _read_gguf(gguf: Path) -> tuple[Any, Any]:
-    """(model, tokenizer) dequantized from a GGUF file; transformers' tqdm bar is silenced
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _read_gguf(gguf: Path, dtype: str = "float32") -> tuple[Any, Any]:
+    """(model, tokenizer) dequantized from a GGUF file into `dtype`; transformers' tqdm bar is silenced
     unless progress bars are wanted, since our own line already says what is happening."""
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -202,7 +212,7 @@ def _read_gguf(gguf: Path) -> tuple[Any, Any]:
         patch = _patched(gguf_utils, "tqdm", lambda *a, **k: original(*a, **{**k, "disable": True}))
     with patch, _hub_offline(True):
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
     return model, tokenizer
 
 
@@ -250,12 +260,13 @@ def _quiet_transformers() -> None:
 
 def _quantization_config(spec: ModelSpec, device: torch.device, file: str, key: str) -> Any:
     if device.type != "cuda":
-        raise ProfileError(file, f"{key}.quantization", f"{spec.quantization} needs a CUDA device (bitsandbytes); this run is on {device}")
+        raise ProfileError(file, f"{key}.quantization", f"{spec.quantization} is bitsandbytes, which needs a CUDA device; "
+                                                        f"this run is on {device} (int8 and int4 run on CPU)")
     if importlib.util.find_spec("bitsandbytes") is None:
         raise ProfileError(file, f"{key}.quantization", "needs bitsandbytes: pip install 'specdraft[cuda]'")
     from transformers import BitsAndBytesConfig
 
-    if spec.quantization == "4bit":
+    if spec.quantization in ("4bit", "int4"):
         return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16)
     return BitsAndBytesConfig(load_in_8bit=True)
 

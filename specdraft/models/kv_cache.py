@@ -1,0 +1,104 @@
+"""The two KV caches a CachedLM can hold, behind one small interface.
+
+- dynamic (transformers' DynamicCache): grows by concatenation, rolls back by slicing. The
+  CPU default: nothing is allocated that is not used.
+- static (transformers' StaticCache): every layer's keys and values are allocated once, at
+  a capacity, and written in place at a device-side position counter. Rolling back is a
+  position reset: entries past the position are masked (queries attend causally by their
+  position ids) and overwritten by the next write. Its buffers never move, which is what
+  lets a forward be captured once as a CUDA graph and replayed (cuda_graphs.py). When a
+  context outgrows the capacity, the cache is reallocated at twice the size and copied.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+STATIC_CAPACITY = 2048  # tokens; doubled when a context needs more
+
+
+class KVCache:
+    """A transformers cache plus what rolling it back and growing it take."""
+
+    static = False
+
+    def __init__(self, config: Any):
+        from transformers import DynamicCache  # here, so that importing this module stays light
+
+        self.config = config
+        self.cache = DynamicCache(config=config)
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.config)
+
+    def ensure_capacity(self, length: int) -> bool:
+        """Make room for `length` tokens; True when the buffers moved (graphs are stale)."""
+        return False
+
+    def remove_last(self, count: int, layers: int | None = None, length: int | None = None) -> None:
+        """Forget the last `count` tokens of the first `layers` layers (all when None).
+        `length` is the current length, which the static cache needs."""
+        for layer in self.cache.layers[:layers]:
+            layer.crop(-count)  # transformers 5: a layer's crop takes the number of tokens to remove
+
+
+class StaticKVCache(KVCache):
+    static = True
+
+    def __init__(self, config: Any, capacity: int | None = None):
+        from transformers import StaticCache
+
+        self.config = config
+        self.capacity = capacity = capacity or STATIC_CAPACITY
+        self.cache = StaticCache(config=config, max_cache_len=capacity)
+
+    def reset(self) -> None:
+        self._set_position(0, None)  # buffers stay where they are: captured graphs stay valid
+
+    @torch.inference_mode()  # the buffers are inference tensors: forwards create them
+    def ensure_capacity(self, length: int) -> bool:
+        if length <= self.capacity:
+            return False
+        from transformers import StaticCache
+
+        old, capacity = self.cache, self.capacity
+        while capacity < length:
+            capacity *= 2
+        self.cache, self.capacity = StaticCache(config=self.config, max_cache_len=capacity), capacity
+        for new_layer, old_layer in zip(self.cache.layers, old.layers):
+            if not old_layer.is_initialized:
+                continue
+            new_layer.lazy_initialization(old_layer.keys[:, :, :1], old_layer.values[:, :, :1])
+            new_layer.keys[:, :, : old_layer.max_cache_len].copy_(old_layer.keys)
+            new_layer.values[:, :, : old_layer.max_cache_len].copy_(old_layer.values)
+            new_layer.cumulative_length.copy_(old_layer.cumulative_length)
+        return True
+
+    def remove_last(self, count: int, layers: int | None = None, length: int | None = None) -> None:
+        if length is None:
+            raise ValueError("a static cache rolls back to a position: give the current length")
+        self._set_position(length - count, layers)
+
+    @torch.inference_mode()
+    def _set_position(self, position: int, layers: int | None) -> None:
+        for layer in self.cache.layers[:layers]:
+            if layer.is_initialized:
+                layer.cumulative_length.fill_(position)  # in place: its address is in captured graphs
+            else:
+                layer.cumulative_length = torch.tensor(position, dtype=torch.long)
+
+
+def new_kv_cache(model: torch.nn.Module, static: bool) -> KVCache:
+    return StaticKVCache(model.config) if static else KVCache(model.config)
+
+
+def core_choice(kv_cache: str, cuda_graphs: bool, device: torch.device) -> tuple[bool, bool]:
+    """(static cache, CUDA graphs) for a model on `device` from `[decode] kv_cache` and
+    `cuda_graphs`: "auto" is static on CUDA (graphs need it) and dynamic elsewhere
+    (a CPU gains nothing from preallocating); graphs only ever on CUDA."""
+    static = kv_cache == "static" or (kv_cache == "auto" and device.type == "cuda")
+    return static, static and cuda_graphs and device.type == "cuda"
