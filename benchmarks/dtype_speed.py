@@ -106,6 +106,13 @@ def main() -> None:
         summary.append({"dtype": dtype, "config": name, "tokens_per_s": tps, "ratio": tps / unit, "greedy_equal": same})
         print(f"| {dtype} | {name} | {tps:.1f} | {tps / unit:.2f}x | {'yes' if same else 'NO'} |")
 
+    print(f"\nwhere each configuration parts from transformers' plain decoding in its dtype (token index, "
+          f"of {args.max_new_tokens}; float32 should never part):")
+    for (dtype, name) in rows:
+        if name != "transformers plain":
+            parts = [first_difference(outputs[(dtype, "transformers plain", e.id)], outputs[(dtype, name, e.id)])
+                     for e in examples]
+            print(f"  {dtype} {name}: " + ", ".join("same" if p is None else str(p) for p in parts))
     print(f"\nwhere the dtypes' greedy outputs part (token index, of {args.max_new_tokens}):")
     for other in dtypes[1:]:
         parts = [first_difference(outputs[(reference, "transformers plain", e.id)],

@@ -105,6 +105,8 @@ def run_once(target, runtime, prompt: str, max_new: int, profile) -> dict:
         new = out[0, len(ids):].tolist()
         return {"tokens_per_s": len(new) / elapsed, "tokens": len(new), "ids": new}
     lms = [runtime.engine.target] + [d.lm for d in runtime.drafters if hasattr(d, "lm")]
+    for lm in lms:
+        lm.timed = True
     before = sum(lm.forward_seconds for lm in lms)
     run = PromptRun(runtime, prompt, None)
     start = time.perf_counter()

@@ -153,3 +153,26 @@ def test_a_profile_chooses_the_static_cache(pool_file):
     prompt = list(runtime.tokenizer.encode("hello there"))
     ours = [t for r in runtime.engine.generate(prompt) for t in r.tokens]
     assert ours == [t for r in plain.engine.generate(prompt) for t in r.tokens]
+
+
+def test_models_with_sliding_window_layers_keep_the_dynamic_cache():
+    """A sliding-window layer of transformers' static cache keeps a host-side length and
+    rolls its buffers: a position reset would not roll it back. Such models decode over the
+    dynamic cache (and without graphs), still exactly."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=6)
+    model = MistralForCausalLM(config).to(torch.float64).eval()
+    lm = CachedLM(model, static=True, graphs=True)
+    assert not lm.kv.static and lm.graphs is None
+    ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
+    torch.manual_seed(1)
+    other = MistralForCausalLM(config).to(torch.float64).eval()  # rejected often: its cache rolls back
+    drafters = [NgramDrafter("lookup", ctx, 1, 3), ModelDrafter("other", ctx, other)]
+    policy = RandomPolicy(["lookup", "other"], {"draft_length": "fixed"}, seed=0)
+    engine = SpeculativeEngine(lm, drafters, policy, EngineSettings(3, 30, SamplingParams()))
+    for prompt in PROMPTS:
+        out = [t for r in engine.generate(prompt) for t in r.tokens]
+        assert out == plain_greedy(model, prompt, 30)

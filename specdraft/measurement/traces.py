@@ -178,23 +178,31 @@ def measure_costs(runtime: Runtime, k: int, repeats: int = 5) -> dict[str, Forwa
     """Median seconds of a forward of 1 and of k + 1 tokens after a 64-token prefill;
     drafters that draft on the host cost nothing; a drafter with a network of its own
     that is not a causal LM times itself (`forward_seconds`)."""
-    costs = {"target": _forward_cost(runtime.engine.target.model, k, repeats)}
+    costs = {"target": _forward_cost(runtime.engine.target, k, repeats)}
     for drafter in runtime.drafters:
         model, own = drafter.causal_lm, drafter.forward_seconds((1, k + 1), repeats)
         if own is not None:
             per_token = max(0.0, (own[k + 1] - own[1]) / k)
             costs[drafter.name] = ForwardCost(max(0.0, own[1] - per_token), per_token)
         else:
-            costs[drafter.name] = _forward_cost(model, k, repeats) if model is not None else ForwardCost(0.0, 0.0)
+            lm = getattr(drafter, "lm", None)
+            costs[drafter.name] = _forward_cost(lm, k, repeats) if model is not None and isinstance(lm, CachedLM) \
+                else ForwardCost(0.0, 0.0)
     return costs
 
 
 @torch.inference_mode()
-def _forward_cost(model: torch.nn.Module, k: int, repeats: int) -> ForwardCost:
-    lm = CachedLM(model)
+def _forward_cost(decoding: CachedLM, k: int, repeats: int) -> ForwardCost:
+    """Timed on a fresh cache of the kind decoding uses (static + graphs on a GPU), after
+    two untimed passes per width (the first warms up, the second captures a graph)."""
+    lm = CachedLM(decoding.model, decoding.logits_size, static=decoding.kv.static, graphs=decoding.graphs is not None)
     device = lm.device
     lm.feed(torch.arange(3, 67, device=device) % 100, keep=1)
     samples = {1: [], k + 1: []}
+    for _ in range(2):
+        for width in samples:
+            lm.feed(torch.full((width,), 5, dtype=torch.long, device=device), keep=0)
+            lm.crop(64)
     for _ in range(repeats):
         for width in samples:
             tokens = torch.full((width,), 5, dtype=torch.long, device=device)

@@ -36,13 +36,18 @@ Capture = Callable[[Callable[[], Outputs]], tuple[Callable[[], None], Outputs]]
 
 
 def cuda_capture(device: torch.device) -> Capture:
-    pool = torch.cuda.graph_pool_handle()  # one memory pool shared by all widths of a model
+    # On the model's own device: torch's default capture stream and pool belong to whichever
+    # device was current, and kernels of a model on cuda:1 would run, uncaptured, beside it.
+    with torch.cuda.device(device):
+        pool = torch.cuda.graph_pool_handle()  # one memory pool shared by all widths of a model
+        stream = torch.cuda.Stream(device)
 
     def capture(run: Callable[[], Outputs]) -> tuple[Callable[[], None], Outputs]:
         graph = torch.cuda.CUDAGraph()
-        torch.cuda.synchronize(device)
-        with torch.cuda.graph(graph, pool=pool):
-            outputs = run()
+        with torch.cuda.device(device):
+            torch.cuda.synchronize(device)
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                outputs = run()
         return graph.replay, outputs
 
     return capture

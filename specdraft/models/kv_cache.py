@@ -1,7 +1,8 @@
 """The two KV caches a CachedLM can hold, behind one small interface.
 
 - dynamic (transformers' DynamicCache): grows by concatenation, rolls back by slicing. The
-  CPU default: nothing is allocated that is not used.
+  CPU default: nothing is allocated that is not used. Sliding-window layers record their
+  past states, so a rollback after the window filled still has what it needs.
 - static (transformers' StaticCache): every layer's keys and values are allocated once, at
   a capacity, and written in place at a device-side position counter. Rolling back is a
   position reset: entries past the position are masked (queries attend causally by their
@@ -12,9 +13,12 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
+
+log = logging.getLogger("specdraft")
 
 STATIC_CAPACITY = 2048  # tokens; doubled when a context needs more
 
@@ -28,12 +32,15 @@ class KVCache:
         from transformers import DynamicCache  # here, so that importing this module stays light
 
         self.config = config
-        self.cache = DynamicCache(config=config)
+        self.reset()
 
     def reset(self) -> None:
         from transformers import DynamicCache
 
         self.cache = DynamicCache(config=self.config)
+        # Sliding-window layers drop what falls out of the window at every update, so a
+        # rollback past it would fail; recording keeps those states until the next crop.
+        self.cache.activate_past_recording()
 
     def ensure_capacity(self, length: int) -> bool:
         """Make room for `length` tokens; True when the buffers moved (graphs are stale)."""
@@ -93,7 +100,25 @@ class StaticKVCache(KVCache):
 
 
 def new_kv_cache(model: torch.nn.Module, static: bool) -> KVCache:
-    return StaticKVCache(model.config) if static else KVCache(model.config)
+    """A static cache when asked and the model's layers allow it, else a dynamic one."""
+    if static:
+        problem = static_cache_problem(model)
+        if problem is None:
+            return StaticKVCache(model.config)
+        log.info("%s: using the dynamic KV cache (%s)", type(model).__name__, problem)
+    return KVCache(model.config)
+
+
+def static_cache_problem(model: torch.nn.Module) -> str | None:
+    """Why a position reset cannot roll this model's static cache back, or None. Sliding-
+    window layers keep a host-side length and roll their buffers; linear-attention and
+    recurrent layers keep state a position does not describe."""
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticLayer
+
+    kinds = {type(layer).__name__ for layer in StaticCache(config=model.config, max_cache_len=8).layers
+             if type(layer) is not StaticLayer}
+    return f"it has {', '.join(sorted(kinds))} layers" if kinds else None
 
 
 def core_choice(kv_cache: str, cuda_graphs: bool, device: torch.device) -> tuple[bool, bool]:

@@ -33,7 +33,8 @@ class Int8Linear(nn.Module):
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         weight = linear.weight.detach().float()
-        scales = weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+        # The kernel multiplies by the bfloat16 scale: codes are computed against that one.
+        scales = (weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0).to(_COMPUTE).float()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("weight_int8", torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8))
         self.register_buffer("scales", scales.to(_COMPUTE))
@@ -59,10 +60,11 @@ class Int4Linear(nn.Module):
         self.in_features, self.out_features, self.group = linear.in_features, linear.out_features, group
         grouped = weight.reshape(self.out_features, -1, group)
         low, high = grouped.amin(-1, keepdim=True), grouped.amax(-1, keepdim=True)
-        scale = (high - low).clamp_min(1e-12) / 15.0
-        codes = torch.round((grouped - low) / scale).clamp(0, 15).to(torch.int32).reshape(self.out_features, -1)
-        # The kernel dequantizes (code - 8) * scale + zero, so zero is the value of code 8.
-        zero = low + 8.0 * scale
+        # The kernel dequantizes (code - 8) * scale + zero, zero being the value of code 8, with
+        # scale and zero in bfloat16: codes are computed against those rounded values.
+        scale = ((high - low).clamp_min(1e-12) / 15.0).to(_COMPUTE).float()
+        zero = (low + 8.0 * scale).to(_COMPUTE).float()
+        codes = torch.round((grouped - zero) / scale + 8.0).clamp(0, 15).to(torch.int32).reshape(self.out_features, -1)
         self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))
         self.register_buffer("scales_zeros", torch.stack([scale.squeeze(-1), zero.squeeze(-1)], -1)
                              .transpose(0, 1).contiguous().to(_COMPUTE))
