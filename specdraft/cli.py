@@ -187,6 +187,42 @@ def train_head(
     _run(console, verbose, lambda: run_train_head(options, console))
 
 
+@train_app.command("steer")
+def train_steer(
+    pool: Pool,
+    drafter: Annotated[str, typer.Option(help="The pool's pretrained drafter to steer (a `model` or `steered` drafter's name).", show_default=False)],
+    data: Annotated[list[str], typer.Option("--data", help="Training text, as for `train head`; more may follow as arguments.", show_default=False)],
+    out: Annotated[str, typer.Option(help="Folder for the steering (a `steered` drafter's steering).", show_default=False)],
+    epochs: Annotated[Optional[float], typer.Option(help="Passes over the data (default 1).", show_default=False)] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Optimizer steps (overrides --epochs).", show_default=False)] = None,
+    lr: Annotated[float, typer.Option(help="Peak learning rate of the drafter.")] = 5e-5,
+    steer_lr_factor: Annotated[float, typer.Option("--steer-lr-factor", help="The steering's learning rate as a multiple of --lr.")] = 20.0,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per training sequence.")] = 256,
+    batch_sequences: Annotated[int, typer.Option("--batch", help="Sequences per optimizer step.")] = 2,
+    max_draft: Annotated[Optional[int], typer.Option("--max-draft", help="K: the drafter learns to draft up to K tokens from a block's start (default: the profile's draft_tokens).", show_default=False)] = None,
+    layers: Annotated[Optional[str], typer.Option(help="The target's low,mid,high hidden-state indices (default 2, L/2, L-2).", show_default=False)] = None,
+    steer_size: Annotated[Optional[int], typer.Option("--steer-size", help="Width of the steering vector (default: the drafter's hidden size).", show_default=False)] = None,
+    freeze_drafter: Annotated[bool, typer.Option("--freeze-drafter", help="Train only the steering; the drafter keeps its pretrained weights.")] = False,
+    steering: Annotated[bool, typer.Option("--steering/--no-steering", help="--no-steering: the distilled baseline (same data and steps, plain KL).")] = True,
+    bf16: Annotated[Optional[bool], typer.Option("--bf16/--fp32", help="bf16 autocast of the drafter's forward (default: on CUDA and on CPUs with native bf16).", show_default=False)] = None,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="Use at most this many tokens of the data.", show_default=False)] = None,
+    chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Format prompt/answer pairs in the chat template (default: when the tokenizer has one).", show_default=False)] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda\[:N].")] = "auto",
+    features: Annotated[Optional[str], typer.Option(help="Folder for the target's cached features (default: under the cache folder).", show_default=False)] = None,
+    restart: Annotated[bool, typer.Option("--restart", help="Ignore a saved training state in --out and start over.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed for initialisation, batching and offsets.")] = 0,
+    more: Annotated[Optional[list[str]], typer.Argument(help="More training files or folders (as for --data).", show_default=False)] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Train SD2 steering for a pretrained drafter (for a `steered` drafter), or the distilled baseline."""
+    from specdraft.commands.train_steer import TrainSteerOptions, run_train_steer
+
+    console = err_console()
+    data = [*data, *(more or [])]
+    options = _options(TrainSteerOptions, locals())
+    _run(console, verbose, lambda: run_train_steer(options, console))
+
+
 def _options(cls, values: dict):
     """The command's options object from its parameters (`locals()`): every dataclass field
     is a parameter of the same name, so adding an option is one line in each place."""

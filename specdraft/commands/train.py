@@ -1,5 +1,6 @@
 """`specdraft train head`: read a corpus, run the frozen target over it once (features
-cached on disk), and train a draft head that the `head` drafter kind loads.
+cached on disk), and train a draft head that the `head` drafter kind loads. The corpus
+preparation (`prepare_corpus`) is shared with `train steer` (train_steer.py).
 
 The output folder gets the head (head.safetensors + head.json, written at every
 checkpoint, so an interrupted run still leaves a usable head) and the resume state.
@@ -42,27 +43,43 @@ class TrainHeadOptions:
     seed: int = 0
 
 
-def run_train_head(opts: TrainHeadOptions, console: Console) -> int:
-    _check(opts)
+@dataclass
+class Corpus:
+    """What every `train` command prepares: the target, the token sequences, the target's
+    features over them (cached) and the held-out split."""
+
+    profile: object
+    model: object
+    tokenizer: object
+    chat: bool
+    paths: list
+    tokens: np.ndarray
+    data: object  # FeatureSet
+    key: str
+    eos: list[int]
+    held_rows: np.ndarray
+    train_rows: np.ndarray
+    started: float
+
+
+def prepare_corpus(opts, layers_of, console: Console) -> Corpus:
+    """Read the corpus, run the frozen target over it once (features of `layers_of(model)`
+    cached on disk), and split off the held-out sequences."""
     out = Path(opts.out)
     if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: is a file; give a folder for the head")
+        raise UsageError(f"--out {out}: is a file; give a folder for what is trained")
     from specdraft.training.corpus import walk
 
     paths = list(walk(opts.data))
     if not paths:
         raise UsageError("--data: no text files found in " + ", ".join(opts.data))
 
-    import torch
-
     from specdraft.config.profile import load_profile
-    from specdraft.drafters.head_model import TargetSignature, save_head
+    from specdraft.drafters.head_model import TargetSignature
     from specdraft.models.gguf_cache import cache_dir
     from specdraft.models.loading import eos_token_ids, load_model, resolve_device
     from specdraft.training.corpus import documents
     from specdraft.training.features import extract_features, feature_key, finished, sequences_of, token_stream
-    from specdraft.training.head import HeadObjective, HeadTrainingSettings, draft_vocabulary, new_head
-    from specdraft.training.loop import STATE, LoopSettings, train
     from specdraft.ui.progress import progress_bar
 
     profile = load_profile(opts.pool)
@@ -82,9 +99,9 @@ def run_train_head(opts: TrainHeadOptions, console: Console) -> int:
     if tokens.shape[0] < 2:
         raise UsageError(f"--data: {len(stream)} tokens make fewer than 2 sequences of --seq-len {opts.seq_len}; "
                          "give more text or a shorter --seq-len")
-    layer = int(model.config.num_hidden_layers)
+    layers = sorted(set(layers_of(model)))
     signature = TargetSignature.of(model)
-    key = feature_key(json.dumps(signature.__dict__, sort_keys=True), tokens, [layer])
+    key = feature_key(json.dumps(signature.__dict__, sort_keys=True), tokens, layers)
     folder = Path(opts.features) if opts.features else cache_dir() / "features" / key
     console.print(f"{len(docs)} documents, {tokens.size:,} tokens in {tokens.shape[0]} sequences of {opts.seq_len}",
                   markup=False)
@@ -92,7 +109,7 @@ def run_train_head(opts: TrainHeadOptions, console: Console) -> int:
     console.print(f"features: reusing {folder}" if reusing else
                   f"running the target over them once; features cached in {folder}", markup=False)
     with progress_bar(console, "target features", tokens.shape[0]) as ticker:  # resumes; opens finished ones
-        data = extract_features(model, tokens, [layer], folder,
+        data = extract_features(model, tokens, layers, folder,
                                 lambda done, total: ticker.progress.update(ticker.task, completed=done))
     if not reusing:
         console.print(f"features: {time.perf_counter() - started:.0f} s", markup=False)
@@ -100,16 +117,33 @@ def run_train_head(opts: TrainHeadOptions, console: Console) -> int:
     rng = np.random.default_rng(opts.seed)
     order = rng.permutation(data.sequences)
     held = max(1, int(round(data.sequences * HELD_OUT)))
-    held_rows, train_rows = np.sort(order[:held]), np.sort(order[held:])
+    return Corpus(profile, model, tokenizer, chat, paths, tokens, data, key, eos, np.sort(order[:held]),
+                   np.sort(order[held:]), started)
+
+
+def run_train_head(opts: TrainHeadOptions, console: Console) -> int:
+    _check(opts)
+    import torch
+
+    from specdraft.drafters.head_model import save_head
+    from specdraft.training.head import HeadObjective, HeadTrainingSettings, draft_vocabulary, new_head
+    from specdraft.training.loop import STATE, LoopSettings, train
+
+    out = Path(opts.out)
+    corpus = prepare_corpus(opts, lambda model: [int(model.config.num_hidden_layers)], console)
+    model, data, tokens, paths, chat = corpus.model, corpus.data, corpus.tokens, corpus.paths, corpus.chat
+    device = next(model.parameters()).device
+    layer = int(model.config.num_hidden_layers)
+    held_rows, train_rows = corpus.held_rows, corpus.train_rows
     vocab_size = int(model.get_output_embeddings().weight.shape[0])
-    vocab_ids = draft_vocabulary(data.tokens[train_rows], opts.draft_vocab, vocab_size, tuple(eos))
+    vocab_ids = draft_vocabulary(data.tokens[train_rows], opts.draft_vocab, vocab_size, tuple(corpus.eos))
     torch.manual_seed(opts.seed)
     head = new_head(model, vocab_ids).to(device)
     settings = HeadTrainingSettings(batch_sequences=opts.batch_sequences, unroll=opts.unroll, seed=opts.seed)
     objective = HeadObjective(head, model, data, layer, settings, train_rows, device)
     per_epoch = max(1, len(train_rows) // opts.batch_sequences)
     steps = opts.steps if opts.steps is not None else max(1, int(round(per_epoch * (opts.epochs or 4.0))))
-    identity = {"features": key, "vocab": int(vocab_ids.numel()), "lr": opts.lr, "steps": steps,
+    identity = {"features": corpus.key, "vocab": int(vocab_ids.numel()), "lr": opts.lr, "steps": steps,
                 "batch": opts.batch_sequences, "unroll": opts.unroll, "seed": opts.seed}
     if opts.restart:
         (out / STATE).unlink(missing_ok=True)
@@ -133,8 +167,8 @@ def run_train_head(opts: TrainHeadOptions, console: Console) -> int:
                                  "train_seconds": round(time.perf_counter() - trained_at, 1)})
     console.print(f"held-out after {result.step} steps: KL {after['kl']:.3f}, top-1 agreement {after['top1']:.1%} "
                   f"(second draft token {after['top1@2']:.1%}) "
-                  f"(trained {result.seconds / 60:.1f} min, total {(time.perf_counter() - started) / 60:.1f} min); "
-                  f"head written to {out}", markup=False)
+                  f"(trained {result.seconds / 60:.1f} min, total {(time.perf_counter() - corpus.started) / 60:.1f} "
+                  f"min); head written to {out}", markup=False)
     return EXIT_OK
 
 

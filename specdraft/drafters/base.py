@@ -73,9 +73,13 @@ class PoolContext:
         """The model of `spec`, loaded once per pool context (weights are only read)."""
         from specdraft.models.loading import load_model
 
-        if spec not in self.models:
-            self.models[spec] = load_model(spec, self.file, key)
-        return self.models[spec]
+        return self.shared(spec, lambda: load_model(spec, self.file, key))
+
+    def shared(self, key: Any, make: Callable[[], Any]) -> Any:
+        """`make()`, once per pool context and `key` (what runtimes side by side may share)."""
+        if key not in self.models:
+            self.models[key] = make()
+        return self.models[key]
 
     def cached_lm(self, model: torch.nn.Module) -> "CachedLM":
         """A drafter's own model with its own cache, of the kind the run asked for."""

@@ -3,7 +3,7 @@ checked with key paths, into a frozen options object the kind's `build` takes.
 
 Torch-free on purpose (like the rest of the profile parser): a mistake in a profile is
 reported before torch or transformers load, in a fraction of a second. The kind classes
-(`ngram.py`, `model.py`, `layers.py`, `suffix.py`, `head.py`) point at these parsers; `registry.py` maps kind
+(`ngram.py`, `model.py`, `layers.py`, `suffix.py`, `head.py`, `steered.py`) point at these parsers; `registry.py` maps kind
 names to both.
 """
 
@@ -52,6 +52,14 @@ class HeadOptions:
     path: Path  # the folder `specdraft train head --out` wrote
     stop_below: float | None = None
     optional: bool = False  # a missing head folder leaves the drafter out of the pool (with a warning)
+
+
+@dataclass(frozen=True)
+class SteeredOptions:
+    model: ModelSpec  # the pretrained drafter (same keys as [target])
+    steering: Path  # the folder `specdraft train steer --out` wrote
+    stop_below: float | None = None
+    optional: bool = False  # a missing steering folder leaves the drafter out of the pool (with a warning)
 
 
 def parse_ngram(table: Table, base: Path) -> NgramOptions:
@@ -126,6 +134,19 @@ def parse_head(table: Table, base: Path) -> HeadOptions:
     return HeadOptions(folder, stop_below, optional)
 
 
+def parse_steered(table: Table, base: Path) -> SteeredOptions:
+    spec = parse_model_spec(table.subset(MODEL_KEYS), base)
+    path = table.get("steering", str)
+    if not path:
+        raise table.error("steering", "missing; the folder `specdraft train steer --out` wrote")
+    folder = Path(path).expanduser()
+    folder = folder if folder.is_absolute() else base / folder
+    stop_below = _stop_below(table)
+    optional = table.get("optional", bool, False)
+    table.finish()
+    return SteeredOptions(spec, folder, stop_below, optional)
+
+
 def _stop_below(table: Table) -> float | None:
     """`stop_below`: a fixed confidence under which drafting stops; absent = learned."""
     value = table.get("stop_below", (float, int))
@@ -136,4 +157,4 @@ def _stop_below(table: Table) -> float | None:
 
 # kind name -> its parser; the classes behind the names are in registry.py
 PARSERS = {"model": parse_model, "ngram": parse_ngram, "layers": parse_layers, "suffix": parse_suffix,
-           "head": parse_head}
+           "head": parse_head, "steered": parse_steered}

@@ -26,7 +26,8 @@ _CLASSES = {"model": ("specdraft.drafters.model", "ModelDrafter"),
             "ngram": ("specdraft.drafters.ngram", "NgramDrafter"),
             "layers": ("specdraft.drafters.layers", "LayersDrafter"),
             "suffix": ("specdraft.drafters.suffix", "SuffixDrafter"),
-            "head": ("specdraft.drafters.head", "HeadDrafter")}
+            "head": ("specdraft.drafters.head", "HeadDrafter"),
+            "steered": ("specdraft.drafters.steered", "SteeredDrafter")}
 KINDS = tuple(PARSERS)
 
 

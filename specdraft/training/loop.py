@@ -30,6 +30,7 @@ class LoopSettings:
     clip: float = 1.0
     checkpoint_seconds: float = 120.0
     identity: dict[str, Any] = field(default_factory=dict)  # what must match for a resume
+    lr_scale: dict[str, float] = field(default_factory=dict)  # parameter-name prefix -> factor on lr
 
 
 @dataclass
@@ -55,8 +56,14 @@ def train(module: torch.nn.Module, settings: LoopSettings, step_loss: Callable[[
     """Run `settings.steps` optimizer steps of `step_loss(step) -> (loss, metrics)` on the
     trainable parameters of `module`, resuming from `out/training-state.pt` when it was
     written by a run with the same identity."""
-    params = [p for p in module.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    groups: dict[float, list[torch.nn.Parameter]] = {}
+    for name, parameter in module.named_parameters():
+        if parameter.requires_grad:
+            scale = next((f for prefix, f in settings.lr_scale.items() if name.startswith(prefix)), 1.0)
+            groups.setdefault(scale, []).append(parameter)
+    params = [p for group in groups.values() for p in group]
+    optimizer = torch.optim.AdamW([{"params": group, "scale": scale} for scale, group in groups.items()],
+                                  lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
     state_path = out / STATE
     step = _resume(state_path, module, optimizer, settings, console)
     resumed_from = step
@@ -70,7 +77,7 @@ def train(module: torch.nn.Module, settings: LoopSettings, step_loss: Callable[[
             task = progress.add_task(label, total=settings.steps, completed=step, metrics="")
             while step < settings.steps:
                 for group in optimizer.param_groups:
-                    group["lr"] = learning_rate(step, settings)
+                    group["lr"] = learning_rate(step, settings) * group["scale"]
                 loss, metrics = step_loss(step)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()

@@ -1,0 +1,178 @@
+"""`specdraft train steer`: train SD2 steering for a pretrained drafter of the pool (and the
+drafter itself, unless `--freeze-drafter`), or with `--no-steering` the distilled baseline
+(same data and steps, plain KL). The corpus and the target's features come from the same
+preparation as `train head` (its three steering layers and its final state are cached).
+
+The output folder gets steer.json, steer.safetensors and drafter.safetensors (written at
+every checkpoint, so an interrupted run still leaves a usable drafter) and the resume state.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from rich.console import Console
+
+from specdraft.commands.io import EXIT_OK, check_count, check_seed
+from specdraft.commands.train import prepare_corpus
+from specdraft.errors import ProfileError, UsageError
+
+CHECKPOINT_SECONDS = 600.0  # a checkpoint holds the drafter and its optimizer state: gigabytes
+
+
+@dataclass
+class TrainSteerOptions:
+    pool: str
+    drafter: str
+    data: list[str]
+    out: str
+    epochs: Optional[float] = None
+    steps: Optional[int] = None
+    lr: float = 5e-5
+    steer_lr_factor: float = 20.0  # the steering starts from zero: it learns faster than the drafter
+    seq_len: int = 256
+    batch_sequences: int = 2
+    max_draft: Optional[int] = None  # K of the offsets; default: the profile's draft_tokens
+    layers: Optional[str] = None  # "low,mid,high" hidden-state indices of the target
+    steer_size: Optional[int] = None
+    freeze_drafter: bool = False
+    steering: bool = True
+    bf16: Optional[bool] = None
+    max_tokens: Optional[int] = None
+    chat: Optional[bool] = None
+    device: str = "auto"
+    features: Optional[str] = None
+    restart: bool = False
+    seed: int = 0
+
+
+def run_train_steer(opts: TrainSteerOptions, console: Console) -> int:
+    _check(opts)
+    import torch
+
+    from specdraft.config.profile import load_profile
+    from specdraft.drafters.steering import default_layers, new_steering, save_steering
+    from specdraft.models.loading import check_tokenizers, load_model
+    from specdraft.training.loop import STATE, LoopSettings, train
+    from specdraft.training.steer import SteerObjective, SteerTrainingSettings
+
+    profile = load_profile(opts.pool)
+    spec, key = _drafter_spec(profile, opts.drafter)
+    out = Path(opts.out)
+    layers = _layers(opts.layers)
+    corpus = prepare_corpus(
+        opts, lambda model: [*(layers or default_layers(int(model.config.num_hidden_layers))),
+                             int(model.config.num_hidden_layers)], console)
+    target = corpus.model
+    device = next(target.parameters()).device
+    drafter_loaded = load_model(spec, str(profile.file), key)
+    check_tokenizers(_Loaded(target, corpus.tokenizer), drafter_loaded, str(profile.file), key)
+    drafter = drafter_loaded.model.to(device).float().train()
+    try:
+        steering = new_steering(target, drafter, layers, opts.steer_size, steering=opts.steering).to(device)
+    except ValueError as exc:
+        raise ProfileError(str(profile.file), key, str(exc)) from None
+    # Training needs only the target's head (its distributions from the stored final states):
+    # keep a copy and let the rest of the target go (a 1.5B target is 6 GB in float32).
+    head_weight = target.get_output_embeddings().weight.detach().clone()
+    corpus.model = target = None
+    gc.collect()
+    for parameter in drafter.parameters():
+        parameter.requires_grad_(not opts.freeze_drafter)
+    for parameter in steering.parameters():
+        parameter.requires_grad_(opts.steering)
+    bf16 = opts.bf16 if opts.bf16 is not None else (device.type == "cuda" or torch.backends.mkldnn.is_available()
+                                                    and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    settings = SteerTrainingSettings(batch_sequences=opts.batch_sequences,
+                                     max_draft=opts.max_draft or profile.decode.draft_tokens,
+                                     steering=opts.steering, bf16=bf16, seed=opts.seed)
+    objective = SteerObjective(drafter, steering, head_weight, corpus.data, settings, corpus.train_rows, device)
+    per_epoch = max(1, len(corpus.train_rows) // opts.batch_sequences)
+    steps = opts.steps if opts.steps is not None else max(1, int(round(per_epoch * (opts.epochs or 1.0))))
+    identity = {"features": corpus.key, "drafter": str(spec.describe()), "lr": opts.lr, "steps": steps,
+                "batch": opts.batch_sequences, "max_draft": settings.max_draft, "layers": list(steering.config.layers),
+                "steering": opts.steering, "frozen": opts.freeze_drafter, "seed": opts.seed}
+    if opts.restart:
+        (out / STATE).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    what = "steered" if opts.steering else "distilled"
+    before = objective.evaluate(corpus.held_rows)
+    console.print(f"held-out before training ({what}, pretrained drafter): KL {before['kl']:.3f}, top-1 agreement "
+                  f"{before['top1']:.1%} (last draft offset: {before['top1@last']:.1%})", markup=False)
+    trained_at = time.perf_counter()
+    module = torch.nn.ModuleDict({"drafter": drafter, "steering": steering})
+
+    def save(step: int, metrics: dict[str, float], extra: dict | None = None) -> None:
+        save_steering(out, steering, None if opts.freeze_drafter else drafter,
+                      {"steps": step, "of_steps": steps, "tokens": int(corpus.tokens.size), "lr": opts.lr,
+                       "seq_len": opts.seq_len, "chat": corpus.chat, "max_draft": settings.max_draft,
+                       "data": [str(p) for p in corpus.paths][:20], "train_metrics": metrics, **(extra or {})})
+
+    loop = LoopSettings(steps=steps, lr=opts.lr, warmup=min(20, steps // 10 + 1), identity=identity,
+                        checkpoint_seconds=CHECKPOINT_SECONDS,
+                        lr_scale={"steering.": opts.steer_lr_factor})
+    result = train(module, loop, objective.step, save, out, console, label=f"train steer ({what})")
+    after = objective.evaluate(corpus.held_rows)
+    save(result.step, result.last, {"held_out_kl": after["kl"], "held_out_top1": after["top1"],
+                                    "held_out_top1_last": after["top1@last"], "held_out_before": before,
+                                    "train_seconds": round(time.perf_counter() - trained_at, 1)})
+    console.print(f"held-out after {result.step} steps: KL {after['kl']:.3f}, top-1 agreement {after['top1']:.1%} "
+                  f"(last draft offset: {after['top1@last']:.1%}) (trained {result.seconds / 60:.1f} min, total "
+                  f"{(time.perf_counter() - corpus.started) / 60:.1f} min); written to {out}", markup=False)
+    return EXIT_OK
+
+
+@dataclass
+class _Loaded:
+    model: object
+    tokenizer: object
+    source: str = "the target"
+
+
+def _drafter_spec(profile, name: str):
+    """The pretrained model of drafter `name`: any drafter of the pool with a model source
+    of its own (the `model` and `steered` kinds)."""
+    for index, drafter in enumerate(profile.drafters):
+        if drafter.name == name:
+            spec = getattr(drafter.options, "model", None)
+            if spec is None:
+                raise UsageError(f"--drafter {name}: a {drafter.kind} drafter has no model of its own; steering needs "
+                                 "a pretrained model drafter")
+            return spec, f"drafters[{index}]"
+    names = ", ".join(d.name for d in profile.drafters if getattr(d.options, "model", None)) or "none in this pool"
+    raise UsageError(f'--drafter {name}: no such drafter in the pool (model drafters: {names})')
+
+
+def _layers(text: str | None) -> tuple[int, int, int] | None:
+    if text is None:
+        return None
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3 or min(values) < 0:
+        raise UsageError(f"--layers: three hidden-state indices low,mid,high (got {text!r})")
+    return values  # type: ignore[return-value]
+
+
+def _check(opts: TrainSteerOptions) -> None:
+    if opts.freeze_drafter and not opts.steering:
+        raise UsageError("--freeze-drafter with --no-steering leaves nothing to train")
+    check_count(opts.steps, "--steps")
+    check_count(opts.max_tokens, "--max-tokens")
+    check_count(opts.max_draft, "--max-draft")
+    check_count(opts.steer_size, "--steer-size")
+    check_seed(opts.seed)
+    _layers(opts.layers)
+    if opts.epochs is not None and opts.epochs <= 0:
+        raise UsageError(f"--epochs: must be positive (got {opts.epochs})")
+    if not opts.lr > 0:
+        raise UsageError(f"--lr: must be positive (got {opts.lr})")
+    if opts.seq_len < 8:
+        raise UsageError(f"--seq-len: must be at least 8 (got {opts.seq_len})")
+    if opts.batch_sequences < 1:
+        raise UsageError(f"--batch: must be at least 1 (got {opts.batch_sequences})")

@@ -1,0 +1,125 @@
+"""The `steered` drafter kind (SD2): a pretrained small model steered by the target.
+
+After every verify the round hands over the target's hidden states at the three steering
+layers for the newly committed positions (`feature_layers`; the round does not know
+kinds). A block is drafted with the biases computed from the latest of them: the last
+position the target has verified, two tokens before the first drafted one (the token
+between is the one the verify itself produced, whose features come with the next verify).
+Training draws its offsets to match (training/steer.py). The drafter's own cache catches
+up and full-information scoring runs under the same biases; everything else is the
+`model` kind's.
+
+A steering folder written with `--no-steering` holds a distilled drafter (the paper's
+baseline): trained weights, no steering.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specdraft.drafters.base import Draft, DraftContext, DrafterUnavailable, Hidden, PoolContext, TrajectoryScores
+from specdraft.drafters.model import ModelDrafter
+from specdraft.drafters.options import SteeredOptions
+from specdraft.drafters.steering import Steering, SteeringFileError, SteeringHooks, load_steering
+from specdraft.errors import ProfileError
+
+FIRST_OFFSET = 2  # the first drafted token is two positions after the latest verified feature
+
+
+class SteeredDrafter(ModelDrafter):
+    kind = "steered"
+    draft_alignment_is_score = False  # a block's later tokens are steered from its start
+
+    def __init__(self, name: str, ctx: DraftContext, model: torch.nn.Module, steering: Steering,
+                 target: torch.nn.Module, stop_below: float | None = None, lm=None):
+        super().__init__(name, ctx, model, stop_below, lm=lm)
+        self.steering = steering.to(next(model.parameters()).device)
+        self.hooks = SteeringHooks(model) if steering.config.steering else None
+        self.target = target
+        self.latest: torch.Tensor | None = None  # [3, H]: the steering layers at the last verified position
+
+    @classmethod
+    def build(cls, name: str, options: SteeredOptions, pool: PoolContext, key: str) -> "SteeredDrafter":
+        from specdraft.models.loading import check_tokenizers, load_model
+
+        if options.optional and not options.steering.exists():
+            raise DrafterUnavailable(f"no steering at {options.steering} (train it with `specdraft train steer`)")
+        # Its own copy of the pretrained model: trained weights replace the pretrained ones and
+        # hooks are attached, so it is shared only with steered drafters of the same folder.
+        loaded, steering = pool.shared(("steered", options.model, options.steering),
+                                       lambda: _load(options, pool, key, load_model))
+        check_tokenizers(pool.target, loaded, pool.file, key)
+        return cls(name, pool.draft, loaded.model, steering, pool.target.model, options.stop_below,
+                   lm=pool.cached_lm(loaded.model))
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.steering.config.layers))) if self.hooks is not None else ()
+
+    def observe_features(self, position: int, hidden: Hidden) -> None:
+        self.latest = torch.stack([hidden[layer][-1] for layer in self.steering.config.layers])
+
+    def reset(self) -> None:
+        super().reset()
+        self.latest = None
+
+    def propose(self, context: Sequence[int], k: int, stop_price: float | None = None) -> Draft:
+        with self._steered():
+            return super().propose(context, k, stop_price)
+
+    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
+              hidden: Hidden | None = None) -> torch.Tensor:
+        with self._steered():
+            return super().score(context, start, count, target_probs, hidden)
+
+    @torch.inference_mode()
+    def trajectory_scores(self, context: list[int], prompt_len: int, target_probs: torch.Tensor,
+                          k: int) -> TrajectoryScores:
+        """Approximate for replay: every position steered at the first draft token's offset
+        (a live block steers its later tokens from its start, and its cache holds what
+        earlier blocks' biases computed)."""
+        if self.hooks is None:
+            return super().trajectory_scores(context, prompt_len, target_probs, k)
+        ids = torch.tensor([context], dtype=torch.long, device=next(self.target.parameters()).device)
+        out = self.target(ids, output_hidden_states=True)
+        states = torch.stack([out.hidden_states[layer][0] for layer in self.steering.config.layers], dim=1)  # [T, 3, H]
+        biases = self.steering(states.to(self.lm.device))  # [T, L, I]
+        shifted = torch.zeros_like(biases)
+        shifted[FIRST_OFFSET - 1:] = biases[: len(context) - FIRST_OFFSET + 1]  # position i from i + 1 - offset
+        self.hooks.bias = shifted.unsqueeze(0)
+        try:
+            return super().trajectory_scores(context, prompt_len, target_probs, k)
+        finally:
+            self.hooks.bias = None
+
+    def _steered(self):
+        return _Biased(self)
+
+
+class _Biased:
+    """While drafting or scoring: the biases of the latest verified position (none before
+    the first verify has handed any over)."""
+
+    def __init__(self, drafter: SteeredDrafter):
+        self.drafter = drafter
+
+    def __enter__(self) -> None:
+        d = self.drafter
+        if d.hooks is not None and d.latest is not None:
+            with torch.inference_mode():
+                d.hooks.bias = d.steering(d.latest.to(d.lm.device))
+
+    def __exit__(self, *exc) -> None:
+        if self.drafter.hooks is not None:
+            self.drafter.hooks.bias = None
+
+
+def _load(options: SteeredOptions, pool: PoolContext, key: str, load_model):
+    loaded = load_model(options.model, pool.file, key)
+    try:
+        steering = load_steering(options.steering, pool.target.model, loaded.model)
+    except SteeringFileError as exc:
+        raise ProfileError(pool.file, f"{key}.steering", str(exc)) from None
+    return loaded, steering
