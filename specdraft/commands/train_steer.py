@@ -33,7 +33,7 @@ class TrainSteerOptions:
     epochs: Optional[float] = None
     steps: Optional[int] = None
     lr: float = 5e-5
-    steer_lr_factor: float = 20.0  # the steering starts from zero: it learns faster than the drafter
+    steer_lr_factor: float = 10.0  # the steering starts from zero: it learns faster than the drafter
     seq_len: int = 256
     batch_sequences: int = 2
     max_draft: Optional[int] = None  # K of the offsets; default: the profile's draft_tokens
@@ -71,7 +71,9 @@ def run_train_steer(opts: TrainSteerOptions, console: Console) -> int:
     device = next(target.parameters()).device
     drafter_loaded = load_model(spec, str(profile.file), key)
     check_tokenizers(_Loaded(target, corpus.tokenizer), drafter_loaded, str(profile.file), key)
-    drafter = drafter_loaded.model.to(device).float().train()
+    # float32 master weights; nn.Module's own cast, since transformers refuses `.float()` on
+    # a model it loaded from a GGUF file (it counts as quantized though its weights are not)
+    drafter = torch.nn.Module.float(drafter_loaded.model.to(device)).train()
     try:
         steering = new_steering(target, drafter, layers, opts.steer_size, steering=opts.steering).to(device)
     except ValueError as exc:

@@ -29,6 +29,9 @@ from specdraft.drafters.head_model import TargetSignature
 
 CONFIG, STEERING_WEIGHTS, DRAFTER_WEIGHTS = "steer.json", "steer.safetensors", "drafter.safetensors"
 FORMAT = 1
+# Width of g. W_s maps it to a bias for every MLP unit of every layer (24 x 4864 on
+# Qwen2.5-0.5B), so its size is this times ~117k: 256 keeps it at 30M, computed once a block.
+DEFAULT_STEER_SIZE = 256
 
 
 class SteeringFileError(Exception):
@@ -132,7 +135,7 @@ def new_steering(target: nn.Module, drafter: nn.Module, layers: tuple[int, int, 
         raise ValueError(f"steering layers {list(layers)} must be hidden-state indices 0..{n}")
     config = SteeringConfig(
         layers=tuple(int(x) for x in layers), target_hidden=int(target.config.hidden_size),
-        steer_size=int(steer_size or drafter.config.hidden_size), drafter_layers=len(mlps),
+        steer_size=int(steer_size or min(DEFAULT_STEER_SIZE, drafter.config.hidden_size)), drafter_layers=len(mlps),
         intermediate=int(mlps[0].gate_proj.out_features), target=TargetSignature.of(target),
         drafter=TargetSignature.of(drafter), steering=steering)
     return Steering(config)

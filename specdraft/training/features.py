@@ -41,6 +41,21 @@ class FeatureSet:
         return self.tokens.shape[1]
 
 
+class RowBatches:
+    """Training rows in batches: every row once per epoch, each epoch in a new random order."""
+
+    def __init__(self, rows: np.ndarray, batch: int, seed: int):
+        self.rows, self.batch = rows, batch
+        self.generator = np.random.default_rng(seed)
+        self.order = np.array([], dtype=np.int64)
+
+    def next(self) -> np.ndarray:
+        if len(self.order) < self.batch:
+            self.order = np.concatenate([self.order, self.generator.permutation(self.rows)])
+        rows, self.order = self.order[: self.batch], self.order[self.batch :]
+        return rows
+
+
 def token_stream(docs: Sequence[Document], tokenizer: Any, chat: bool, separator: int | None) -> list[int]:
     """Every document's tokens in order, exchanges in the chat template when `chat`, each
     plain document followed by `separator` (the end-of-text token)."""

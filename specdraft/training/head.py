@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from specdraft.drafters.head_model import DraftHead, HeadConfig, Readout
-from specdraft.training.features import FeatureSet
+from specdraft.training.features import FeatureSet, RowBatches
 
 
 @dataclass
@@ -45,12 +45,10 @@ class HeadObjective:
     def __init__(self, head: DraftHead, target: torch.nn.Module, data: FeatureSet, layer: int,
                  settings: HeadTrainingSettings, train_rows: np.ndarray, device: torch.device):
         self.head, self.data, self.layer, self.settings = head, data, layer, settings
-        self.rows = train_rows
+        self.batches = RowBatches(train_rows, settings.batch_sequences, settings.seed)
         self.device = device
         self.embed = target.get_input_embeddings()
         self.readout = Readout(target, head.vocab_ids)
-        self.generator = np.random.default_rng(settings.seed)
-        self.order = np.array([], dtype=np.int64)
         sample = np.asarray(data.features[layer][train_rows[: min(len(train_rows), 16)]], dtype=np.float32)
         self.feature_rms = float(np.sqrt((sample ** 2).mean()))
 
@@ -58,13 +56,6 @@ class HeadObjective:
         tokens = torch.from_numpy(self.data.tokens[np.sort(rows)].astype(np.int64)).to(self.device)
         features = torch.from_numpy(np.asarray(self.data.features[self.layer][np.sort(rows)], dtype=np.float32))
         return tokens, features.to(self.device)
-
-    def next_rows(self) -> np.ndarray:
-        b = self.settings.batch_sequences
-        if len(self.order) < b:  # a new epoch in a new order
-            self.order = np.concatenate([self.order, self.generator.permutation(self.rows)])
-        rows, self.order = self.order[:b], self.order[b:]
-        return rows
 
     def loss(self, tokens: torch.Tensor, features: torch.Tensor, noise: bool = True, unroll: int | None = None
              ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -100,7 +91,7 @@ class HeadObjective:
         # bf16 autocast on a GPU (the master weights and the loss stay float32); a CPU
         # trains in float32, where bf16 gained only ~1.3x here.
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
-            return self.loss(*self.batch(self.next_rows()))
+            return self.loss(*self.batch(self.batches.next()))
 
     @torch.no_grad()
     def evaluate(self, rows: np.ndarray) -> dict[str, float]:

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from specdraft.drafters.steering import Steering, SteeringHooks
-from specdraft.training.features import FeatureSet
+from specdraft.training.features import FeatureSet, RowBatches
 
 FIRST_OFFSET = 2
 
@@ -61,9 +61,9 @@ class SteerObjective:
         self.hooks = SteeringHooks(drafter) if settings.steering else None
         self.layers = steering.config.layers
         self.final = max(data.features)
-        self.rows, self.device = train_rows, device
-        self.generator = np.random.default_rng(settings.seed)
-        self.order = np.array([], dtype=np.int64)
+        self.batches = RowBatches(train_rows, settings.batch_sequences, settings.seed)
+        self.device = device
+        self.generator = np.random.default_rng(settings.seed + 1)  # the offsets
 
     def batch(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         rows = np.sort(rows)
@@ -72,13 +72,6 @@ class SteerObjective:
                               for layer in self.layers], dim=2)  # [B, T, 3, H]
         final = torch.from_numpy(np.asarray(self.data.features[self.final][rows], dtype=np.float32))
         return tokens, states.to(self.device), final.to(self.device)
-
-    def next_rows(self) -> np.ndarray:
-        b = self.settings.batch_sequences
-        if len(self.order) < b:  # a new epoch in a new order
-            self.order = np.concatenate([self.order, self.generator.permutation(self.rows)])
-        rows, self.order = self.order[:b], self.order[b:]
-        return rows
 
     def loss(self, tokens: torch.Tensor, states: torch.Tensor, final: torch.Tensor,
              offset: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
@@ -111,7 +104,7 @@ class SteerObjective:
         return loss, {"kl": float(loss.detach()), "top1": float(agree)}
 
     def step(self, step: int) -> tuple[torch.Tensor, dict[str, float]]:
-        return self.loss(*self.batch(self.next_rows()))
+        return self.loss(*self.batch(self.batches.next()))
 
     @torch.no_grad()
     def evaluate(self, rows: np.ndarray) -> dict[str, float]:
