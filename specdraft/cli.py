@@ -83,6 +83,7 @@ def bench(
     replay: Annotated[Optional[str], typer.Option(help="Replay policies offline over a trace instead of running models.")] = None,
     chat: Annotated[Optional[bool], typer.Option("--chat/--raw", show_default=False)] = None,
     seed: Annotated[Optional[int], typer.Option()] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="Over the profile's: > 0 benches sampling (outputs are then not compared with plain decoding's).", show_default=False)] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Measure speedup over plain decoding on a dataset, live or replayed from a trace."""

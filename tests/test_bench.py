@@ -279,3 +279,16 @@ def test_policies_side_by_side_share_each_drafters_weights(pool_file, monkeypatc
     again = build_runtime(profile, base.target, models=base.models)
     small = [d for d in (base.drafters + again.drafters) if d.name == "small"]
     assert small[0].lm.model is small[1].lm.model and small[0].lm is not small[1].lm  # own caches
+
+
+def test_bench_samples_at_a_temperature_without_comparing_outputs(pool_file, data_file, tmp_path):
+    out = tmp_path / "r.json"
+    result = runner.invoke(app, ["bench", "--pool", str(pool_file), "--data", str(data_file), "--policies",
+                                 "fixed:small", "--temperature", "1", "--seed", "3", "--out", str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert "sampled at T = 1" in result.stderr and "differ from plain" not in result.stderr
+    report = json.loads(out.read_text())
+    assert all(r["mismatches"] is None for r in report["summary"])
+    refused = runner.invoke(app, ["bench", "--pool", str(pool_file), "--data", str(data_file), "--temperature", "1",
+                                  "--baseline", "transformers"])
+    assert refused.exit_code == 2 and "greedy" in refused.stderr

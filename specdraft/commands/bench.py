@@ -39,6 +39,7 @@ class BenchOptions:
     replay: str | None = None
     chat: bool | None = None
     seed: int | None = None
+    temperature: float | None = None  # over the profile's; > 0 samples (outputs then differ by design)
 
 
 def samples_path(out: str) -> Path:
@@ -54,7 +55,10 @@ def run_bench_command(opts: BenchOptions, console: Console) -> int:
     from specdraft.measurement.datasets import load_dataset
 
     # Everything the user wrote is checked before torch, transformers or a model loads.
-    profile = load_profile(opts.pool).with_overrides(max_new_tokens=opts.max_new_tokens, seed=opts.seed)
+    profile = load_profile(opts.pool).with_overrides(max_new_tokens=opts.max_new_tokens, seed=opts.seed,
+                                                     temperature=opts.temperature)
+    if opts.baseline and not profile.decode.greedy:
+        raise UsageError("--baseline transformers times greedy decoding; it cannot run with temperature > 0")
     flags = [f.strip() for f in opts.policies.split(",") if f.strip()] if opts.policies else None
     for flag in flags or ():
         profile.with_overrides(policy=flag)  # a bad --policies entry is a usage error now
@@ -87,17 +91,20 @@ def run_bench_command(opts: BenchOptions, console: Console) -> int:
                           f"({done[0].id}, repeat {done[0].repeat}): {times}")
 
         try:
-            run_bench(configs, examples, opts.repeat, progress.tick, keep)
+            run_bench(configs, examples, opts.repeat, progress.tick, keep, greedy=profile.decode.greedy)
         except KeyboardInterrupt:
             if samples:
-                _report(opts, console, samples, f"interrupted after {len(samples) // len(configs)} prompt runs")
+                _report(opts, console, samples, f"interrupted after {len(samples) // len(configs)} prompt runs",
+                    greedy=profile.decode.greedy)
             console.print("interrupted" + (f"; samples kept in {samples_path(opts.out)}" if stream else ""),
                           markup=False)
             raise CommandExit(EXIT_INTERRUPTED) from None
         finally:
             if stream is not None:
                 stream.close()
-    _report(opts, console, samples, f"{len(examples)} prompts × {opts.repeat} repeats")
+    what = f"{len(examples)} prompts × {opts.repeat} repeats"
+    _report(opts, console, samples, what if profile.decode.greedy else f"{what} · sampled at T = "
+            f"{profile.decode.temperature:g}", greedy=profile.decode.greedy)
     return EXIT_OK
 
 
@@ -120,12 +127,16 @@ def _check_options(opts: BenchOptions) -> None:
     check_outputs(outputs, inputs=[("--data", opts.data), ("--pool", opts.pool), ("--replay", opts.replay)])
 
 
-def _report(opts: BenchOptions, console: Console, samples: list, what: str, simulated: bool = False) -> list[dict]:
+def _report(opts: BenchOptions, console: Console, samples: list, what: str, simulated: bool = False,
+            greedy: bool = True) -> list[dict]:
     """The table, the warnings, and every output file for `samples`."""
     from specdraft.measurement.benchmark import PLAIN, noise_warnings, summarize
     from specdraft.ui.tables import bench_table
 
     rows = summarize(samples)
+    if not greedy:
+        for row in rows:
+            row["mismatches"] = None  # sampled outputs differ by design; tests/test_sampling checks the law
     if simulated:
         for row in rows:
             row["tokens_per_s"] = None  # simulated time: only ratios are meaningful
