@@ -172,7 +172,8 @@ def run_train_head(opts: TrainHeadOptions, console: Console) -> int:
     return EXIT_OK
 
 
-def _check(opts: TrainHeadOptions) -> None:
+def check_training_options(opts) -> None:
+    """The options every `train` command shares (steps, epochs, lr, sizes, seed)."""
     check_count(opts.steps, "--steps")
     check_count(opts.max_tokens, "--max-tokens")
     check_seed(opts.seed)
@@ -180,11 +181,15 @@ def _check(opts: TrainHeadOptions) -> None:
         raise UsageError(f"--epochs: must be positive (got {opts.epochs})")
     if not opts.lr > 0:
         raise UsageError(f"--lr: must be positive (got {opts.lr})")
-    if opts.draft_vocab < 2:
-        raise UsageError(f"--draft-vocab: must be at least 2 (got {opts.draft_vocab})")
     if opts.seq_len < 8:
         raise UsageError(f"--seq-len: must be at least 8 (got {opts.seq_len})")
-    if opts.unroll not in (1, 2):
-        raise UsageError(f"--unroll: 1 or 2 (got {opts.unroll})")
     if opts.batch_sequences < 1:
         raise UsageError(f"--batch: must be at least 1 (got {opts.batch_sequences})")
+
+
+def _check(opts: TrainHeadOptions) -> None:
+    check_training_options(opts)
+    if opts.draft_vocab < 2:
+        raise UsageError(f"--draft-vocab: must be at least 2 (got {opts.draft_vocab})")
+    if opts.unroll not in (1, 2):
+        raise UsageError(f"--unroll: 1 or 2 (got {opts.unroll})")

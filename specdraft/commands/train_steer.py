@@ -17,8 +17,8 @@ from typing import Optional
 
 from rich.console import Console
 
-from specdraft.commands.io import EXIT_OK, check_count, check_seed
-from specdraft.commands.train import prepare_corpus
+from specdraft.commands.io import EXIT_OK, check_count
+from specdraft.commands.train import check_training_options, prepare_corpus
 from specdraft.errors import ProfileError, UsageError
 
 CHECKPOINT_SECONDS = 600.0  # a checkpoint holds the drafter and its optimizer state: gigabytes
@@ -164,17 +164,7 @@ def _layers(text: str | None) -> tuple[int, int, int] | None:
 def _check(opts: TrainSteerOptions) -> None:
     if opts.freeze_drafter and not opts.steering:
         raise UsageError("--freeze-drafter with --no-steering leaves nothing to train")
-    check_count(opts.steps, "--steps")
-    check_count(opts.max_tokens, "--max-tokens")
+    check_training_options(opts)
     check_count(opts.max_draft, "--max-draft")
     check_count(opts.steer_size, "--steer-size")
-    check_seed(opts.seed)
     _layers(opts.layers)
-    if opts.epochs is not None and opts.epochs <= 0:
-        raise UsageError(f"--epochs: must be positive (got {opts.epochs})")
-    if not opts.lr > 0:
-        raise UsageError(f"--lr: must be positive (got {opts.lr})")
-    if opts.seq_len < 8:
-        raise UsageError(f"--seq-len: must be at least 8 (got {opts.seq_len})")
-    if opts.batch_sequences < 1:
-        raise UsageError(f"--batch: must be at least 1 (got {opts.batch_sequences})")
