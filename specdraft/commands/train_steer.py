@@ -56,7 +56,7 @@ def run_train_steer(opts: TrainSteerOptions, console: Console) -> int:
 
     from specdraft.config.profile import load_profile
     from specdraft.drafters.steering import default_layers, new_steering, save_steering
-    from specdraft.models.loading import check_tokenizers, load_model
+    from specdraft.models.loading import LoadedModel, check_tokenizers, load_model
     from specdraft.training.loop import STATE, LoopSettings, train
     from specdraft.training.steer import SteerObjective, SteerTrainingSettings
 
@@ -70,7 +70,7 @@ def run_train_steer(opts: TrainSteerOptions, console: Console) -> int:
     target = corpus.model
     device = next(target.parameters()).device
     drafter_loaded = load_model(spec, str(profile.file), key)
-    check_tokenizers(_Loaded(target, corpus.tokenizer), drafter_loaded, str(profile.file), key)
+    check_tokenizers(LoadedModel(target, corpus.tokenizer, "the target"), drafter_loaded, str(profile.file), key)
     # float32 master weights; nn.Module's own cast, since transformers refuses `.float()` on
     # a model it loaded from a GGUF file (it counts as quantized though its weights are not)
     drafter = torch.nn.Module.float(drafter_loaded.model.to(device)).train()
@@ -126,13 +126,6 @@ def run_train_steer(opts: TrainSteerOptions, console: Console) -> int:
                   f"(last draft offset: {after['top1@last']:.1%}) (trained {result.seconds / 60:.1f} min, total "
                   f"{(time.perf_counter() - corpus.started) / 60:.1f} min); written to {out}", markup=False)
     return EXIT_OK
-
-
-@dataclass
-class _Loaded:
-    model: object
-    tokenizer: object
-    source: str = "the target"
 
 
 def _drafter_spec(profile, name: str):

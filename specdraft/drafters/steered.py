@@ -22,10 +22,9 @@ import torch
 from specdraft.drafters.base import Draft, DraftContext, DrafterUnavailable, Hidden, PoolContext, TrajectoryScores
 from specdraft.drafters.model import ModelDrafter
 from specdraft.drafters.options import SteeredOptions
-from specdraft.drafters.steering import Steering, SteeringFileError, SteeringHooks, load_steering
+from specdraft.drafters.steering import FIRST_OFFSET, Steering, SteeringFileError, SteeringHooks, load_steering
 from specdraft.errors import ProfileError
 
-FIRST_OFFSET = 2  # the first drafted token is two positions after the latest verified feature
 
 
 class SteeredDrafter(ModelDrafter):

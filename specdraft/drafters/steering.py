@@ -29,6 +29,9 @@ from specdraft.drafters.head_model import TargetSignature
 
 CONFIG, STEERING_WEIGHTS, DRAFTER_WEIGHTS = "steer.json", "steer.safetensors", "drafter.safetensors"
 FORMAT = 1
+# Decoding and training must agree on it: the first drafted token of a block is two positions
+# after the latest verified state (the verify has not seen the token it produced itself).
+FIRST_OFFSET = 2
 # Width of g. W_s maps it to a bias for every MLP unit of every layer (24 x 4864 on
 # Qwen2.5-0.5B), so its size is this times ~117k: 256 keeps it at 30M, computed once a block.
 DEFAULT_STEER_SIZE = 256

@@ -22,10 +22,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specdraft.drafters.steering import Steering, SteeringHooks
+from specdraft.drafters.steering import FIRST_OFFSET, Steering, SteeringHooks
 from specdraft.training.features import FeatureSet, RowBatches
 
-FIRST_OFFSET = 2
 
 
 @dataclass
