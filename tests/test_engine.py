@@ -27,7 +27,7 @@ class EveryRound(Policy):
     def fresh(self) -> None:
         self.t = -1
 
-    def select(self) -> int:
+    def select(self, awake=None) -> int:
         self.t += 1
         return self.t % len(self.arms)
 
@@ -174,7 +174,8 @@ def test_every_policy_keeps_greedy_output_identical(target, pool, name, options)
 
 
 def test_full_information_keeps_every_cache_in_sync(target, pool):
-    engine = policy_engine(target, pool, "normalhedge", update_every=1)
+    # (The acceptance objective scores every drafter: goodput skips the hopeless ones.)
+    engine = policy_engine(target, pool, "normalhedge", update_every=1, objective="acceptance")
     context = list(PROMPTS[1])
     for record in engine.generate(PROMPTS[1]):
         context.extend(record.tokens)
@@ -251,7 +252,9 @@ def test_hindsight_best_by_regret_is_the_drafter_that_accepts_most_when_fixed(ta
     for d in drafters:
         records = list(policy_engine(target, drafters, "fixed", drafter=d.name, draft_length="fixed").generate(prompt))
         accepted[d.name] = sum(r.accepted for r in records) / len(records)
-    engine = policy_engine(target, drafters, "normalhedge")
+    # Every round evaluated, every drafter scored (goodput would skip the ones that cannot be
+    # fastest): the hindsight comparison is over the whole run, not a sample.
+    engine = policy_engine(target, drafters, "normalhedge", update_every=1, objective="acceptance")
     from specdraft.session.stats import GenerationStats
 
     stats = GenerationStats([d.name for d in drafters], 4)
@@ -262,3 +265,32 @@ def test_hindsight_best_by_regret_is_the_drafter_that_accepts_most_when_fixed(ta
     assert stats.best_drafter == ranked[0], (accepted, stats.regret_tracker.totals)
     totals = dict(zip([d.name for d in drafters], stats.regret_tracker.totals))
     assert sorted(totals, key=totals.get, reverse=True) == ranked, (accepted, totals)
+
+
+class FirstAwake(Policy):
+    """Prefers the first arm whenever it is awake (a learner whose favourite is lookup)."""
+
+    name = "first-awake"
+
+    def select(self, awake=None) -> int:
+        return self.awake_arms(awake)[0]
+
+
+def test_a_drafter_that_would_propose_nothing_is_passed_over(target):
+    """Sleeping experts: where prompt lookup finds no match the engine tells the policy, which
+    hands the round to the next arm instead of wasting it as a plain one; output stays greedy."""
+    ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
+    lookup, twin = NgramDrafter("lookup", ctx, 1, 3), ModelDrafter("twin", ctx, target)
+    prompt = PROMPTS[0]
+    engine = SpeculativeEngine(CachedLM(target), [lookup, twin], FirstAwake(["lookup", "twin"], draft_tokens=3),
+                               EngineSettings(3, 40, SamplingParams()))
+    context, asleep, probe = list(prompt), 0, NgramDrafter("probe", ctx, 1, 3)
+    for record in engine.generate(prompt):
+        if probe.proposes_at(context, len(context)):
+            assert record.drafter == "lookup"
+        else:
+            asleep += 1
+            assert record.drafter == "twin", record
+        context.extend(record.tokens)
+    assert asleep > 0
+    assert context[len(prompt):] == plain_greedy(target, prompt, 40)

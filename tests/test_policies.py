@@ -242,7 +242,7 @@ def test_sampled_evaluation_scores_few_rounds_while_the_leader_holds():
     driver = PolicyDriver(policy, K, 10_000)
     scored = []
 
-    def evaluator(rounds):
+    def evaluator(rounds, skip=()):
         scored.extend(rounds)
         return [[[0.9] * r.count, [0.1] * r.count, [0.2] * r.count] for r in rounds]
 
@@ -261,18 +261,75 @@ def test_sampled_evaluation_scores_few_rounds_while_the_leader_holds():
     assert policy.distribution()[0] > 0.9
 
 
-def test_a_silent_drafter_is_charged_a_plain_round_and_its_acceptance_is_not_diluted():
-    """Prompt lookup without a match would have drafted nothing: chosen, the round is plain.
-    Charging it a rejected draft (wider verify) would make the learner prefer "none"."""
-    policy = make("normalhedge", n=2, objective="goodput", draft_length="goodput")
-    for width in (1, 2, 4, 6) * 5:  # verify gets dearer with width; drafting is nearly free
-        policy.costs.observe(0, width - 1, 1e-5 * (width - 1), 0.02 + 0.004 * width)
-    plain_loss = 1.0 - policy.speed_score(0, 1.0, 0)
-    assert policy._loss(0, [0.0] * 3, False, silent=True) == pytest.approx(plain_loss)
-    assert policy._loss(0, [0.0] * 3, False, silent=False) > plain_loss
-    before = policy.acceptance.rate(0, 1)
-    policy.update(RoundFeedback(1, K, 0, [0.0] * K, 0.03, [[0.0, 0.0], [0.0, 0.0]], 0.0, 0.02, silent=[True, False]))
-    assert policy.acceptance.rate(0, 1) == before  # silent: nothing learned about its drafts
+def test_an_asleep_drafter_keeps_its_regret_and_its_acceptance():
+    """Sleeping experts: a drafter silent at a round's start was no candidate there, so it
+    takes the learner's loss (its regret does not move) and learns nothing about its drafts."""
+    policy = make("normalhedge", n=3, objective="goodput", draft_length="goodput")
+    arms = Arms([0.9, 0.3, 0.0])
+    for _ in range(30):  # arm 0 leads
+        policy.update(arms.play(policy.select(), full=True))
+    regret, before = list(policy.weights_state), policy.acceptance.rate(0, 1)
+    # A round where arm 0 was silent (its score 0 there) and arm 1 drafted well.
+    policy.update(RoundFeedback(1, K, 2, [1.0, 1.0, 0.0], 0.03, [[0.0] * 3, [1.0, 1.0, 0.0], [0.0] * 3], 0.0,
+                                0.02, silent=[True, False, False]))
+    assert policy.weights_state[0] == pytest.approx(regret[0])
+    assert policy.weights_state[1] > regret[1]  # beat the learner among the awake arms
+    assert policy.acceptance.rate(0, 1) == before
+
+
+@pytest.mark.parametrize("name", ["normalhedge", "hedge", "adanormalhedge", "ucb", "ducb", "swucb", "exp3", "random"])
+def test_a_learner_passes_over_an_asleep_drafter_to_the_next_best(name):
+    policy = make(name, n=3, seed=1)
+    full = policy.full_information
+    arms = Arms([0.9, 0.6, 0.1])
+    for _ in range(80):
+        policy.update(arms.play(policy.select(), full=full))
+    for _ in range(20):
+        assert policy.select([False, True, True]) != 0
+        assert policy.select([True, False, False]) == 0
+    if name != "random":  # a learner's fallback is the better of the awake arms
+        picks = [policy.select([False, True, True]) for _ in range(50)]
+        assert picks.count(1) > picks.count(2)
+
+
+def test_a_drafter_that_cannot_be_fastest_is_not_evaluated_and_keeps_its_regret():
+    """Goodput: a drafter whose every token costs about a verify cannot beat a cheap leader
+    even if all its tokens were accepted; evaluation skips it until the leader falls."""
+    from specdraft.learning.driver import PolicyDriver, RoundOutcome
+
+    policy = make("normalhedge", n=3, objective="goodput", draft_length="goodput")
+    arms = Arms([0.9, 0.95, 0.0], cost=[1e-4, 0.004, 1e-4])  # arm 1: aligned but dear
+    driver = PolicyDriver(policy, K, 10_000)
+    asked = []
+
+    def evaluator(rounds, skip=()):
+        asked.append(list(skip))
+        return [[None if skip and skip[i] else [arms.gamma(i) for _ in range(r.count)] for i in range(3)]
+                for r in rounds]
+
+    driver.start_prompt(evaluator)
+    for _ in range(3):  # every arm drafts once: costs known
+        for arm in range(3):
+            fb = arms.play(arm)
+            driver.finish_round(RoundOutcome(fb, 0, fb.accepted + 1), last=False)
+    assert policy.ceiling(1) < policy.estimated_value(0) < policy.ceiling(0)
+    regret = policy.weights_state[1]
+    for _ in range(60):
+        fb = arms.play(policy.select())
+        driver.finish_round(RoundOutcome(fb, 0, fb.accepted + 1), last=False)
+    assert asked[-1] == [False, True, False] and policy.evaluation_skips() == [False, True, False]
+    assert policy.weights_state[1] == pytest.approx(regret)  # asleep while skipped
+    arms.rates[0] = 0.0  # the leader collapses: arm 1 is a contender again, and scored
+    for _ in range(40):
+        fb = arms.play(policy.select())
+        driver.finish_round(RoundOutcome(fb, 0, fb.accepted + 1), last=False)
+    assert policy.evaluation_skips() == [False, False, False]
+
+
+def test_fixed_keeps_its_drafter_when_asleep():
+    fixed = make("fixed", n=3, drafter="d0")
+    assert fixed.select([False, True, True]) == 0  # fixed measures that drafter alone
+    assert not fixed.chooses_by_context
 
 
 def test_prompt_lookup_knows_where_it_would_propose():

@@ -103,6 +103,7 @@ class SpeculativeEngine:
         # position, whichever arm drafted, so switching to them costs no catch-up forward.
         self.feature_drafters = [d for d in self.drafters if d.feature_layers]
         self.feature_layers = tuple(sorted({layer for d in self.feature_drafters for layer in d.feature_layers}))
+        self.may_stay_silent = len(self.drafters) > 1 and any(d.may_stay_silent for d in self.drafters)
 
     @property
     def policy(self) -> Policy:
@@ -113,7 +114,8 @@ class SpeculativeEngine:
         try:
             while state.produced < self.settings.max_new_tokens:
                 watch = Stopwatch(self.target.clock)
-                plan = self.driver.choose(state.produced)
+                awake = self._awake(state.context)
+                plan = self.driver.choose(state.produced, awake)
                 arm, k = plan.arm, plan.draft_tokens
                 drafter = self.drafters[arm]
                 watch.lap("overhead")
@@ -125,7 +127,8 @@ class SpeculativeEngine:
                 tokens, finish = self._commit(state, drafter, verified)
                 feedback = RoundFeedback(arm, len(verified.alphas), verified.accepted, verified.alphas, watch.elapsed,
                                          draft_seconds=max(0.0, watch["draft"] - draft.catch_up_seconds),
-                                         verify_seconds=watch["verify"])
+                                         verify_seconds=watch["verify"],
+                                         silent=None if awake is None else [not a for a in awake])
                 evidence = self._evidence(verified, len(tokens)) if self.driver.full_information else None
                 learned = self.driver.finish_round(RoundOutcome(feedback, start, len(tokens), evidence),
                                                    last=finish is not None)
@@ -142,6 +145,13 @@ class SpeculativeEngine:
         finally:  # also when the caller stops early: what was generated is still text
             for drafter in self.drafters:
                 drafter.end_prompt(state.context)
+
+    def _awake(self, context: list[int]) -> list[bool] | None:
+        """Which drafters would propose anything after `context` (the rest are asleep this
+        round), when the policy chooses among awake arms and some drafter can be silent."""
+        if not (self.may_stay_silent and self.driver.wants_awake):
+            return None
+        return [drafter.awake_at(context, len(context)) for drafter in self.drafters]
 
     def _start(self, prompt_ids: Sequence[int]) -> _Prompt:
         """Reset every cache and the policy (as it asks), and prefill the prompt."""

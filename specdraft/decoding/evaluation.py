@@ -34,20 +34,23 @@ class PoolEvaluator:
         self.drafters = drafters
         self.context = context
 
-    def __call__(self, rounds: Sequence[RoundOutcome]) -> list[Gammas]:
-        per_drafter = [torch.cat(self._score(i, drafter, rounds)) for i, drafter in enumerate(self.drafters)]
-        flat = torch.cat(per_drafter).double().tolist()  # [n_drafters * positions]: one sync
+    def __call__(self, rounds: Sequence[RoundOutcome], skip: Sequence[bool] = ()) -> list[Gammas]:
+        scored = [i for i in range(len(self.drafters)) if not (skip and skip[i])]
+        per_drafter = [torch.cat(self._score(i, self.drafters[i], rounds)) for i in scored]
+        flat = torch.cat(per_drafter).double().tolist() if per_drafter else []  # one sync
         total = sum(r.count for r in rounds)
-        rows = [flat[i * total : (i + 1) * total] for i in range(len(self.drafters))]
+        rows: list[list[float] | None] = [None] * len(self.drafters)
+        for n, i in enumerate(scored):
+            rows[i] = flat[n * total : (n + 1) * total]
         out, offset = [], 0
         for round_ in rounds:
-            out.append([row[offset : offset + round_.count] for row in rows])
+            out.append([None if row is None else row[offset : offset + round_.count] for row in rows])
             offset += round_.count
         return out
 
     def silent(self, round_: RoundOutcome) -> list[bool]:
-        """Per drafter: it would have proposed nothing at the round's start."""
-        return [not drafter.proposes_at(self.context, round_.start) for drafter in self.drafters]
+        """Per drafter: it would have proposed nothing at the round's start (asleep)."""
+        return [not drafter.awake_at(self.context, round_.start) for drafter in self.drafters]
 
     def _score(self, arm: int, drafter: Drafter, rounds: Sequence[RoundOutcome]) -> list[torch.Tensor]:
         parts, span = [], []  # span: consecutive rounds whose positions the drafter must score

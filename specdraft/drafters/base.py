@@ -131,6 +131,10 @@ class Drafter(ABC):
     # (autoregressive models: q depends only on the context). A prompt-lookup draft is one
     # lookup's whole span, so its per-position score is a fresh lookup instead.
     draft_alignment_is_score: ClassVar[bool] = False
+    # True for a kind that proposes nothing where it finds nothing (lookups): a learning
+    # policy then asks `proposes_at` before each round and passes over it while it is
+    # silent (sleeping experts). Model drafters always propose.
+    may_stay_silent: ClassVar[bool] = False
 
     def __init__(self, name: str, ctx: DraftContext):
         self.name = name
@@ -178,6 +182,12 @@ class Drafter(ABC):
         """Would this drafter propose anything after context[:position]? (Model drafters
         always do; prompt lookup only when it finds a match.)"""
         return True
+
+    def awake_at(self, context: Sequence[int], position: int) -> bool:
+        """Is this drafter a candidate for a round starting after context[:position]? Only
+        a kind that may stay silent is ever asleep (and the plain arm never is: it is the
+        round every silent drafter would have turned into)."""
+        return not self.may_stay_silent or self.proposes_at(context, position)
 
     @property
     def hidden_layers(self) -> tuple[int, ...]:

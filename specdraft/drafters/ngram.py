@@ -18,6 +18,7 @@ from specdraft.drafters.options import NgramOptions
 
 class NgramDrafter(Drafter):
     kind = "ngram"
+    may_stay_silent = True
 
     @classmethod
     def build(cls, name: str, options: NgramOptions, pool: PoolContext, key: str) -> "NgramDrafter":

@@ -68,6 +68,7 @@ class ProcessHistory:
 
 class SuffixDrafter(Drafter):
     kind = "suffix"
+    may_stay_silent = True
 
     @classmethod
     def build(cls, name: str, options: SuffixOptions, pool: PoolContext, key: str) -> "SuffixDrafter":

@@ -22,7 +22,7 @@ from specdraft.decoding.stopwatch import Clock, host_clock
 from specdraft.learning.feedback import RoundFeedback
 from specdraft.learning.policies.base import Policy, RoundPlan
 
-Gammas = list[list[float]]  # [arm][committed position of the round]
+Gammas = list[list[float] | None]  # [arm][committed position of the round]; None: not scored
 
 
 @dataclass(frozen=True)
@@ -35,10 +35,11 @@ class RoundOutcome:
     evidence: Any = None  # whatever the evaluator needs to score the round (live: the target's p)
 
 
-# Scores every drafter on the given rounds: one Gammas per round, in order. An evaluator
-# may also have `silent(round) -> [bool per arm]`: which drafters would have proposed
-# nothing at the round's start (their counterfactual round is a plain one).
-Evaluator = Callable[[Sequence[RoundOutcome]], list[Gammas]]
+# Scores the drafters on the given rounds: one Gammas per round, in order, with None for
+# each arm `skip` marks (not scored). An evaluator may also have
+# `silent(round) -> [bool per arm]`: which drafters would have proposed nothing at the
+# round's start (asleep there).
+Evaluator = Callable[[Sequence[RoundOutcome], Sequence[bool]], list[Gammas]]
 
 
 @dataclass(frozen=True)
@@ -78,10 +79,15 @@ class PolicyDriver:
         self.pending = []
         self.skipped = 0
 
-    def choose(self, produced: int) -> RoundPlan:
-        """The plan for the next round after `produced` new tokens. Never draft past the
-        budget: a round commits at most draft length + 1 tokens."""
-        return self.policy.plan(max(0, min(self.draft_tokens, self.max_new_tokens - produced - 1)))
+    @property
+    def wants_awake(self) -> bool:
+        """Whether `choose` uses an awake mask (which drafters would propose at all)."""
+        return self.policy.chooses_by_context
+
+    def choose(self, produced: int, awake: Sequence[bool] | None = None) -> RoundPlan:
+        """The plan for the next round after `produced` new tokens, among the `awake` arms.
+        Never draft past the budget: a round commits at most draft length + 1 tokens."""
+        return self.policy.plan(max(0, min(self.draft_tokens, self.max_new_tokens - produced - 1)), awake)
 
     def finish_round(self, outcome: RoundOutcome, last: bool) -> Learned:
         """Let the policy learn from a finished round; `last` = the prompt ends with it."""
@@ -99,13 +105,23 @@ class PolicyDriver:
             self.pending.append(outcome)
             if not last and len(self.pending) < self.policy.evaluation_interval():
                 return NOTHING_LEARNED
+        # Arms that cannot be the fastest are not scored (asleep for these rounds); the
+        # chosen arms always are: their own rounds are what is measured.
+        skip = list(self.policy.evaluation_skips())
+        for round_ in self.pending:
+            skip[round_.feedback.arm] = False
         start = self.clock()
-        scored = self.evaluator(self.pending)
+        scored = self.evaluator(self.pending, skip)
         evaluate_s = self.clock() - start
         evaluated = []
         silent = getattr(self.evaluator, "silent", None)
         for round_, gammas in zip(self.pending, scored, strict=True):
-            self.policy.update(replace(round_.feedback, gammas=gammas, silent=silent(round_) if silent else None))
+            quiet = round_.feedback.silent  # known already when the round was chosen among awake arms
+            if quiet is None and silent is not None:
+                quiet = silent(round_)
+            if any(skip):
+                quiet = [bool(q) or s for q, s in zip(quiet or [False] * len(skip), skip)]
+            self.policy.update(replace(round_.feedback, gammas=gammas, silent=quiet))
             evaluated.append((round_.feedback.arm, gammas))
         self.pending = []
         self.policy.after_evaluation()

@@ -29,8 +29,9 @@ class RoundFeedback:
     gammas: Sequence[Sequence[float]] | None = None
     draft_seconds: float = 0.0  # the split the round cost model is fitted on
     verify_seconds: float = 0.0
-    # With gammas: per arm, True when that drafter would have proposed nothing at the round's
-    # start (prompt lookup without a match): chosen, it would have run a plain round.
+    # Per arm, True when that drafter would have proposed nothing at the round's start
+    # (prompt lookup without a match): asleep, it was no candidate for the round. Set when
+    # the round was chosen among the awake arms, else filled in by the evaluator.
     silent: Sequence[bool] | None = None
 
 
@@ -73,10 +74,14 @@ class RegretTracker:
     def __post_init__(self) -> None:
         self.totals = [0.0] * len(self.arms)
 
-    def add_round(self, chosen: int, gammas: Sequence[Sequence[float]], draft_tokens: int) -> None:
+    def add_round(self, chosen: int, gammas: Sequence[Sequence[float] | None], draft_tokens: int) -> None:
         """One evaluated round: every arm's gammas at its committed positions, the first
-        `draft_tokens` of which bound what a drafter could have had accepted."""
-        self.add(chosen, [expected_accept_length(g[:draft_tokens]) for g in gammas])
+        `draft_tokens` of which bound what a drafter could have had accepted. An arm not
+        scored (None: skipped, it could not have been the fastest) counts as the chosen
+        arm did, so its regret does not move."""
+        eal = [None if g is None else expected_accept_length(g[:draft_tokens]) for g in gammas]
+        mine = eal[chosen] if eal[chosen] is not None else 1.0
+        self.add(chosen, [mine if value is None else value for value in eal])
 
     def add(self, chosen: int, eal: Sequence[float]) -> None:
         for i, value in enumerate(eal):

@@ -43,6 +43,7 @@ class Sample:
     time_s: dict[str, float] = field(default_factory=dict)
     draft_lengths: dict[str, int] = field(default_factory=dict)
     ideal_speedup: float | None = None
+    drafter_rounds: dict[str, int] = field(default_factory=dict)  # rounds each arm played
     ids: list[int] = field(default_factory=list, repr=False)
 
     @property
@@ -105,7 +106,8 @@ def _engine_config(label: str, runtime: Runtime, chat: bool | None) -> Config:
                       drafted_at, stats.regret, stats.best_drafter, stats.best_arm_share,
                       regret_curve=curve, ids=list(prompt_run.detokenizer.ids), time_s=time_s,
                       draft_lengths={str(k): n for k, n in sorted(stats.draft_lengths.items())},
-                      ideal_speedup=stats.ideal_speedup)
+                      ideal_speedup=stats.ideal_speedup,
+                      drafter_rounds={name: use.rounds for name, use in stats.usage.items() if use.rounds})
 
     def forget() -> None:
         for drafter in runtime.drafters:

@@ -64,7 +64,8 @@ def _replay_prompt(head: TraceHeader, prompt: PromptTrace, driver: PolicyDriver,
     driver.start_prompt(_TraceEvaluator(prompt, arms) if driver.full_information else None)
     position = 0
     while position < total:
-        plan = driver.choose(position)  # no early stop here: a trace has no drafter confidences
+        awake = _awake(prompt, arms, position) if driver.wants_awake else None
+        plan = driver.choose(position, awake)  # no early stop here: a trace has no drafter confidences
         arm, k = plan.arm, plan.draft_tokens
         lane = prompt.drafters.get(arms[arm])
         drafted = min(lane.drafted[position], k) if lane else 0
@@ -73,7 +74,8 @@ def _replay_prompt(head: TraceHeader, prompt: PromptTrace, driver: PolicyDriver,
         verify_s, draft_s = target(drafted + 1), _draft_seconds(head, arms[arm], drafted)
         seconds = verify_s + draft_s
         feedback = RoundFeedback(arm, drafted, accepted, lane.span[position][:drafted] if lane else [], seconds,
-                                 draft_seconds=draft_s, verify_seconds=verify_s)
+                                 draft_seconds=draft_s, verify_seconds=verify_s,
+                                 silent=None if awake is None else [not a for a in awake])
         learned = driver.finish_round(RoundOutcome(feedback, position, count), last=position + count >= total)
         result.simulated_s += seconds
         if driver.full_information:  # every other model drafter catches up on the chunk
@@ -98,16 +100,23 @@ class _TraceEvaluator:
     def __init__(self, prompt: PromptTrace, arms: list[str]):
         self.prompt, self.arms = prompt, arms
 
-    def __call__(self, rounds: Sequence[RoundOutcome]) -> list[Gammas]:
-        return [[self._gammas(name, r.start, r.count) for name in self.arms] for r in rounds]
+    def __call__(self, rounds: Sequence[RoundOutcome], skip: Sequence[bool] = ()) -> list[Gammas]:
+        return [[None if skip and skip[i] else self._gammas(name, r.start, r.count) for i, name in enumerate(self.arms)]
+                for r in rounds]
 
     def silent(self, round_: RoundOutcome) -> list[bool]:
-        lanes = [self.prompt.drafters.get(name) for name in self.arms]
-        return [lane is None or lane.drafted[round_.start] == 0 for lane in lanes]
+        return [not a for a in _awake(self.prompt, self.arms, round_.start)]
 
     def _gammas(self, name: str, start: int, count: int) -> list[float]:
         lane = self.prompt.drafters.get(name)
         return lane.alpha[start : start + count] if lane else [0.0] * count
+
+
+def _awake(prompt: PromptTrace, arms: list[str], position: int) -> list[bool]:
+    """Per arm: would it propose anything at `position`? (The plain arm has no lane and is
+    always a candidate; a drafter that drafted nothing there when traced was silent.)"""
+    lanes = [None if name == PLAIN_ARM else prompt.drafters.get(name) for name in arms]
+    return [lane is None or lane.drafted[position] > 0 for lane in lanes]
 
 
 def _draft_seconds(head: TraceHeader, name: str, drafted: int) -> float:

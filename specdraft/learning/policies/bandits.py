@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import Sequence
 
 from specdraft.learning.policies.base import OptionSpec, Policy, RoundFeedback, one_of
 
@@ -39,11 +40,12 @@ class UCBPolicy(Policy):
         bonus = math.sqrt(2 * math.log(max(self.t, 1)) / self.pulls[arm])
         return self.means[arm] + self.options["beta"] * bonus
 
-    def select(self) -> int:
-        probe = self.cost_probe()
+    def select(self, awake: Sequence[bool] | None = None) -> int:
+        # Sleeping bandits (Kleinberg et al. 2010): the awake arm with the highest index.
+        probe = self.cost_probe(awake)
         if probe is not None:
             return probe
-        return max(range(len(self.arms)), key=self.index)
+        return max(self.awake_arms(awake), key=self.index)
 
     def learn(self, fb: RoundFeedback) -> None:
         reward = self.chosen_reward(fb, self.options["reward"])
@@ -124,6 +126,7 @@ class Exp3Policy(Policy):
 
     def fresh(self) -> None:
         self.log_weights = [0.0] * len(self.arms)
+        self.chosen_probability: float | None = None  # P(the last selected arm), set by select
 
     def probabilities(self) -> list[float]:
         top = max(self.log_weights)
@@ -131,14 +134,21 @@ class Exp3Policy(Policy):
         total, gamma, n = sum(w), self.options["gamma"], len(self.arms)
         return [(1 - gamma) * wi / total + gamma / n for wi in w]
 
-    def select(self) -> int:
-        probe = self.cost_probe()
+    def select(self, awake: Sequence[bool] | None = None) -> int:
+        probe = self.cost_probe(awake)
         if probe is not None:
+            self.chosen_probability = 1.0
             return probe
-        return self.rng.choices(range(len(self.arms)), weights=self.probabilities())[0]
+        arms = self.awake_arms(awake)
+        p = self.probabilities()
+        weights = [p[i] for i in arms]
+        arm = self.rng.choices(arms, weights=weights)[0]
+        # The importance weight is the probability the arm really had: among the awake ones.
+        self.chosen_probability = p[arm] / sum(weights)
+        return arm
 
     def learn(self, fb: RoundFeedback) -> None:
-        p = self.probabilities()[fb.arm]
+        p, self.chosen_probability = self.chosen_probability or self.probabilities()[fb.arm], None
         estimate = self.chosen_reward(fb, self.options["reward"]) / p
         self.log_weights[fb.arm] += self.options["gamma"] * estimate / len(self.arms)
 

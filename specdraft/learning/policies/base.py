@@ -151,7 +151,21 @@ class Policy(ABC):
         """Set up the learner's state from scratch; policies that learn override this."""
 
     @abstractmethod
-    def select(self) -> int: ...
+    def select(self, awake: Sequence[bool] | None = None) -> int:
+        """The arm for the next round. `awake[i]` is False for a drafter that would propose
+        nothing here (prompt lookup without a match): a learner picks among the awake arms
+        (sleeping experts), so a silent favourite hands the round to the next best arm
+        instead of wasting it on a plain round. None: every arm is awake."""
+
+    def awake_arms(self, awake: Sequence[bool] | None) -> list[int]:
+        """Indices of the awake arms (all of them when `awake` is None or none is awake)."""
+        arms = [i for i in range(len(self.arms)) if awake is None or awake[i]]
+        return arms or list(range(len(self.arms)))
+
+    @property
+    def chooses_by_context(self) -> bool:
+        """Whether `select` uses the awake mask (the engine skips computing it otherwise)."""
+        return True
 
     def update(self, feedback: RoundFeedback) -> None:
         """Learn from one round: its costs and acceptance first (rewards are built on them)."""
@@ -194,9 +208,10 @@ class Policy(ABC):
 
     # --- planning a round ---------------------------------------------------------------
 
-    def plan(self, cap: int) -> RoundPlan:
-        """The arm for the next round, its draft length (at most `cap`) and what is expected."""
-        arm = self.select()
+    def plan(self, cap: int, awake: Sequence[bool] | None = None) -> RoundPlan:
+        """The arm for the next round (among the `awake` ones), its draft length (at most
+        `cap`) and what is expected."""
+        arm = self.select(awake)
         k = self.draft_length(arm, cap)
         expected, seconds = self.estimate(arm, k)
         price = None  # with draft_length = "fixed" every round drafts K tokens, no early stop
@@ -250,6 +265,37 @@ class Policy(ABC):
             return None
         return expected_tokens / seconds * plain
 
+    def estimated_value(self, arm: int) -> float:
+        """What `arm` is expected to give in this policy's units, at its best draft length:
+        with the goodput objective its estimated speedup over plain decoding (0 while
+        unknown), else its expected committed tokens. Learners break ties with it."""
+        k = self.best_length(arm, self.draft_tokens)
+        expected = self.acceptance.expected_committed(arm, k)
+        return (self.speedup(arm, expected, k) or 0.0) if self.goodput else expected
+
+    def ceiling(self, arm: int) -> float | None:
+        """`arm`'s estimated speedup if every token it drafted were accepted, at the best
+        draft length for that (None while its costs are unknown): no acceptance could take
+        it past this, so its draft cost alone decides it."""
+        values = [self.speedup(arm, k + 1.0, k) for k in range(1, self.draft_tokens + 1)]
+        return None if not values or any(v is None for v in values) else max(values)
+
+    def evaluation_skips(self) -> list[bool]:
+        """Per arm: not worth scoring now. With the goodput objective, a drafter whose
+        ceiling is below the leading arm's estimated speedup cannot be the fastest choice
+        whatever its acceptance, so full-information evaluation skips it (its regret does
+        not move: it is asleep for the round) until the leader's estimate falls to its
+        ceiling. On a CPU this spares the scoring of self-drafters whose every draft token
+        costs most of a target forward."""
+        if not self.goodput or self.options["draft_length"] != "goodput":
+            return [False] * len(self.arms)
+        leader = max(self.estimated_value(i) for i in range(len(self.arms)))
+        out = []
+        for arm, name in enumerate(self.arms):
+            ceiling = None if name == PLAIN_ARM else self.ceiling(arm)
+            out.append(ceiling is not None and ceiling < leader)
+        return out
+
     def ideal_speedup(self) -> tuple[int, int, float] | None:
         """(arm, K, speedup) of the best arm at its best K by the current estimates:
         `G(best i, best K) * c_verify(1)`, the limit of what this pool can give."""
@@ -279,12 +325,12 @@ class Policy(ABC):
             value = expected_tokens
         return min(1.0, value / (self.draft_tokens + 1))
 
-    def cost_probe(self) -> int | None:
-        """With the goodput objective, an arm that never drafted yet (try it once: its draft
-        cost is unknown until then)."""
+    def cost_probe(self, awake: Sequence[bool] | None = None) -> int | None:
+        """With the goodput objective, an awake arm that never drafted yet (try it once: its
+        draft cost is unknown until then)."""
         if not self.goodput:
             return None
-        return next((i for i, cost in enumerate(self.costs.draft) if cost is None and self.arms[i] != PLAIN_ARM),
+        return next((i for i in self.awake_arms(awake) if self.costs.draft[i] is None and self.arms[i] != PLAIN_ARM),
                     None)
 
     # --- persistence --------------------------------------------------------------------

@@ -10,6 +10,7 @@ used for the rest of the generation, so switching costs stop once exploration en
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from specdraft.learning.policies.base import OptionSpec, Policy, RoundFeedback
 from specdraft.learning.policies.bandits import REWARD
@@ -45,11 +46,17 @@ class HalvingPolicy(Policy):
     def committed(self) -> bool:
         return len(self.survivors) == 1
 
-    def select(self) -> int:
+    def select(self, awake: Sequence[bool] | None = None) -> int:
+        # The exploration schedule is fixed (each survivor its share of pulls, in turn), so
+        # the awake mask matters only once one arm is left, and there is nothing to choose.
         probe = self.cost_probe()
         if probe is not None:
             return probe
         return self.queue[0] if self.queue else self.survivors[0]
+
+    @property
+    def chooses_by_context(self) -> bool:
+        return False
 
     def learn(self, fb: RoundFeedback) -> None:
         if not self.queue or fb.arm != self.queue[0]:

@@ -23,6 +23,7 @@ verified (QFI-D queue, appendix B.1).
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from specdraft.learning.feedback import acceptance_loss, expected_accept_length, length_loss
 from specdraft.learning.policies.base import OptionSpec, Policy, RoundFeedback, one_of
@@ -64,14 +65,19 @@ class HedgeFamily(Policy):
 
     def distribution(self) -> list[float]: ...
 
-    def select(self) -> int:
-        probe = self.cost_probe()
+    def select(self, awake: Sequence[bool] | None = None) -> int:
+        # Sleeping experts: only drafters that would propose something here compete.
+        probe = self.cost_probe(awake)
         if probe is not None:
             return probe
-        p = self.distribution()
+        p, arms = self.distribution(), self.awake_arms(awake)
         if self.options["select"] == "argmax":
-            return max(range(len(p)), key=p.__getitem__)
-        return self.rng.choices(range(len(p)), weights=p)[0]
+            # NormalHedge gives every arm without positive regret weight 0: among equal
+            # weights, the arm the estimates favour (not the first listed).
+            top = max(p[i] for i in arms)
+            tied = [i for i in arms if p[i] >= top - 1e-12]
+            return tied[0] if len(tied) == 1 else max(tied, key=self.estimated_value)
+        return self.rng.choices(arms, weights=[p[i] for i in arms])[0]
 
     def learn(self, fb: RoundFeedback) -> None:
         if fb.gammas is None:
@@ -103,12 +109,17 @@ class HedgeFamily(Policy):
         self.interval = min(2 * self.interval, self.MAX_INTERVAL) if steady else 1
         self.leader = leader
 
+    def evaluation_skips(self) -> list[bool]:
+        if self.options["game"] == "token":  # its delayed losses need every arm's gammas
+            return [False] * len(self.arms)
+        return super().evaluation_skips()
+
     def _losses(self, fb: RoundFeedback) -> list[list[float]]:
         k = self.draft_tokens
         acceptance = self.rounds <= self.options["hybrid_rounds"] or self.options["loss"] == "acceptance"
         if self.options["game"] == "chunk":
-            silent = fb.silent or [False] * len(fb.gammas)
-            return [[self._loss(i, g[:k], acceptance, quiet) for i, (g, quiet) in enumerate(zip(fb.gammas, silent))]]
+            losses = [0.0 if g is None else self._loss(i, g[:k], acceptance) for i, g in enumerate(fb.gammas)]
+            return [self._asleep_at_learner_loss(losses, fb.silent)]
         # Token game: position t's loss needs gammas at t .. t+K-1; emit those now complete.
         for position in zip(*fb.gammas):
             self.history.append(list(position))
@@ -119,13 +130,24 @@ class HedgeFamily(Policy):
             self.scored_until += 1
         return out
 
-    def _loss(self, arm: int, gammas: list[float], acceptance: bool, silent: bool = False) -> float:
+    def _asleep_at_learner_loss(self, losses: list[float], silent: Sequence[bool] | None) -> list[float]:
+        """Sleeping experts (Freund et al. 1997): a drafter that would have proposed nothing
+        at the round's start was never a candidate there (`select` passes over it), so it
+        takes the learner's own loss over the awake arms and its regret does not move."""
+        if not silent or not any(silent) or all(silent):
+            return losses
+        p = self.distribution()
+        awake = [i for i, quiet in enumerate(silent) if not quiet]
+        mass = sum(p[i] for i in awake)
+        learner = (sum(p[i] * losses[i] for i in awake) / mass if mass > 0
+                   else sum(losses[i] for i in awake) / len(awake))
+        return [learner if quiet else loss for loss, quiet in zip(losses, silent)]
+
+    def _loss(self, arm: int, gammas: list[float], acceptance: bool) -> float:
         if acceptance:
             return acceptance_loss(gammas)
         if not self.goodput:
             return length_loss(gammas, self.draft_tokens)
-        if silent:  # chosen here, it would have drafted nothing: a plain round
-            return 1.0 - self.speed_score(arm, 1.0, 0)
         k = self.best_length(arm, self.draft_tokens)
         return 1.0 - self.speed_score(arm, expected_accept_length(gammas[:k]), k)
 

@@ -24,12 +24,16 @@ class FixedPolicy(Policy):
         drafter = self.options["drafter"]
         self.arm = self.arms.index(drafter) if drafter is not None else 0
 
-    def select(self) -> int:
-        return self.arm
+    def select(self, awake: Sequence[bool] | None = None) -> int:
+        return self.arm  # a silent drafter makes its round a plain one: that is what "fixed" measures
+
+    @property
+    def chooses_by_context(self) -> bool:
+        return False
 
 
 class RandomPolicy(Policy):
     name = "random"
 
-    def select(self) -> int:
-        return self.rng.randrange(len(self.arms))
+    def select(self, awake: Sequence[bool] | None = None) -> int:
+        return self.rng.choice(self.awake_arms(awake))
