@@ -119,7 +119,7 @@ class SpeculativeEngine:
                 arm, k = plan.arm, plan.draft_tokens
                 drafter = self.drafters[arm]
                 watch.lap("overhead")
-                draft = drafter.propose(state.context, k, plan.stop_price) if k > 0 else drafter.empty_draft()
+                draft = drafter.propose(state.context, k, plan.stop) if k > 0 else drafter.empty_draft()
                 watch.lap("draft")
                 verified = self._verify(state.next_input, draft)
                 watch.lap("verify")

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 import torch
 
 from specdraft.decoding.sampling import SamplingParams
+from specdraft.learning.confidence import StopRule
 
 if TYPE_CHECKING:
     from specdraft.models.cached_lm import CachedLM
@@ -153,10 +154,10 @@ class Drafter(ABC):
         """Forget the previous prompt."""
 
     @abstractmethod
-    def propose(self, context: Sequence[int], k: int, stop_price: float | None = None) -> Draft:
+    def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
         """Propose up to k tokens continuing `context` (all committed tokens, prompt included).
-        `stop_price`: a drafter that knows how likely its next token is to be accepted stops
-        once that chance falls below this many tokens (what the token's time would buy)."""
+        `stop`: a drafter that knows how likely its next token is to be accepted stops once
+        one more token no longer pays for its time (`StopRule.worth`)."""
 
     def on_commit(self, n_accepted: int) -> None:
         """After a round this drafter drafted: `n_accepted` of its tokens were kept."""

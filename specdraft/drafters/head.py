@@ -27,6 +27,7 @@ from specdraft.drafters.head_model import DraftHead, HeadFileError, Readout, loa
 from specdraft.drafters.model import ModelDrafter
 from specdraft.drafters.options import HeadOptions
 from specdraft.errors import ProfileError
+from specdraft.learning.confidence import StopRule
 
 
 class HeadCache:
@@ -137,10 +138,10 @@ class HeadDrafter(ModelDrafter):
     def observe_features(self, position: int, hidden: Hidden) -> None:
         self.head_cache.observe(position, hidden[self.feature_layer])
 
-    def propose(self, context: Sequence[int], k: int, stop_price: float | None = None) -> Draft:
+    def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
         if len(context) < 2:  # no feature yet: the head reads the target's feature at the token before
             return self.empty_draft()
-        return super().propose(context, k, stop_price)
+        return super().propose(context, k, stop)
 
     def _start_draft(self, context: Sequence[int]) -> torch.Tensor:
         cache = self.head_cache

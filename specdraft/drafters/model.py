@@ -18,7 +18,7 @@ from specdraft.decoding.sampling import distributions, sample
 from specdraft.decoding.verify import overlap
 from specdraft.drafters.base import Draft, DraftContext, Drafter, Hidden, PoolContext, TrajectoryScores
 from specdraft.drafters.options import ModelOptions
-from specdraft.learning.confidence import ConfidenceCalibration, worth_drafting
+from specdraft.learning.confidence import ConfidenceCalibration, StopRule
 from specdraft.models.cached_lm import CachedLM
 
 
@@ -36,6 +36,11 @@ class ModelDrafter(Drafter):
         self._confidences: list[float] = []  # of the last draft's tokens, when stopping was on
         self._drafted_from = 0  # context length when the last draft started
         self._fed_drafts = 0  # drafted tokens that went into the cache
+        # The token an early stop withheld (greedy): (context position, token, confidence).
+        # Once the round is verified the target's token there says whether it would have
+        # been accepted, so the calibration learns about the confidences it stops at, not
+        # only about those it drafts (otherwise a bin it stops at never learns it was wrong).
+        self._withheld: tuple[int, int, float] | None = None
 
     @classmethod
     def build(cls, name: str, options: ModelOptions, pool: PoolContext, key: str) -> "ModelDrafter":
@@ -53,8 +58,9 @@ class ModelDrafter(Drafter):
 
     def reset(self) -> None:
         self.lm.reset()
+        self._withheld = None
 
-    def propose(self, context: Sequence[int], k: int, stop_price: float | None = None) -> Draft:
+    def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
         if k <= 0:
             return self.empty_draft()
         unseen = len(context) - min(self.lm.length, len(context) - 1)
@@ -64,10 +70,11 @@ class ModelDrafter(Drafter):
         # share beyond one token is catch-up (pro rata: a small model's forward on a CPU
         # grows with its width).
         catch_up = (self.lm.clock() - started) * (unseen - 1) / unseen if unseen > 1 else 0.0
-        stopping = self.stop_below is not None or stop_price is not None
+        self._judge_withheld(context)
+        stopping = self.stop_below is not None or stop is not None
         tokens, probs, self._confidences = [], [], []
         params, generator = self.ctx.params, self.ctx.generator
-        survive, fed = 1.0, 0
+        survive, expected, fed = 1.0, 1.0, 0  # expected: committed tokens, bonus included
         for j in range(k):
             q = distributions(logits, params)
             token = logits.argmax(dim=-1) if params.greedy else sample(q, generator)  # [1]
@@ -78,9 +85,12 @@ class ModelDrafter(Drafter):
                 # drafting); the confidence prunes the tail, so a stop never wastes the
                 # forward it needed.
                 if j > 0 and (confidence < self.stop_below if self.stop_below is not None
-                              else not worth_drafting(survive, acceptance, stop_price)):
+                              else not stop.worth(j, expected, survive * acceptance)):
+                    if params.greedy:
+                        self._withheld = (len(context) + j, int(token), confidence)
                     break
                 survive *= acceptance
+                expected += survive
                 self._confidences.append(confidence)
             tokens.append(token)
             probs.append(q)
@@ -116,9 +126,19 @@ class ModelDrafter(Drafter):
 
     def on_commit(self, n_accepted: int) -> None:
         if self._confidences:
+            if n_accepted < len(self._confidences):
+                self._withheld = None  # a rejection before it: the withheld token was never reached
             self.calibration.observe(self._confidences, n_accepted)
             self._confidences = []
         self._keep(n_accepted)
+
+    def _judge_withheld(self, context: Sequence[int]) -> None:
+        """The token the last early stop withheld, against what the target committed there."""
+        if self._withheld is not None:
+            position, token, confidence = self._withheld
+            if position < len(context):
+                self.calibration.observe_one(confidence, context[position] == token)
+            self._withheld = None
 
     def _keep(self, n_accepted: int) -> None:
         """Roll the cache back to the committed context plus the accepted drafts it consumed."""

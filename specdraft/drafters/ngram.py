@@ -14,6 +14,7 @@ import torch
 from specdraft.drafters.base import (Draft, DraftContext, Drafter, Hidden, PoolContext, TrajectoryScores,
                                      proposal_trajectory_scores)
 from specdraft.drafters.options import NgramOptions
+from specdraft.learning.confidence import StopRule
 
 
 class NgramDrafter(Drafter):
@@ -34,7 +35,7 @@ class NgramDrafter(Drafter):
         self.index: dict[tuple[int, ...], int] = {}
         self.indexed_to = 0
 
-    def propose(self, context: Sequence[int], k: int, stop_price: float | None = None) -> Draft:
+    def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
         length = len(context)
         if length < self.indexed_to:  # a new context without reset(): start over
             self.reset()

@@ -7,6 +7,7 @@ from typing import Sequence
 import torch
 
 from specdraft.drafters.base import Draft, DraftContext, Drafter, Hidden, TrajectoryScores
+from specdraft.learning.confidence import StopRule
 
 
 class PlainDecoding(Drafter):
@@ -15,7 +16,7 @@ class PlainDecoding(Drafter):
     def __init__(self, ctx: DraftContext, name: str = "none"):
         super().__init__(name, ctx)
 
-    def propose(self, context: Sequence[int], k: int, stop_price: float | None = None) -> Draft:
+    def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
         return self.empty_draft()
 
     def proposes_at(self, context: Sequence[int], position: int) -> bool:

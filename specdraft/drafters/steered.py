@@ -24,6 +24,7 @@ from specdraft.drafters.model import ModelDrafter
 from specdraft.drafters.options import SteeredOptions
 from specdraft.drafters.steering import FIRST_OFFSET, Steering, SteeringFileError, SteeringHooks, load_steering
 from specdraft.errors import ProfileError
+from specdraft.learning.confidence import StopRule
 
 
 
@@ -64,9 +65,9 @@ class SteeredDrafter(ModelDrafter):
         super().reset()
         self.latest = None
 
-    def propose(self, context: Sequence[int], k: int, stop_price: float | None = None) -> Draft:
+    def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
         with self._steered():
-            return super().propose(context, k, stop_price)
+            return super().propose(context, k, stop)
 
     def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
               hidden: Hidden | None = None) -> torch.Tensor:

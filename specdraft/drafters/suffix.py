@@ -27,6 +27,7 @@ from specdraft.drafters.datastore import LearnedStore, StoreError, open_store, t
 from specdraft.drafters.options import SuffixOptions
 from specdraft.drafters.suffix_index import ContextIndex, Occurrences, SuffixIndex, continue_occurrences
 from specdraft.errors import ProfileError
+from specdraft.learning.confidence import StopRule
 
 log = logging.getLogger("specdraft")
 
@@ -117,8 +118,8 @@ class SuffixDrafter(Drafter):
         # there). Dropped when the history changes (end_prompt, forget_run).
         self._matched: tuple[tuple[int, tuple[int, ...]], list[list[Occurrences]]] | None = None
 
-    def propose(self, context: Sequence[int], k: int, stop_price: float | None = None) -> Draft:
-        tokens = self._draft(context, len(context), k, stop_price)
+    def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
+        tokens = self._draft(context, len(context), k, stop.price if stop else None)
         return Draft(torch.tensor(tokens, dtype=torch.long, device=self.ctx.device), None)
 
     def proposes_at(self, context: Sequence[int], position: int) -> bool:

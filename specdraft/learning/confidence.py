@@ -2,14 +2,15 @@
 (its top probability): a calibration table learned online from the drafter's rounds.
 
 Model-backed drafters stop drafting early when the chance that the next token survives
-(every earlier one accepted, and this one) falls below what the token's time would buy
-(ARCHITECTURE.md, "Goodput"). Raw top probabilities are poorly calibrated, a layer-skipping
+(every earlier one accepted, and this one) no longer pays for its time (`StopRule`;
+ARCHITECTURE.md, "Goodput"). Raw top probabilities are poorly calibrated, a layer-skipping
 drafter is often confidently wrong, so each drafter learns, per confidence bin, how
 often its tokens were really accepted. Plain Python: no torch.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 
@@ -28,6 +29,12 @@ class ConfidenceCalibration:
         b = self._bin(confidence)
         return (self.hits[b] + confidence * self.prior_weight) / (self.seen[b] + self.prior_weight)
 
+    def observe_one(self, confidence: float, accepted: bool) -> None:
+        """One token reached (every earlier one accepted) and judged."""
+        b = self._bin(confidence)
+        self.seen[b] += 1
+        self.hits[b] += accepted
+
     def observe(self, confidences: Sequence[float], accepted: int) -> None:
         """A finished draft: the first `accepted` tokens were accepted, the next one (if any)
         rejected; later ones were never reached, so they say nothing."""
@@ -37,7 +44,28 @@ class ConfidenceCalibration:
             self.hits[b] += j < accepted
 
 
-def worth_drafting(survive: float, acceptance: float, stop_price: float) -> bool:
-    """Drafting one more token adds `survive * acceptance` expected committed tokens; it is
-    worth it while that beats `stop_price` (the tokens its time would buy at the current rate)."""
-    return survive * acceptance >= stop_price
+@dataclass(frozen=True)
+class StopRule:
+    """When a drafter stops, from the round cost model: a round that has drafted j tokens
+    takes `T_j = base_seconds + j * per_token` (the verify of one token, plus each drafted
+    token's draft and its share of the verify) and is expected to commit `E_j` tokens.
+    Drafting token j + 1 adds P(it and every earlier one accepted) to E and `per_token` to
+    T; it is worth it while it raises the round's rate E / T:
+
+        (E_j + p) / (T_j + per_token) >= E_j / T_j   <=>   p * T_j >= E_j * per_token.
+
+    Judging the next token against the planned round's rate instead would set the bar at
+    the optimistic end: tokens that would raise this round's speed get cut (on a CPU,
+    where each verified token costs a third of a plain step, it stopped drafts whose tokens
+    were all being accepted). `price` is that planned-rate bar, for drafters whose
+    confidence is a vote share rather than a calibrated probability (the suffix drafter's
+    floor)."""
+
+    base_seconds: float
+    per_token: float
+    price: float
+
+    def worth(self, drafted: int, expected: float, survive_next: float) -> bool:
+        """After `drafted` tokens (expected committed `expected`, bonus token included), is
+        one more whose survival probability is `survive_next` worth drafting?"""
+        return survive_next * (self.base_seconds + drafted * self.per_token) >= expected * self.per_token

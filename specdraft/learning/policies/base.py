@@ -23,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
+from specdraft.learning.confidence import StopRule
 from specdraft.learning.feedback import RoundFeedback, bd_reward, be_reward, expected_accept_length
 from specdraft.learning.goodput import AcceptanceByPosition, RoundCostModel, best_draft_length
 
@@ -61,9 +62,9 @@ class RoundPlan:
 
     arm: int
     draft_tokens: int  # K for this round (0 = a plain decoding round)
-    # Early stop: a draft token is worth drafting while P(it is accepted) exceeds this many
-    # tokens (what its time would buy at the expected rate); None before costs are known.
-    stop_price: float | None = None
+    # Early stop: when one more draft token stops paying for its time; None before costs
+    # are known, and with draft_length = "fixed".
+    stop: StopRule | None = None
     expected_tokens: float | None = None  # E[committed | arm, K]
     expected_seconds: float | None = None  # T(arm, K)
 
@@ -214,11 +215,11 @@ class Policy(ABC):
         arm = self.select(awake)
         k = self.draft_length(arm, cap)
         expected, seconds = self.estimate(arm, k)
-        price = None  # with draft_length = "fixed" every round drafts K tokens, no early stop
-        per_token = self.costs.token_seconds(arm)
-        if self.options["draft_length"] == "goodput" and seconds and per_token is not None:
-            price = expected / seconds * per_token
-        return RoundPlan(arm, k, price, expected, seconds)
+        stop = None  # with draft_length = "fixed" every round drafts K tokens, no early stop
+        per_token, base = self.costs.token_seconds(arm), self.costs.round_seconds(arm, 0)
+        if self.options["draft_length"] == "goodput" and seconds and per_token is not None and base:
+            stop = StopRule(base, per_token, expected / seconds * per_token)
+        return RoundPlan(arm, k, stop, expected, seconds)
 
     def draft_length(self, arm: int, cap: int) -> int:
         """How many tokens `arm` drafts this round, at most `cap`: always `cap` with
