@@ -165,6 +165,29 @@ def test_goodput_objective_prefers_the_faster_arm_over_the_longer_one(name):
     assert share(papers, 0, 300) > 0.8
 
 
+def test_a_drafter_is_not_judged_on_more_tokens_than_the_chunk_could_show():
+    """Full information sees each drafter only along the chosen arm's committed chunk. A
+    cheap arm that commits one token a round must not make an aligned model drafter look
+    slow by charging it for its best K while crediting at most that one token."""
+    policy = make("normalhedge", n=2, objective="goodput", draft_length="goodput")
+    rng = random.Random(0)
+
+    def round_(arm, k):  # verify: 10 ms + 4 ms per token; arm 1 drafts at 1 ms a token
+        accepted = 0
+        while arm == 1 and accepted < k and rng.random() < 0.9:
+            accepted += 1
+        gammas = [[0.0] * (accepted + 1), [0.9] * (accepted + 1)]
+        return RoundFeedback(arm, k, accepted, [0.9 if arm else 0.0] * k, 0.0, gammas,
+                             draft_seconds=0.001 * k * arm, verify_seconds=0.01 + 0.004 * (k + 1))
+
+    for k in (1, 2, 4, 5):  # both arms have drafted at several widths: costs are known
+        policy.update(round_(0, k))
+        policy.update(round_(1, k))
+    for _ in range(30):  # the learner has been playing the cheap arm: one-token chunks
+        policy.update(round_(0, 1))
+    assert policy.select() == 1
+
+
 def test_goodput_is_the_default_objective_with_dynamic_length_and_a_plain_arm():
     policy = POLICIES["ucb"](["a", "b"], {})
     assert policy.goodput and policy.options["draft_length"] == "goodput" and policy.allows_none

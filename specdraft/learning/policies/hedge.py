@@ -148,7 +148,12 @@ class HedgeFamily(Policy):
             return acceptance_loss(gammas)
         if not self.goodput:
             return length_loss(gammas, self.draft_tokens)
-        k = self.best_length(arm, self.draft_tokens)
+        # The chunk is as long as the chosen arm's round committed: positions past it are
+        # censored. Charged for its best K while credited for at most the chunk, a drafter
+        # would look slow whenever the chosen arm commits short chunks (a plain round's one
+        # token), and a cheap arm would lock the learner in. So it is judged at the draft
+        # length the chunk can show.
+        k = min(self.best_length(arm, self.draft_tokens), len(gammas))
         return 1.0 - self.speed_score(arm, expected_accept_length(gammas[:k]), k)
 
     def scores(self) -> dict[str, float]:
