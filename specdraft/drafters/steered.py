@@ -27,7 +27,6 @@ from specdraft.errors import ProfileError
 from specdraft.learning.confidence import StopRule
 
 
-
 class SteeredDrafter(ModelDrafter):
     kind = "steered"
     draft_alignment_is_score = False  # a block's later tokens are steered from its start

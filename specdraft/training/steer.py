@@ -26,7 +26,6 @@ from specdraft.drafters.steering import FIRST_OFFSET, Steering, SteeringHooks
 from specdraft.training.features import FeatureSet, RowBatches
 
 
-
 @dataclass
 class SteerTrainingSettings:
     batch_sequences: int = 2
