@@ -38,6 +38,14 @@ class Runtime:
         return self.target.tokenizer
 
 
+def _verify_curve(target_lm: CachedLM, widest: int) -> list[float]:
+    """The target's forward cost at widths 1 .. widest: from disk, else measured now (once
+    per model shape and machine; a long measurement is said on stderr)."""
+    from specdraft.models.width_costs import width_costs
+
+    return width_costs(target_lm, widest)
+
+
 def sampling_params(profile: Profile) -> SamplingParams:
     d = profile.decode
     return SamplingParams(d.temperature, d.top_k, d.top_p, soft_feedback=d.feedback == "soft")
@@ -76,5 +84,7 @@ def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bo
         sampling=ctx.params,
         eos_ids=eos_token_ids(target.model, target.tokenizer),
     )
+    if not plain and decode.verify_costs == "measure":
+        policy.costs.verify.install(_verify_curve(target_lm, decode.draft_tokens + 1))
     engine = SpeculativeEngine(target_lm, drafters, policy, settings, generator)
     return Runtime(profile, target, engine, drafters, models)

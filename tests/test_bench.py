@@ -292,3 +292,25 @@ def test_bench_samples_at_a_temperature_without_comparing_outputs(pool_file, dat
     refused = runner.invoke(app, ["bench", "--pool", str(pool_file), "--data", str(data_file), "--temperature", "1",
                                   "--baseline", "transformers"])
     assert refused.exit_code == 2 and "greedy" in refused.stderr
+
+
+def test_a_runtime_plans_with_the_targets_measured_width_costs(pool_file, tmp_path, monkeypatch):
+    """The target's forward cost by width is measured once (kept in the cache folder) and
+    installed in the policy's cost model; the plain baseline and `verify_costs = "line"`
+    measure nothing."""
+    from specdraft.models import width_costs
+    from specdraft.runtime import build_runtime
+
+    monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    measured = []
+    real = width_costs.measure_width_costs
+    monkeypatch.setattr(width_costs, "measure_width_costs", lambda lm, n, **k: measured.append(n) or real(lm, n, **k))
+    profile = load_profile(pool_file)
+    runtime = build_runtime(profile)
+    curve = runtime.engine.policy.costs.verify.shape
+    assert measured == [profile.decode.draft_tokens + 1] and len(curve) == profile.decode.draft_tokens + 2
+    again = build_runtime(profile, runtime.target, models=runtime.models)
+    assert measured == [5] and again.engine.policy.costs.verify.shape == curve  # read back from disk
+    assert build_runtime(profile, runtime.target, plain=True).engine.policy.costs.verify.shape is None
+    line = profile.with_overrides(verify_costs="line")
+    assert build_runtime(line, runtime.target, models=runtime.models).engine.policy.costs.verify.shape is None

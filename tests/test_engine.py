@@ -294,3 +294,28 @@ def test_a_drafter_that_would_propose_nothing_is_passed_over(target):
         context.extend(record.tokens)
     assert asleep > 0
     assert context[len(prompt):] == plain_greedy(target, prompt, 40)
+
+
+def narrowing_curve(widest):
+    """Verify seconds by width that fall as the width grows: every verify is padded to `widest`."""
+    return [2.0 - w / widest for w in range(1, widest + 1)]
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_a_verify_padded_to_a_cheaper_width_keeps_output_and_caches_exact(target, pool, k):
+    """Padding the verify with filler tokens (when a wider forward is cheaper) must change
+    nothing committed, for every kind (a self-drafter writing into the target's own cache
+    included), and the padding must leave no trace in the target's cache."""
+    target_lm = CachedLM(target)
+    ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
+    drafters = pool + [LayersDrafter("shared", ctx, target_lm, 2)]
+    policy = EveryRound([d.name for d in drafters])
+    policy.costs.verify.install(narrowing_curve(k + 4))
+    engine = SpeculativeEngine(target_lm, drafters, policy, EngineSettings(k, 40, SamplingParams()))
+    for prompt in PROMPTS:
+        context = list(prompt)
+        for record in engine.generate(prompt):
+            assert record.verify_width == k + 4  # padded past the widest a round drafts
+            context.extend(record.tokens)
+            assert target_lm.length == len(context) - 1 == target_lm.cache.get_seq_length()
+        assert context[len(prompt):] == plain_greedy(target, prompt, 40)

@@ -111,40 +111,59 @@ def test_calibration_learns_that_a_confident_drafter_is_wrong():
     assert calibration.seen[9] == 50 and calibration.seen[8] == 0  # unreached tokens say nothing
 
 
-@pytest.mark.parametrize("base, per_token", [(0.336, 0.149), (0.02, 0.001), (0.05, 0.04)])
+def line_rule(base, per_token, k=8, rates=None, price=0.0):
+    """A stop rule over linear round costs: T_j = base + j * per_token."""
+    return StopRule([base + j * per_token for j in range(k + 1)], rates or [0.0] * k, price)
+
+
+# Round seconds by drafted tokens j on the Qwen pair's CPU, stepped: the verify's forward
+# over j + 1 tokens padded to the cheapest wider width, plus 42 ms per draft token.
+QWEN_STEPS = [0.349, 0.376, 0.456] + [0.739] * 3 + [0.929] * 14
+QWEN_SECONDS = [v + 0.042 * j for j, v in enumerate(QWEN_STEPS)]
+
+
+@pytest.mark.parametrize("seconds", [[0.336 + 0.149 * j for j in range(9)], [0.02 + 0.001 * j for j in range(9)],
+                                     [0.05 + 0.04 * j for j in range(9)], QWEN_SECONDS[:9], QWEN_SECONDS])
 @pytest.mark.parametrize("rates", [[0.95, 0.9, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4], [0.6] * 8, [0.99] * 8,
-                                   [0.9, 0.3, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9]])
-def test_the_stop_rule_drafts_to_the_length_with_the_best_rate(base, per_token, rates):
-    """Drafting while the next token raises the round's expected rate stops where E_j / T_j
-    peaks when survival falls steadily (brute force over every length); a dip is not
-    worth pushing through on hope."""
-    rule = StopRule(base, per_token, price=0.0)
+                                   [0.9, 0.3, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9], [0.97] * 19])
+def test_the_stop_rule_drafts_to_the_length_with_the_best_rate(seconds, rates):
+    """When the draft's tokens survive as the rule projects, it stops exactly where E_j / T_j
+    peaks (brute force over every length): through dips in acceptance and through steps in
+    the verify cost that a one-token look would stop at."""
+    k = min(len(seconds) - 1, len(rates))
+    rule = StopRule(seconds[: k + 1], rates[:k], price=0.0)
     survive, expected, drafted = 1.0, 1.0, 1  # the plan's first token is always drafted
     survive *= rates[0]
     expected += survive
-    while drafted < len(rates) and rule.worth(drafted, expected, survive * rates[drafted]):
+    while drafted < k and rule.worth(drafted, expected, survive * rates[drafted]):
         survive *= rates[drafted]
         expected += survive
         drafted += 1
     rate = []
-    for j in range(1, len(rates) + 1):
+    for j in range(1, k + 1):
         e, s = 1.0, 1.0
         for a in rates[:j]:
             s *= a
             e += s
-        rate.append(e / (base + j * per_token))
-    steady = all(a >= b for a, b in zip(rates, rates[1:]))
-    if steady:
-        assert rate[drafted - 1] == pytest.approx(max(rate))
-    else:  # never past a token that lowers the rate
-        assert drafted == 1 or rate[drafted - 1] >= rate[drafted - 2]
+        rate.append(e / seconds[j])
+    assert rate[drafted - 1] == pytest.approx(max(rate))
+
+
+def test_a_step_in_the_verify_cost_does_not_stop_a_draft_that_pays_past_it():
+    """On the Qwen pair's CPU a forward over 4 tokens costs more than one over 3; a draft
+    accepted 97% of the time still pays off at 19 tokens, so the rule drafts on at 3."""
+    rule = StopRule(QWEN_SECONDS, [0.97] * 19, price=0.0)
+    expected = 1 + 0.97 + 0.97**2
+    assert rule.worth(2, expected, 0.97**3)
+    myopic = StopRule(QWEN_SECONDS, [0.0] * 19, price=0.0)  # no lookahead: the next token alone
+    assert not myopic.worth(2, expected, 0.97**3)
 
 
 def test_the_stop_rule_no_longer_stops_a_draft_whose_tokens_are_all_accepted():
     """Costs measured on the Qwen pair on a 2-core CPU: a plain step 336 ms, each verified
     token 107 ms more, a draft token 42 ms. At 90% acceptance per token the rate still rises
     at the third token; the planned-rate bar (~0.9 tokens) stopped after the first."""
-    rule = StopRule(0.336, 0.149, price=0.92)
+    rule = line_rule(0.336, 0.149, price=0.92)
     assert rule.worth(1, 1.9, 0.81) and rule.worth(2, 2.71, 0.73)
     assert not rule.worth(1, 1.9, 0.3)
 
@@ -180,7 +199,7 @@ def test_a_fixed_confidence_floor_stops_drafting_and_stays_lossless():
 def test_the_learned_stop_drafts_while_a_token_is_worth_its_time(per_token, expect_short):
     _, drafter, _ = _tiny_engine()
     drafter.reset()
-    draft = drafter.propose([5, 9, 11, 3], 4, stop=StopRule(0.1, per_token, price=0.0))
+    draft = drafter.propose([5, 9, 11, 3], 4, stop=line_rule(0.1, per_token))
     assert (draft.tokens.shape[0] < 4) == expect_short
     drafter.on_commit(0)
     assert sum(drafter.calibration.seen) == min(1, draft.tokens.shape[0])  # the first token was rejected
@@ -264,7 +283,7 @@ def test_a_token_withheld_by_the_stop_is_judged_by_what_the_target_committed():
     _, drafter, _ = _tiny_engine()
     drafter.reset()
     context = [5, 9, 11, 3]
-    draft = drafter.propose(context, 4, stop=StopRule(0.1, 10.0, price=0.0))  # stops after one token
+    draft = drafter.propose(context, 4, stop=line_rule(0.1, 10.0))  # stops after one token
     assert draft.tokens.shape[0] == 1
     _, withheld, confidence = drafter._withheld
     drafter.on_commit(1)  # the drafted token was accepted; the target's next token follows it
@@ -274,8 +293,96 @@ def test_a_token_withheld_by_the_stop_is_judged_by_what_the_target_committed():
     assert sum(drafter.calibration.seen) == before[1] + 1
     assert drafter.calibration.hits[b] == before[0][b] + 1  # the target agreed with it
     drafter.reset()
-    drafter.propose(context, 4, stop=StopRule(0.1, 10.0, price=0.0))
+    drafter.propose(context, 4, stop=line_rule(0.1, 10.0))
     drafter.on_commit(0)  # rejected before the withheld token: nothing to judge
     seen = sum(drafter.calibration.seen)
     drafter.propose(context + [7], 1)
     assert sum(drafter.calibration.seen) == seen
+
+
+# --- the verify cost curve: measured by width, padded to a cheaper wider width ----------
+
+from specdraft.learning.goodput import VerifyCosts  # noqa: E402
+
+# Seconds of Qwen2.5-Coder-1.5B's forward (float32, 2-core CPU) over 1 .. 17 tokens.
+QWEN_CURVE = [0.349, 0.376, 0.456, 0.809, 0.739, 0.784, 1.048, 0.970, 1.020, 1.262, 1.448, 1.364, 1.607,
+              1.788, 1.974, 1.026, 1.089]
+
+
+def test_a_verify_is_padded_to_the_cheapest_width_at_least_as_wide():
+    costs = VerifyCosts(decay=0.95)
+    costs.install(QWEN_CURVE)
+    assert [costs.padded_width(w) for w in range(1, 18)] == [1, 2, 3, 5, 5, 6, 8, 8, 9, 16, 16, 16, 16, 16, 16,
+                                                             16, 17]
+    assert costs.padded_width(30) == 30  # past the curve: as asked
+    planned = [costs(w) for w in range(1, 18)]
+    assert planned[6] == pytest.approx(0.970) and planned[14] == pytest.approx(1.026)
+    # what a plan sees never falls by more than the margin as the width grows
+    assert all(b >= a * VerifyCosts.MARGIN for a, b in zip(planned, planned[1:]))
+
+
+def test_the_curve_is_rescaled_to_this_runs_timings():
+    costs = VerifyCosts(decay=0.9)
+    costs.install(QWEN_CURVE)
+    for _ in range(100):  # this run's machine is twice as slow as the measurement
+        costs.add(16, 2 * 1.026)
+        costs.add(1, 2 * 0.349)
+    assert costs(1) == pytest.approx(0.698, rel=0.01) and costs(9) == pytest.approx(2.052, rel=0.01)
+
+
+def test_the_plan_drafts_past_a_cost_step_when_a_wider_round_is_faster():
+    policy = build_policy("fixed", {"draft_length": "goodput"}, ["d"], draft_tokens=16)
+    policy.costs.verify.install(QWEN_CURVE)
+    policy.costs.observe(0, 1, 0.042, 0.376, verify_width=2)
+    for _ in range(50):
+        policy.acceptance.observe(0, [1.0] * 16)
+    # 15 tokens verified by the 16-wide forward: 1.66 s for 16 tokens against 0.35 s for one
+    assert policy.best_length(0, 16) in (15, 16)
+    assert policy.best_length(0, 6) == 5  # capped below the step: 6 wide (0.78 s), not 7 (1.05 s)
+
+
+def test_width_costs_are_measured_once_and_kept(tmp_path, monkeypatch):
+    from specdraft.models import width_costs
+    from specdraft.models.cached_lm import CachedLM
+    from tiny import tiny_llama
+
+    monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path))
+    lm = CachedLM(tiny_llama(seed=0))
+    assert not width_costs.known(lm, 5)
+    first = width_costs.width_costs(lm, 5)
+    assert len(first) == 5 and all(s > 0 for s in first) and lm.length == 0
+    assert width_costs.known(lm, 5) and not width_costs.known(lm, 6)
+    monkeypatch.setattr(width_costs, "measure_width_costs", lambda *a, **k: pytest.fail("measured twice"))
+    assert width_costs.width_costs(CachedLM(tiny_llama(seed=7)), 5) == first  # same shape, other weights
+    (file,) = (tmp_path / "width-costs").iterdir()
+    file.write_text("not json")
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path))
+    assert len(width_costs.width_costs(lm, 5)) == 5  # an unreadable entry is measured again
+
+
+def test_one_rejection_deep_in_a_draft_does_not_keep_plans_short_for_good():
+    """A position is measured only when a round drafts that deep: planned on posterior
+    means, one early miss at position 5 holds every later plan short of it (so it is never
+    corrected); planned on posterior draws, deeper drafts are tried again."""
+    policy = build_policy("fixed", {"draft_length": "goodput"}, ["d"], draft_tokens=16, seed=0)
+    policy.costs.verify.install(QWEN_CURVE)
+    policy.costs.observe(0, 1, 0.042, 0.376, verify_width=2)
+    policy.acceptance.observe(0, [1.0] * 4 + [0.0])
+    for _ in range(30):
+        policy.acceptance.observe(0, [1.0, 1.0])
+    assert policy.best_length(0, 16) < 5
+    assert max(policy.draft_length(0, 16) for _ in range(50)) > 5
+
+
+def test_a_long_width_measurement_is_announced_first(monkeypatch):
+    from specdraft.models import width_costs
+    from specdraft.models.cached_lm import CachedLM
+    from tiny import tiny_llama
+
+    lm, said = CachedLM(tiny_llama(seed=0)), []
+    width_costs.measure_width_costs(lm, 4, repeats=1, announce=said.append)
+    assert said == []  # a tiny model measures in milliseconds: nothing to say
+    monkeypatch.setattr(width_costs, "ANNOUNCE_S", 0.0)
+    width_costs.measure_width_costs(lm, 4, repeats=1, announce=said.append)
+    assert len(said) == 1 and said[0] > 0

@@ -51,6 +51,8 @@ def test_good_profile_maps_onto_dataclasses(tmp_path):
     assert [d.name for d in profile.drafters] == ["lookup", "early"]
     assert profile.drafters[0].options.max_ngram == 4 and profile.drafters[1].options.layers == 8
     assert profile.policy.name == "fixed" and profile.policy.options == {"drafter": "lookup"}
+    assert profile.decode.verify_costs == "measure"  # the default: time the target's widths once
+    assert parse(GOOD.replace("[decode]", '[decode]\nverify_costs = "line"'), tmp_path).decode.verify_costs == "line"
 
 
 @pytest.mark.parametrize(
@@ -73,6 +75,7 @@ def test_good_profile_maps_onto_dataclasses(tmp_path):
         (("[decode]", "[decode]\ntemperature = -1"), "decode.temperature: must be between 0 and 100"),
         (("[decode]", "[decode]\ntop_p = 0"), "decode.top_p: must be in (0, 1]"),
         (("[decode]", "[decode]\nseed = -1"), "decode.seed: must be between 0 and 2**63 - 1 (got -1)"),
+        (("[decode]", '[decode]\nverify_costs = "guess"'), 'decode.verify_costs: unknown value "guess"'),
         (('hub = "org/model"', 'hub = "org/model"\ndevice = "cuda:abc"'), 'target.device: unknown device "cuda:abc"'),
         (('hub = "org/model"', 'hub = "org/model"\nallow_download = "yes"'), "target.allow_download: expected a boolean"),
         (('stop = ["###"]', "stop = [1]"), "decode.stop: expected a list of non-empty strings"),

@@ -73,8 +73,11 @@ def exact_joint(model, prompt, params, length):
     return out
 
 
-@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.8, top_k=4, top_p=0.9)])
-def test_generated_sequences_follow_the_target(params):
+@pytest.mark.parametrize("params, padded", [(SamplingParams(1.0), False), (SamplingParams(0.8, top_k=4, top_p=0.9), False),
+                                            (SamplingParams(1.0), True)])
+def test_generated_sequences_follow_the_target(params, padded):
+    """`padded`: every verify runs over 6 tokens, the draft padded with filler (as when a
+    wider forward is cheaper): the filler's positions must not touch the distribution."""
     vocab, prompt = 6, [1, 4, 2]
     target = tiny_llama(seed=0, vocab=vocab, layers=2, scale=8.0)
     gen = torch.Generator().manual_seed(1)
@@ -91,6 +94,8 @@ def test_generated_sequences_follow_the_target(params):
                 # weight-only int8 (bf16 arithmetic inside): q is its own distribution, still exact
                 ModelDrafter("int8", ctx, quantized(tiny_llama(seed=5, vocab=vocab, layers=1, scale=8.0), 8))]
     policy = RandomPolicy([d.name for d in drafters], seed=2)
+    if padded:
+        policy.costs.verify.install([2.0 - w / 6 for w in range(1, 7)])
     engine = SpeculativeEngine(target_lm, drafters, policy, EngineSettings(3, 3, params), gen)
     pairs, thirds, n_draws = Counter(), Counter(), 1500
     for _ in range(n_draws):

@@ -55,6 +55,7 @@ class RoundRecord:
     planned: int = 0  # the draft length the policy chose
     expected_tokens: float | None = None  # the policy's estimate of what the round commits ...
     expected_seconds: float | None = None  # ... and of how long it takes (None while unknown)
+    verify_width: int = 0  # tokens the verify forward ran over (drafted + 1, or padded wider)
 
     @property
     def gammas(self) -> Gammas | None:
@@ -71,6 +72,7 @@ class _Verified:
     tokens: list[int]  # accepted drafts + the recovered or bonus token
     alphas: list[float]
     next_input: torch.Tensor  # [1] the last committed token: the next verify feeds it
+    width: int  # tokens the forward ran over: k + 1, or more when a wider forward is cheaper
     alphas_on_device: torch.Tensor  # [k]
     logits: torch.Tensor  # [k + 1, V]
     probs: torch.Tensor | None  # [k + 1, V] processed p under sampling, None under greedy
@@ -127,7 +129,7 @@ class SpeculativeEngine:
                 tokens, finish = self._commit(state, drafter, verified)
                 feedback = RoundFeedback(arm, len(verified.alphas), verified.accepted, verified.alphas, watch.elapsed,
                                          draft_seconds=max(0.0, watch["draft"] - draft.catch_up_seconds),
-                                         verify_seconds=watch["verify"],
+                                         verify_seconds=watch["verify"], verify_width=verified.width,
                                          silent=None if awake is None else [not a for a in awake])
                 evidence = self._evidence(verified, len(tokens)) if self.driver.full_information else None
                 learned = self.driver.finish_round(RoundOutcome(feedback, start, len(tokens), evidence),
@@ -139,7 +141,7 @@ class SpeculativeEngine:
                                   verify_s=watch["verify"], overhead_s=watch["overhead"],
                                   evaluate_s=watch["evaluate"], finish=finish, evaluated=learned.evaluated or None,
                                   planned=k, expected_tokens=plan.expected_tokens,
-                                  expected_seconds=plan.expected_seconds)
+                                  expected_seconds=plan.expected_seconds, verify_width=verified.width)
                 if finish:
                     return
         finally:  # also when the caller stops early: what was generated is still text
@@ -170,10 +172,21 @@ class SpeculativeEngine:
         return _Prompt(context, torch.tensor(context[-1:], dtype=torch.long, device=device))
 
     def _verify(self, next_input: torch.Tensor, draft: Draft) -> _Verified:
-        """One target forward over [last committed token, draft] and lossless acceptance."""
+        """One target forward over [last committed token, draft] and lossless acceptance.
+
+        When the cost curve says a wider forward is cheaper (a BLAS kernel switch), the
+        input is padded with copies of its last token: causal attention keeps them out of
+        every real position, their logits are dropped, and the commit crops them from the
+        cache with the rejected drafts."""
         k = draft.tokens.shape[0]
         layers = tuple(sorted(set(self.feature_layers) | set(self.hidden_layers if self.driver.full_information else ())))
-        logits, hidden = self.target.feed_with_hidden(torch.cat([next_input, draft.tokens]), 0, layers)  # [k + 1, V]
+        tokens = torch.cat([next_input, draft.tokens])
+        width = self.driver.verify_width(k + 1)
+        if width > k + 1:
+            tokens = torch.cat([tokens, tokens[-1:].expand(width - k - 1)])
+        logits, hidden = self.target.feed_with_hidden(tokens, 0, layers)
+        if width > k + 1:
+            logits, hidden = logits[: k + 1], {layer: h[: k + 1] for layer, h in hidden.items()}  # [k + 1, V]
         probs = None
         if self.settings.sampling.greedy:
             verdict = verify_greedy(logits, draft.tokens, draft.probs, self.settings.sampling)
@@ -187,8 +200,8 @@ class SpeculativeEngine:
         ).tolist()
         n = int(packed[0])
         return _Verified(n, [int(t) for t in packed[1 : n + 2]], packed[k + 2 :],
-                         verdict.tokens.index_select(0, verdict.n_accepted.view(1)), verdict.alphas, logits, probs,
-                         hidden)
+                         verdict.tokens.index_select(0, verdict.n_accepted.view(1)), width, verdict.alphas, logits,
+                         probs, hidden)
 
     def _evidence(self, verified: _Verified, count: int) -> RoundEvidence:
         """What evaluating the drafters on this round's `count` committed positions needs."""

@@ -47,25 +47,35 @@ class ConfidenceCalibration:
 @dataclass(frozen=True)
 class StopRule:
     """When a drafter stops, from the round cost model: a round that has drafted j tokens
-    takes `T_j = base_seconds + j * per_token` (the verify of one token, plus each drafted
-    token's draft and its share of the verify) and is expected to commit `E_j` tokens.
-    Drafting token j + 1 adds P(it and every earlier one accepted) to E and `per_token` to
-    T; it is worth it while it raises the round's rate E / T:
+    takes `seconds[j]` (its verify, padded to the cheapest width, plus j draft tokens) and
+    is expected to commit `E_j` tokens (bonus included). Stopping after j tokens gives the
+    rate `E_j / seconds[j]`; drafting on is worth it while some longer round m <= K is
+    expected to do better: E_m adds, token by token, the chance that every token up to it
+    survives, the next one's from the drafter's calibrated confidence and those after it
+    from the arm's acceptance by position (`rates[m - 1]` = a(m)).
 
-        (E_j + p) / (T_j + per_token) >= E_j / T_j   <=>   p * T_j >= E_j * per_token.
+    Looking ahead matters because verify costs are steps, not a line: on a CPU a forward
+    over 4 tokens can cost twice one over 3 and as much as one over 17, so a rule that
+    judged only the next token would stop at every step even when the round as planned
+    is the fastest. Judging the next token against the planned round's rate instead would
+    set the bar at the optimistic end and cut drafts whose tokens were all being accepted.
+    `price` is that planned-rate bar per token, for drafters whose confidence is a vote
+    share rather than a calibrated probability (the suffix drafter's floor)."""
 
-    Judging the next token against the planned round's rate instead would set the bar at
-    the optimistic end: tokens that would raise this round's speed get cut (on a CPU,
-    where each verified token costs a third of a plain step, it stopped drafts whose tokens
-    were all being accepted). `price` is that planned-rate bar, for drafters whose
-    confidence is a vote share rather than a calibrated probability (the suffix drafter's
-    floor)."""
-
-    base_seconds: float
-    per_token: float
+    seconds: Sequence[float]  # [j] for j = 0 .. K
+    rates: Sequence[float]  # [m - 1] = a(m), m = 1 .. K
     price: float
 
     def worth(self, drafted: int, expected: float, survive_next: float) -> bool:
         """After `drafted` tokens (expected committed `expected`, bonus token included), is
-        one more whose survival probability is `survive_next` worth drafting?"""
-        return survive_next * (self.base_seconds + drafted * self.per_token) >= expected * self.per_token
+        the next one, whose survival probability is `survive_next`, worth drafting?"""
+        if drafted >= len(self.seconds) - 1:
+            return False
+        stop_rate = expected / self.seconds[drafted]
+        total, survive = expected, survive_next
+        for m in range(drafted + 1, len(self.seconds)):
+            total += survive
+            if total / self.seconds[m] >= stop_rate:
+                return True
+            survive *= self.rates[m] if m < len(self.rates) else 0.0
+        return False

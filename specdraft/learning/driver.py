@@ -89,6 +89,10 @@ class PolicyDriver:
         Never draft past the budget: a round commits at most draft length + 1 tokens."""
         return self.policy.plan(max(0, min(self.draft_tokens, self.max_new_tokens - produced - 1)), awake)
 
+    def verify_width(self, tokens: int) -> int:
+        """How many tokens to run a verify of `tokens` over: wider when that is cheaper."""
+        return self.policy.costs.verify.padded_width(tokens)
+
     def finish_round(self, outcome: RoundOutcome, last: bool) -> Learned:
         """Let the policy learn from a finished round; `last` = the prompt ends with it."""
         if not self.policy.full_information:

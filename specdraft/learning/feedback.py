@@ -29,6 +29,7 @@ class RoundFeedback:
     gammas: Sequence[Sequence[float]] | None = None
     draft_seconds: float = 0.0  # the split the round cost model is fitted on
     verify_seconds: float = 0.0
+    verify_width: int = 0  # tokens the verify forward ran over, padding included (0: drafted + 1)
     # Per arm, True when that drafter would have proposed nothing at the round's start
     # (prompt lookup without a match): asleep, it was no candidate for the round. Set when
     # the round was chosen among the awake arms, else filled in by the evaluator.

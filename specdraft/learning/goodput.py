@@ -1,9 +1,13 @@
 """Speed as the objective (ARCHITECTURE.md, "Goodput"): an online round cost model, each
 drafter's acceptance by draft position, and the draft length that maximises goodput.
 
-- Round cost `T(i, K) = c_verify(K + 1) + K * c_draft(i)`: verify cost as fixed +
-  per-verified-token (a line fitted to this run's verify timings, recent rounds weighing
-  more), draft cost per token per drafter (a moving average).
+- Round cost `T(i, K) = c_verify(K + 1) + K * c_draft(i)`: the verify cost of a forward
+  over K + 1 tokens, and draft cost per token per drafter (a moving average).
+  `c_verify` is a measured cost curve by width (`VerifyCosts`), scaled online to this
+  run's timings: a forward's cost is not a line in its width (on a CPU, BLAS switches
+  kernels: a 1.5B model took 1.97 s for 15 tokens and 1.03 s for 16), so the verify pads a
+  width to any wider one that is cheaper, and `c_verify(w)` is the cheapest width >= w.
+  Without a measured curve, a line fitted to the verify timings (fixed + per token).
 - Acceptance by position `a_i(m)` = P(position m accepted | positions before it accepted),
   from the chosen drafter's alignment up to its first rejection and, under full
   information, from every drafter's gammas along the committed chunk.
@@ -14,6 +18,7 @@ Plain Python: no torch.
 
 from __future__ import annotations
 
+import random
 from typing import Sequence
 
 
@@ -55,16 +60,82 @@ class _DecayedLine:
         self.w, self.sx, self.sy, self.sxx, self.sxy = (float(v) for v in values)
 
 
+class VerifyCosts:
+    """Seconds of a verify forward over w tokens: `scale * shape[w]` once a measured cost
+    curve (`shape`, seconds by width from `models/width_costs.py`) is installed, with
+    `scale` tracking this run's timings (contexts grow, machines are shared); before that,
+    a decayed line fitted to the observed verify timings.
+
+    The verify pads a forward of w tokens to `padded_width(w)`, the cheapest width >= w
+    (a BLAS kernel switch can make 16 rows cheaper than 9), so `__call__(w)` is that
+    width's cost: non-decreasing in w, which is what the draft length and the early stop
+    plan with."""
+
+    # A wider forward is used only when it is this much cheaper: timings are noisy and a
+    # wider forward does more arithmetic for nothing when the two really cost the same.
+    MARGIN = 0.95
+
+    def __init__(self, decay: float):
+        self.line = _DecayedLine(decay)
+        self.decay = decay
+        self.shape: list[float] | None = None  # [w] seconds, index 0 unused
+        self.pad_to: list[int] = []
+        self.scale = 1.0
+
+    def install(self, shape: Sequence[float]) -> None:
+        """A measured curve: `shape[w - 1]` = seconds of a forward over w tokens."""
+        curve = [0.0, *(float(s) for s in shape)]
+        if len(curve) < 2 or any(s <= 0 for s in curve[1:]):
+            raise ValueError("a verify cost curve needs a positive time per width")
+        self.shape, self.scale = curve, 1.0
+        # pad_to[w]: the cheapest width from w up, when it beats w itself by the margin.
+        widest = len(curve) - 1
+        self.pad_to = [0] * (widest + 1)
+        for w in range(1, widest + 1):
+            cheapest = min(range(w, widest + 1), key=lambda v: (curve[v], v))
+            self.pad_to[w] = cheapest if curve[cheapest] < self.MARGIN * curve[w] else w
+
+    def padded_width(self, width: int) -> int:
+        """The width to run a forward of `width` tokens at (itself unless a wider one is cheaper)."""
+        if self.shape is None or width >= len(self.pad_to) or width < 1:
+            return width
+        return self.pad_to[width]
+
+    def add(self, width: int, seconds: float) -> None:
+        """A verify over `width` tokens (after padding) took `seconds`."""
+        self.line.add(width, seconds)
+        if self.shape is not None and 0 < width < len(self.shape):
+            self.scale = self.decay * self.scale + (1 - self.decay) * seconds / self.shape[width]
+
+    def __call__(self, width: int) -> float | None:
+        if self.shape is None or width >= len(self.shape):
+            return self.line(width)
+        return self.scale * self.shape[self.padded_width(width)]
+
+    def slope(self) -> float:
+        """Seconds per extra token near one token (0 until known)."""
+        one, two = self(1), self(2)
+        return 0.0 if one is None or two is None else max(0.0, two - one)
+
+    def state(self) -> list[float]:
+        return self.line.state()
+
+    def load(self, values: list[float]) -> None:
+        self.line.load(values)
+
+
 class RoundCostModel:
     """Seconds a round takes: `T(arm, K) = c_verify(K + 1) + K * c_draft(arm)`."""
 
     def __init__(self, arms: int, decay: float = 0.95):
-        self.verify = _DecayedLine(decay)
+        self.verify = VerifyCosts(decay)
         self.draft: list[float | None] = [None] * arms  # seconds per drafted token
         self.decay = decay
 
-    def observe(self, arm: int, drafted: int, draft_seconds: float, verify_seconds: float) -> None:
-        self.verify.add(drafted + 1, verify_seconds)
+    def observe(self, arm: int, drafted: int, draft_seconds: float, verify_seconds: float,
+                verify_width: int = 0) -> None:
+        """`verify_width`: the tokens the verify forward ran over (0: drafted + 1, unpadded)."""
+        self.verify.add(verify_width or drafted + 1, verify_seconds)
         if drafted:
             per_token = draft_seconds / drafted
             old = self.draft[arm]
@@ -78,10 +149,13 @@ class RoundCostModel:
             return None
         return verify + k * (self.draft[arm] or 0.0)
 
-    def token_seconds(self, arm: int) -> float | None:
-        """What one more drafted token adds to the round: its draft plus its share of the verify."""
-        draft = self.draft[arm]
-        return None if draft is None else draft + self.verify.slope()
+    def token_seconds(self, arm: int, k: int = 1) -> float | None:
+        """What a drafted token adds to a round of `k` tokens, on average: its draft plus
+        its share of the verify."""
+        draft, one, wide = self.draft[arm], self.verify(1), self.verify(k + 1)
+        if draft is None or one is None or wide is None:
+            return None
+        return draft + max(0.0, wide - one) / max(1, k)
 
     def state(self) -> dict:
         return {"verify": self.verify.state(), "draft": list(self.draft)}
@@ -121,12 +195,24 @@ class AcceptanceByPosition:
             if value == 0.0:
                 break
 
-    def rates(self, arm: int, k: int) -> list[float]:
-        """a_i(1) .. a_i(k)."""
+    def rates(self, arm: int, k: int, rng: random.Random | None = None) -> list[float]:
+        """a_i(1) .. a_i(k): posterior means, or with `rng` one draw from each position's
+        posterior (Thompson sampling), each position's prior centred on the draw before it.
+
+        Planning K on draws keeps deep positions explored: a position is measured only
+        when a round drafts that deep, so one early rejection there would otherwise hold
+        its mean down, keep every plan short of it and never be corrected (seen on the
+        Qwen pair: one miss at position 5 kept K at 2 for the rest of a prompt whose drafts
+        were all accepted). Where evidence is plentiful the draws stay close to the mean."""
         out, anchor, w = [], self.prior, self.prior_weight
         hits, seen = self.hits[arm], self.seen[arm]
         for m in range(k):
-            anchor = (hits[m] + w * anchor) / (seen[m] + w)
+            if rng is None:
+                anchor = (hits[m] + w * anchor) / (seen[m] + w)
+            else:
+                alpha = hits[m] + w * anchor
+                beta = max(0.0, seen[m] - hits[m]) + w * (1.0 - anchor)
+                anchor = rng.betavariate(alpha + 1e-6, beta + 1e-6)
             out.append(anchor)
         return out
 
@@ -151,12 +237,18 @@ class AcceptanceByPosition:
 
     def committed_by_length(self, arm: int, k: int) -> list[float]:
         """E[committed tokens] of a round drafting K = 0 .. k tokens."""
-        out, total, survive = [1.0], 1.0, 1.0
-        for rate in self.rates(arm, k):
-            survive *= rate
-            total += survive
-            out.append(total)
-        return out
+        return committed_by_length(self.rates(arm, k))
+
+
+def committed_by_length(rates: Sequence[float]) -> list[float]:
+    """E[committed tokens] of a round drafting K = 0 .. len(rates) tokens whose position m
+    is accepted with probability rates[m - 1] once the ones before it were."""
+    out, total, survive = [1.0], 1.0, 1.0
+    for rate in rates:
+        survive *= rate
+        total += survive
+        out.append(total)
+    return out
 
 
 def best_draft_length(expected: Sequence[float], seconds: Sequence[float]) -> int:

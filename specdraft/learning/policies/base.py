@@ -16,16 +16,15 @@ losses are estimated speedups over plain decoding rather than accepted tokens.
 from __future__ import annotations
 
 import copy
-import math
 import random
 from abc import ABC, abstractmethod
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from specdraft.learning.confidence import StopRule
 from specdraft.learning.feedback import RoundFeedback, bd_reward, be_reward, expected_accept_length
-from specdraft.learning.goodput import AcceptanceByPosition, RoundCostModel, best_draft_length
+from specdraft.learning.goodput import AcceptanceByPosition, RoundCostModel, best_draft_length, committed_by_length
+from specdraft.learning.policies.state_json import jsonable, restored
 
 PLAIN_ARM = "none"  # the arm that drafts nothing: a plain decoding round
 
@@ -88,6 +87,8 @@ class Policy(ABC):
         self.draft_tokens = draft_tokens
         self.horizon = horizon
         self.rng = random.Random(seed)
+        # Draft-length exploration draws from its own stream: arm choices stay as they were.
+        self._length_rng = random.Random(None if seed is None else seed + 1)
         self.goodput = self.options["objective"] == "goodput"
         self._initial_state: dict | None = None
         self.reset()
@@ -176,7 +177,8 @@ class Policy(ABC):
     def observe(self, feedback: RoundFeedback) -> None:
         """Only the round's timings and the chosen drafter's acceptance: what every round
         teaches, also one that full-information evaluation skipped."""
-        self.costs.observe(feedback.arm, feedback.drafted, feedback.draft_seconds, feedback.verify_seconds)
+        self.costs.observe(feedback.arm, feedback.drafted, feedback.draft_seconds, feedback.verify_seconds,
+                           feedback.verify_width)
         if feedback.gammas is not None:  # every arm's acceptance along the committed chunk
             for arm, gammas in enumerate(feedback.gammas):
                 # A drafter silent here would not have drafted: its acceptance *when it
@@ -213,20 +215,37 @@ class Policy(ABC):
         """The arm for the next round (among the `awake` ones), its draft length (at most
         `cap`) and what is expected."""
         arm = self.select(awake)
-        k = self.draft_length(arm, cap)
+        # One posterior draw of the arm's acceptance by position plans both K and how far
+        # the early stop looks ahead (Thompson sampling: see AcceptanceByPosition.rates),
+        # so a plan that explores deeper is not cut back by the means it set out to test.
+        rates = (self.acceptance.rates(arm, cap, self._length_rng)
+                 if self.options["draft_length"] == "goodput" and self.arms[arm] != PLAIN_ARM else None)
+        k = self.draft_length(arm, cap, rates)
         expected, seconds = self.estimate(arm, k)
-        stop = None  # with draft_length = "fixed" every round drafts K tokens, no early stop
-        per_token, base = self.costs.token_seconds(arm), self.costs.round_seconds(arm, 0)
-        if self.options["draft_length"] == "goodput" and seconds and per_token is not None and base:
-            stop = StopRule(base, per_token, expected / seconds * per_token)
-        return RoundPlan(arm, k, stop, expected, seconds)
+        return RoundPlan(arm, k, self.stop_rule(arm, k, expected, seconds, rates), expected, seconds)
 
-    def draft_length(self, arm: int, cap: int) -> int:
+    def stop_rule(self, arm: int, k: int, expected: float, seconds: float | None,
+                  rates: Sequence[float] | None = None) -> StopRule | None:
+        """When a draft of up to `k` tokens from `arm` stops early (None with draft_length
+        = "fixed", where every round drafts K tokens, or while costs are unknown); it looks
+        ahead with `rates` (the plan's draw), else the arm's mean acceptance by position."""
+        if self.options["draft_length"] != "goodput" or not seconds or k == 0:
+            return None
+        by_length = [self.costs.round_seconds(arm, j) for j in range(k + 1)]
+        per_token = self.costs.token_seconds(arm, k)
+        if per_token is None or any(t is None or t <= 0 for t in by_length):
+            return None
+        ahead = list(rates[:k]) if rates is not None else self.acceptance.rates(arm, k)
+        return StopRule(by_length, ahead, expected / seconds * per_token)
+
+    def draft_length(self, arm: int, cap: int, rates: Sequence[float] | None = None) -> int:
         """How many tokens `arm` drafts this round, at most `cap`: always `cap` with
         draft_length = "fixed"; with "goodput", the K in 0..cap with the best estimated
         tokens per second (one token until the arm's draft cost is known: one token
         measures it, and a slow drafter's probe must not cost K of its forwards)."""
-        best = self.best_length(arm, cap)
+        if rates is None and self.options["draft_length"] == "goodput" and self.arms[arm] != PLAIN_ARM:
+            rates = self.acceptance.rates(arm, cap, self._length_rng)
+        best = self.best_length(arm, cap, rates)
         if (self.options["draft_length"] != "goodput" or self.arms[arm] == PLAIN_ARM or cap == 0
                 or self.full_information):
             return best
@@ -243,8 +262,10 @@ class Policy(ABC):
         self._idle[arm], self._probe_gap[arm] = 0, min(2 * self._probe_gap[arm], self.MAX_PROBE_GAP)
         return 1
 
-    def best_length(self, arm: int, cap: int) -> int:
-        """The draft length the estimates favour for `arm` (no exploration, no side effects)."""
+    def best_length(self, arm: int, cap: int, rates: Sequence[float] | None = None) -> int:
+        """The draft length the estimates favour for `arm`: under `rates` (a posterior draw
+        of its acceptance by position, so that deep positions unlucky once are tried
+        again), else under the means (no side effects)."""
         if self.arms[arm] == PLAIN_ARM:
             return 0
         if self.options["draft_length"] != "goodput" or cap == 0:
@@ -252,7 +273,9 @@ class Policy(ABC):
         seconds = [self.costs.round_seconds(arm, k) for k in range(cap + 1)]
         if any(s is None for s in seconds):
             return 1
-        return best_draft_length(self.acceptance.committed_by_length(arm, cap), seconds)
+        committed = (self.acceptance.committed_by_length(arm, cap) if rates is None
+                     else committed_by_length(rates[:cap]))
+        return best_draft_length(committed, seconds)
 
     def estimate(self, arm: int, k: int) -> tuple[float, float | None]:
         """(E[committed | arm, k], T(arm, k) or None while unknown)."""
@@ -337,7 +360,7 @@ class Policy(ABC):
     # --- persistence --------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        state = {key: _jsonable(getattr(self, key)) for key in self.STATE}
+        state = {key: jsonable(getattr(self, key)) for key in self.STATE}
         state["costs"] = self.costs.state()
         state["acceptance"] = self.acceptance.state()
         return {"policy": self.name, "arms": self.arms, "state": state}
@@ -367,7 +390,7 @@ class Policy(ABC):
     def _apply_state(self, state: dict) -> None:
         for key in self.STATE:
             if key in state:
-                setattr(self, key, _restored(key, getattr(self, key), copy.deepcopy(state[key])))
+                setattr(self, key, restored(key, getattr(self, key), copy.deepcopy(state[key])))
         if isinstance(state.get("costs"), list):
             state = {k: v for k, v in state.items() if k != "costs"}  # 0.x files: per-arm seconds, superseded
         if "costs" in state:
@@ -379,36 +402,3 @@ class Policy(ABC):
                 raise ValueError("state field acceptance: expected an object")
             self.acceptance.load(state["acceptance"])
 
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _numeric(value: Any) -> bool:
-    """Numbers, or (nested) lists of numbers: the only shapes learned state takes."""
-    if isinstance(value, list):
-        return all(_numeric(v) for v in value)
-    return _is_number(value) or value is None
-
-
-def _restored(key: str, current: Any, value: Any) -> Any:
-    """`value` from JSON in the shape of the attribute it replaces, or ValueError."""
-    if not _numeric(value):
-        raise ValueError(f"state field {key}: expected numbers, got {value!r}"[:200])
-    if _is_number(current):
-        if not _is_number(value):
-            raise ValueError(f"state field {key}: expected a number")
-        return value
-    if not isinstance(value, list):
-        raise ValueError(f"state field {key}: expected a list")
-    if isinstance(current, deque):  # JSON has no deque: keep the window's maxlen, entries as tuples
-        return deque((tuple(v) if isinstance(v, list) else v for v in value), maxlen=current.maxlen)
-    return type(current)(value)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, (list, tuple)) or hasattr(value, "__iter__") and not isinstance(value, (str, dict)):
-        return [_jsonable(v) for v in value]
-    return value

@@ -1,0 +1,119 @@
+"""What one forward of a model costs by width (tokens fed at once): measured once per model
+shape, weight format, device and thread count, and kept on disk.
+
+The verify of a round is one target forward over K + 1 tokens, and its cost is not a line
+in K: BLAS libraries switch kernels by matrix shape. On a 2-core CPU, Qwen2.5-Coder-1.5B
+in float32 took 0.35 s for 1 token, 1.97 s for 15 and 1.03 s for 16; on GPUs, tensor-core
+tiles make similar steps. The round cost model (`learning/goodput.py` `VerifyCosts`) plans
+draft lengths with this curve and the engine pads a verify to any wider width that is
+cheaper. Timings depend on shapes, not on weight values, so the key ignores the weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import platform
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from specdraft.models.cached_lm import CachedLM
+from specdraft.models.gguf_cache import cache_dir
+
+log = logging.getLogger("specdraft")
+
+PROBE_CONTEXT = 128  # tokens in the cache while widths are timed: a typical prompt's length
+PROBE_REPEATS = 3  # the fastest of these per width (noise on a shared machine only adds time)
+ANNOUNCE_S = 3.0  # a measurement expected to take longer is said on stderr first
+
+
+def width_costs(lm: CachedLM, max_width: int, use_disk: bool = True) -> list[float]:
+    """Seconds of a forward over w = 1 .. max_width tokens of `lm` (its cache is reset),
+    from the disk cache when this model shape was measured on this machine before. A
+    measurement expected to take more than a few seconds is announced on stderr."""
+    file = _cache_file(lm, max_width)
+    if use_disk:
+        known = _read(file, max_width)
+        if known is not None:
+            return known
+    seconds = measure_width_costs(lm, max_width, announce=lambda eta: log.info(
+        "measuring the target's forward cost at widths 1-%d (~%.0f s, once for this model on this machine)",
+        max_width, eta))
+    if use_disk:
+        try:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_text(json.dumps({"seconds": seconds, "key": _key_parts(lm, max_width)}, indent=1))
+        except OSError as exc:  # a read-only cache only costs the next run the measurement
+            log.warning("specdraft: could not keep the verify costs in %s (%s)", file, exc)
+    return seconds
+
+
+def known(lm: CachedLM, max_width: int) -> bool:
+    """Whether this model shape was measured on this machine before."""
+    return _read(_cache_file(lm, max_width), max_width) is not None
+
+
+@torch.inference_mode()
+def measure_width_costs(lm: CachedLM, max_width: int, context: int = PROBE_CONTEXT,
+                        repeats: int = PROBE_REPEATS, announce: Callable[[float], None] | None = None) -> list[float]:
+    """Time forwards over 1 .. max_width tokens after `context` cached tokens, widths
+    interleaved across repeats so that drift on a shared machine touches all of them.
+    `announce(estimated seconds)` is called first when that estimate exceeds ANNOUNCE_S."""
+    vocab = int(lm.model.get_input_embeddings().num_embeddings)
+    generator = torch.Generator().manual_seed(0)
+    filler = torch.randint(0, vocab, (context + max_width,), generator=generator).to(lm.device)
+    lm.reset()
+    lm.feed(filler[:context], keep=1)
+    start = lm.clock()
+    lm.feed(filler[context : context + max_width], keep=0)  # the widest: an upper bound per forward
+    lm.crop(context)
+    estimate = (lm.clock() - start) * max_width * (repeats + 1) * 0.6  # costs rise with width, roughly
+    if announce is not None and estimate > ANNOUNCE_S:
+        announce(estimate)
+    best = [float("inf")] * (max_width + 1)
+    for repeat in range(repeats + 1):  # the first pass warms allocations and kernels up
+        for width in range(1, max_width + 1):
+            start = lm.clock()
+            lm.feed(filler[context : context + width], keep=0)
+            elapsed = lm.clock() - start
+            lm.crop(context)
+            if repeat:
+                best[width] = min(best[width], elapsed)
+    lm.reset()
+    return best[1:]
+
+
+def _key_parts(lm: CachedLM, max_width: int) -> dict:
+    model = lm.model
+    parameter = next(model.parameters())
+    device = lm.device
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    return {
+        "config": model.config.to_json_string(use_diff=False),
+        "dtype": str(parameter.dtype),
+        "modules": sorted({type(m).__name__ for m in model.modules()}),  # quantized linears differ
+        "device": f"{device.type}:{device_name}",
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "widths": max_width,
+        "context": PROBE_CONTEXT,
+    }
+
+
+def _cache_file(lm: CachedLM, max_width: int) -> Path:
+    digest = hashlib.sha256(json.dumps(_key_parts(lm, max_width), sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "width-costs" / f"{type(lm.model).__name__}-{digest}.json"
+
+
+def _read(file: Path, max_width: int) -> list[float] | None:
+    try:
+        seconds = json.loads(file.read_text())["seconds"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if (isinstance(seconds, list) and len(seconds) == max_width
+            and all(isinstance(s, (int, float)) and s > 0 for s in seconds)):
+        return [float(s) for s in seconds]
+    return None
