@@ -167,6 +167,9 @@ def test_every_policy_keeps_greedy_output_identical(target, pool, name, options)
         evaluated = sum(len(r.evaluated or ()) for r in records)
         if not engine.driver.full_information:
             assert evaluated == 0
+        elif engine.policy.goodput and engine.policy.resets_per_prompt:
+            # the policy forgets before the next prompt: its last rounds are not scored
+            assert records[-1].evaluated is None and 1 <= evaluated < len(records)
         elif engine.policy.evaluation_sampled:  # adaptive: one round in m, the last one always
             assert 1 <= evaluated <= len(records) and records[-1].evaluated
         else:  # every round, in batches or one by one
@@ -196,7 +199,7 @@ def test_counterfactual_gammas_equal_what_the_drafter_scores_when_chosen(target,
         engine = policy_engine(target, pool, "fixed", drafter=chosen, evaluate="all")
         position = len(PROMPTS[0])
         for record in engine.generate(PROMPTS[0]):
-            for arm, gammas in enumerate(record.gammas):
+            for arm, gammas in enumerate(record.gammas or ()):  # a prompt's last round is not scored
                 for offset, gamma in enumerate(gammas):
                     key = (arm, position + offset)
                     by_position.setdefault(key, []).append(gamma)
@@ -209,7 +212,7 @@ def test_counterfactual_gammas_equal_what_the_drafter_scores_when_chosen(target,
 def test_evaluation_time_is_reported(target, pool):
     engine = policy_engine(target, pool, "normalhedge", update_every=1)
     records = list(engine.generate(PROMPTS[0]))
-    assert all(r.evaluate_s > 0 for r in records)
+    assert all(r.evaluate_s > 0 for r in records[:-1])  # the last round is not scored (the policy resets)
 
 
 @pytest.mark.parametrize("update_every", [3, 7])
@@ -223,8 +226,9 @@ def test_batched_evaluation_gives_the_same_gammas_as_per_round(target, pool, upd
         return out
 
     # Fixed draft lengths: with "goodput" K would follow this machine's timings, which differ run to run.
-    every = evaluated(policy_engine(target, pool, "random", evaluate="all", draft_length="fixed"))
-    batched_engine = policy_engine(target, pool, "random", evaluate="all", draft_length="fixed")
+    # reset = "never": the prompt's last rounds are scored too (a policy that resets would skip them)
+    every = evaluated(policy_engine(target, pool, "random", evaluate="all", draft_length="fixed", reset="never"))
+    batched_engine = policy_engine(target, pool, "random", evaluate="all", draft_length="fixed", reset="never")
     batched_engine.policy.evaluation_interval = lambda: update_every
     batched = evaluated(batched_engine)
     assert [arm for arm, _ in batched] == [arm for arm, _ in every]
@@ -319,3 +323,15 @@ def test_a_verify_padded_to_a_cheaper_width_keeps_output_and_caches_exact(target
             context.extend(record.tokens)
             assert target_lm.length == len(context) - 1 == target_lm.cache.get_seq_length()
         assert context[len(prompt):] == plain_greedy(target, prompt, 40)
+
+
+@pytest.mark.parametrize("reset", ["prompt", "never"])
+def test_a_prompts_last_rounds_are_scored_only_when_the_policy_keeps_what_it_learns(target, pool, reset):
+    """Scoring drafters on the last rounds of a prompt costs their forwards; a policy that
+    forgets before the next prompt would never use it. Those rounds still teach the costs."""
+    engine = policy_engine(target, pool, "normalhedge", update_every=1, reset=reset)
+    records = list(engine.generate(PROMPTS[1]))
+    assert (records[-1].evaluated is None) == (reset == "prompt")
+    assert all(r.evaluated for r in records[:-1])
+    decay = engine.policy.costs.decay  # every round, the last included, taught the verify cost
+    assert engine.policy.costs.verify.line.w == pytest.approx((1 - decay ** len(records)) / (1 - decay))

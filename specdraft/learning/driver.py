@@ -7,7 +7,8 @@ round (live: draft and verify; replay: read the trace), and hands the outcome to
 `finish_round`. The driver decides what the policy learns from and when:
 - bandit feedback: the chosen drafter's round, at once;
 - full information: the round waits in a queue until the policy's evaluation interval
-  is reached (or the prompt ends), then an `Evaluator` scores every drafter on all the
+  is reached (or the prompt ends, unless the policy is about to forget what it would
+  learn from them), then an `Evaluator` scores every drafter on all the
   queued rounds at once; a policy that samples evaluation instead has one round in m
   scored and the others only observed (timings, the chosen drafter's acceptance) (live: drafter forwards; replay: the trace's teacher-forced
   gammas) and the policy learns from each round in order.
@@ -97,6 +98,15 @@ class PolicyDriver:
         """Let the policy learn from a finished round; `last` = the prompt ends with it."""
         if not self.policy.full_information:
             self.policy.update(outcome.feedback)
+            return NOTHING_LEARNED
+        if last and self.policy.resets_per_prompt and self.policy.goodput:
+            # Nothing would use an evaluation now: the policy forgets what it learned before
+            # the next prompt, so scoring the drafters on the prompt's last rounds would only
+            # cost time (a model drafter's forward over every token it did not draft). The
+            # rounds still teach the costs, which are kept.
+            for round_ in [*self.pending, outcome]:
+                self.policy.observe(round_.feedback)
+            self.pending, self.skipped = [], 0
             return NOTHING_LEARNED
         if self.policy.evaluation_sampled:  # one round in m is scored, the others are skipped
             self.skipped += 1
