@@ -72,7 +72,8 @@ def test_full_information_scores_equal_a_fresh_draft_at_each_position(target, pa
     alignment of a draft made from scratch there (trajectory_scores recomputes it)."""
     generator = torch.Generator().manual_seed(0)
     engine, drafters = engine_for(target, random_head(target, list(range(40))), "fixed", params=params,
-                                  drafter="lookup", evaluate="all", update_every=1)
+                                  drafter="lookup", evaluate="all", update_every=1,
+                                  reset="never")  # "prompt" would leave the prompt's last round unscored
     engine.generator = generator
     for drafter in drafters:
         drafter.ctx = DraftContext(params, generator, torch.device("cpu"), VOCAB)
