@@ -23,6 +23,7 @@ from specdraft.learning.policies import build_policy, option_value
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.loading import LoadedModel, eos_token_ids, load_model
 from specdraft.models.kv_cache import core_choice
+from specdraft.models.width_costs import width_costs
 
 
 @dataclass
@@ -36,14 +37,6 @@ class Runtime:
     @property
     def tokenizer(self) -> Any:
         return self.target.tokenizer
-
-
-def _verify_curve(target_lm: CachedLM, widest: int) -> list[float]:
-    """The target's forward cost at widths 1 .. widest: from disk, else measured now (once
-    per model shape and machine; a long measurement is said on stderr)."""
-    from specdraft.models.width_costs import width_costs
-
-    return width_costs(target_lm, widest)
 
 
 def sampling_params(profile: Profile) -> SamplingParams:
@@ -85,6 +78,7 @@ def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bo
         eos_ids=eos_token_ids(target.model, target.tokenizer),
     )
     if not plain and decode.verify_costs == "measure":
-        policy.costs.verify.install(_verify_curve(target_lm, decode.draft_tokens + 1))
+        # From disk, else measured now (once per model shape and machine).
+        policy.costs.verify.install(width_costs(target_lm, decode.draft_tokens + 1))
     engine = SpeculativeEngine(target_lm, drafters, policy, settings, generator)
     return Runtime(profile, target, engine, drafters, models)

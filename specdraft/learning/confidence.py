@@ -39,9 +39,7 @@ class ConfidenceCalibration:
         """A finished draft: the first `accepted` tokens were accepted, the next one (if any)
         rejected; later ones were never reached, so they say nothing."""
         for j, confidence in enumerate(confidences[: accepted + 1]):
-            b = self._bin(confidence)
-            self.seen[b] += 1
-            self.hits[b] += j < accepted
+            self.observe_one(confidence, j < accepted)
 
 
 @dataclass(frozen=True)

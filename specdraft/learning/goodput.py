@@ -48,11 +48,6 @@ class _DecayedLine:
         slope = max(0.0, (self.sxy / self.w - mx * my) / (var + self.ridge / self.w)) if var > 1e-9 else 0.0
         return max(0.0, my - slope * mx) + slope * x
 
-    def slope(self) -> float:
-        """Seconds per extra token (0 until two widths were seen)."""
-        one, two = self(1), self(2)
-        return 0.0 if one is None or two is None else two - one
-
     def state(self) -> list[float]:
         return [self.w, self.sx, self.sy, self.sxx, self.sxy]
 
@@ -112,11 +107,6 @@ class VerifyCosts:
             return self.line(width)
         return self.scale * self.shape[self.padded_width(width)]
 
-    def slope(self) -> float:
-        """Seconds per extra token near one token (0 until known)."""
-        one, two = self(1), self(2)
-        return 0.0 if one is None or two is None else max(0.0, two - one)
-
     def state(self) -> list[float]:
         return self.line.state()
 
@@ -149,7 +139,7 @@ class RoundCostModel:
             return None
         return verify + k * (self.draft[arm] or 0.0)
 
-    def token_seconds(self, arm: int, k: int = 1) -> float | None:
+    def token_seconds(self, arm: int, k: int) -> float | None:
         """What a drafted token adds to a round of `k` tokens, on average: its draft plus
         its share of the verify."""
         draft, one, wide = self.draft[arm], self.verify(1), self.verify(k + 1)

@@ -218,8 +218,7 @@ class Policy(ABC):
         # One posterior draw of the arm's acceptance by position plans both K and how far
         # the early stop looks ahead (Thompson sampling: see AcceptanceByPosition.rates),
         # so a plan that explores deeper is not cut back by the means it set out to test.
-        rates = (self.acceptance.rates(arm, cap, self._length_rng)
-                 if self.options["draft_length"] == "goodput" and self.arms[arm] != PLAIN_ARM else None)
+        rates = self._drawn_rates(arm, cap)
         k = self.draft_length(arm, cap, rates)
         expected, seconds = self.estimate(arm, k)
         return RoundPlan(arm, k, self.stop_rule(arm, k, expected, seconds, rates), expected, seconds)
@@ -243,9 +242,7 @@ class Policy(ABC):
         draft_length = "fixed"; with "goodput", the K in 0..cap with the best estimated
         tokens per second (one token until the arm's draft cost is known: one token
         measures it, and a slow drafter's probe must not cost K of its forwards)."""
-        if rates is None and self.options["draft_length"] == "goodput" and self.arms[arm] != PLAIN_ARM:
-            rates = self.acceptance.rates(arm, cap, self._length_rng)
-        best = self.best_length(arm, cap, rates)
+        best = self.best_length(arm, cap, rates if rates is not None else self._drawn_rates(arm, cap))
         if (self.options["draft_length"] != "goodput" or self.arms[arm] == PLAIN_ARM or cap == 0
                 or self.full_information):
             return best
@@ -261,6 +258,13 @@ class Policy(ABC):
             return 0
         self._idle[arm], self._probe_gap[arm] = 0, min(2 * self._probe_gap[arm], self.MAX_PROBE_GAP)
         return 1
+
+    def _drawn_rates(self, arm: int, cap: int) -> list[float] | None:
+        """One posterior draw of `arm`'s acceptance at positions 1 .. cap, where the draft
+        length is planned from acceptance (None for the plain arm and fixed lengths)."""
+        if self.options["draft_length"] != "goodput" or self.arms[arm] == PLAIN_ARM:
+            return None
+        return self.acceptance.rates(arm, cap, self._length_rng)
 
     def best_length(self, arm: int, cap: int, rates: Sequence[float] | None = None) -> int:
         """The draft length the estimates favour for `arm`: under `rates` (a posterior draw
