@@ -186,7 +186,8 @@ def test_full_information_keeps_every_cache_in_sync(target, pool):
         assert all(0.0 <= g <= 1.0 + 1e-9 for gs in record.gammas for g in gs)
         for drafter in pool:
             if isinstance(drafter, ModelDrafter) and record.finish is None:
-                assert drafter.lm.length == len(context) - 1
+                # scored through the round's last token, or drafted all it accepted and one more
+                assert len(context) - 1 <= drafter.lm.length <= len(context)
         twin = record.gammas[3]
         assert twin == pytest.approx([1.0] * len(twin))
 
@@ -213,6 +214,83 @@ def test_evaluation_time_is_reported(target, pool):
     engine = policy_engine(target, pool, "normalhedge", update_every=1)
     records = list(engine.generate(PROMPTS[0]))
     assert all(r.evaluate_s > 0 for r in records[:-1])  # the last round is not scored (the policy resets)
+    assert records[0].prefill_s > 0 and all(r.prefill_s == 0 for r in records[1:])
+
+
+def counting_feeds(drafter):
+    """Record the width of every forward `drafter` runs over its own cache."""
+    widths, feed = [], drafter.lm.feed
+
+    def counted(tokens, keep=1):
+        widths.append(tokens.shape[-1])
+        return feed(tokens, keep)
+
+    drafter.lm.feed = counted
+    return widths
+
+
+def test_full_information_prefills_the_drafters_before_the_first_round(target):
+    ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
+    small = ModelDrafter("small", ctx, tiny_llama(seed=1, layers=1))
+    engine = policy_engine(target, [NgramDrafter("lookup", ctx, 1, 3), small], "normalhedge", update_every=1)
+    widths = counting_feeds(small)
+    rounds = engine.generate(PROMPTS[0])
+    first = next(rounds)
+    assert widths[0] == len(PROMPTS[0]) - 1  # the prompt, before any round ran
+    assert first.prefill_s > 0
+    rounds.close()
+    # A bandit drafts lazily: nothing is prefilled for a drafter it may never choose.
+    bandit = policy_engine(target, [NgramDrafter("lookup", ctx, 1, 3), small], "ucb")
+    widths.clear()
+    bandit_rounds = bandit.generate(PROMPTS[0])
+    next(bandit_rounds)
+    bandit_rounds.close()
+    assert not widths or widths[0] == len(PROMPTS[0])  # its first forward is a draft's catch-up, if chosen
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=1.0)])
+def test_a_draft_after_scoring_starts_from_the_scored_logits_without_a_forward(sampling):
+    """Scoring feeds through the last committed token and keeps its logits; the next draft
+    starts from them (k - 1 forwards, not k) and is the draft a fresh cache gives."""
+    model = tiny_llama(seed=1, layers=1)
+    context = [5, 9, 11, 3, 7, 5, 9, 2, 4, 6]
+    prompt = 6
+    fresh_ctx, ctx = (DraftContext(sampling, torch.Generator().manual_seed(0), torch.device("cpu"), VOCAB)
+                      for _ in range(2))
+    scored = ModelDrafter("scored", ctx, model)
+    scored.prepare_scoring(context[:prompt])
+    assert scored.lm.length == prompt - 1
+    probs = torch.full((len(context) - prompt, VOCAB), 1.0 / VOCAB)
+    gammas = scored.score(context, prompt, len(context) - prompt, probs)
+    assert scored.lm.length == len(context)
+    widths = counting_feeds(scored)
+    draft = scored.propose(context, 4)
+    assert widths == [1, 1, 1]  # the draft's own steps only: no catch-up forward
+    reference = ModelDrafter("fresh", fresh_ctx, model).propose(context, 4)
+    assert draft.tokens.tolist() == reference.tokens.tolist()
+    torch.testing.assert_close(draft.probs, reference.probs)
+    # The gammas are the uncached distributions' overlap at each scored position.
+    logits = model(torch.tensor([context])).logits[0, prompt - 1 : len(context) - 1]
+    q = torch.softmax(logits, -1) if not sampling.greedy else None
+    expected = (torch.minimum(probs, q).sum(-1) if q is not None
+                else torch.full((len(context) - prompt,), 1.0 / VOCAB))
+    torch.testing.assert_close(gammas.float(), expected.float(), atol=1e-5, rtol=1e-4)
+
+
+def test_a_rejected_draft_keeps_the_scored_logits_only_while_their_token_stays(target):
+    ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
+    drafter = ModelDrafter("small", ctx, tiny_llama(seed=1, layers=1))
+    context = [5, 9, 11, 3, 7, 5, 9]
+    drafter.score(context, 4, 3, torch.full((3, VOCAB), 1.0 / VOCAB))
+    draft = drafter.propose(context, 3)
+    drafter.on_commit(0)  # all rejected: the cache is back at the committed context
+    assert drafter.lm.length == len(context)
+    wrong = (int(draft.tokens[0]) + 1) % VOCAB
+    widths = counting_feeds(drafter)
+    again = drafter.propose(context + [wrong], 2)
+    assert widths == [1, 1]  # caught up on the one new token, then one step
+    fresh = ModelDrafter("fresh", ctx, drafter.lm.model).propose(context + [wrong], 2)
+    assert again.tokens.tolist() == fresh.tokens.tolist()
 
 
 @pytest.mark.parametrize("update_every", [3, 7])

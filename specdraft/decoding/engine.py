@@ -56,6 +56,9 @@ class RoundRecord:
     expected_tokens: float | None = None  # the policy's estimate of what the round commits ...
     expected_seconds: float | None = None  # ... and of how long it takes (None while unknown)
     verify_width: int = 0  # tokens the verify forward ran over (drafted + 1, or padded wider)
+    # On a prompt's first round: the prompt's prefill before it (the target's, and under full
+    # information the drafters' that will be scored from the first round on).
+    prefill_s: float = 0.0
 
     @property
     def gammas(self) -> Gammas | None:
@@ -87,6 +90,7 @@ class _Verified:
 class _Prompt:
     context: list[int]  # committed tokens, prompt included
     next_input: torch.Tensor  # [1]
+    prefill_s: float  # the prefill's seconds, reported with the first round
     produced: int = 0
 
 
@@ -136,12 +140,14 @@ class SpeculativeEngine:
                                                    last=finish is not None)
                 watch.lap("overhead")
                 watch.move(learned.evaluate_s, "overhead", "evaluate")
+                prefill_s, state.prefill_s = state.prefill_s, 0.0  # reported once, with the first round
                 yield RoundRecord(arm=arm, drafter=drafter.name, drafted=feedback.drafted, accepted=verified.accepted,
                                   tokens=tokens, alphas=verified.alphas, draft_s=watch["draft"],
                                   verify_s=watch["verify"], overhead_s=watch["overhead"],
                                   evaluate_s=watch["evaluate"], finish=finish, evaluated=learned.evaluated or None,
                                   planned=k, expected_tokens=plan.expected_tokens,
-                                  expected_seconds=plan.expected_seconds, verify_width=verified.width)
+                                  expected_seconds=plan.expected_seconds, verify_width=verified.width,
+                                  prefill_s=prefill_s)
                 if finish:
                     return
         finally:  # also when the caller stops early: what was generated is still text
@@ -156,9 +162,12 @@ class SpeculativeEngine:
         return [drafter.awake_at(context, len(context)) for drafter in self.drafters]
 
     def _start(self, prompt_ids: Sequence[int]) -> _Prompt:
-        """Reset every cache and the policy (as it asks), and prefill the prompt."""
+        """Reset every cache and the policy (as it asks), and prefill the prompt: the target's
+        cache, and under full information every drafter's (it is scored from the first round
+        on, whichever arm drafts)."""
         if not prompt_ids:
             raise ValueError("the prompt is empty: nothing to condition on")
+        started = self.target.clock()
         self.target.reset()
         for drafter in self.drafters:
             drafter.reset()
@@ -169,7 +178,11 @@ class SpeculativeEngine:
             _, hidden = self.target.feed_with_hidden(torch.tensor(context[:-1], dtype=torch.long, device=device), 1,
                                                      self.feature_layers)
             self._hand_over(0, hidden, len(context) - 1)
-        return _Prompt(context, torch.tensor(context[-1:], dtype=torch.long, device=device))
+        if self.driver.full_information:
+            for drafter in self.drafters:
+                drafter.prepare_scoring(context)
+        return _Prompt(context, torch.tensor(context[-1:], dtype=torch.long, device=device),
+                       self.target.clock() - started)
 
     def _verify(self, next_input: torch.Tensor, draft: Draft) -> _Verified:
         """One target forward over [last committed token, draft] and lossless acceptance.

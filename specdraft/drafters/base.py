@@ -159,6 +159,11 @@ class Drafter(ABC):
         `stop`: a drafter that knows how likely its next token is to be accepted stops once
         one more token no longer pays for its time (`StopRule.worth`)."""
 
+    def prepare_scoring(self, context: Sequence[int]) -> None:
+        """Full-information evaluation will score this drafter at every generated position
+        after the prompt `context`: a drafter with a cache of its own prefills it now, so the
+        prompt's prefill is not charged to the first round's evaluation."""
+
     def on_commit(self, n_accepted: int) -> None:
         """After a round this drafter drafted: `n_accepted` of its tokens were kept."""
 
@@ -176,7 +181,7 @@ class Drafter(ABC):
         """Full-information evaluation: gamma at committed positions start .. start+count-1 [count],
         i.e. sum_v min(p, q) with this drafter's q given context[:position]; `target_probs`
         [count, V] are the target's distributions there, `hidden` the target's hidden states
-        there for the layers in `hidden_layers`. Leaves the drafter caught up to
+        there for the layers in `hidden_layers`. Leaves the drafter caught up to at least
         context[:start + count - 1]."""
 
     def proposes_at(self, context: Sequence[int], position: int) -> bool:

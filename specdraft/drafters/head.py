@@ -143,6 +143,10 @@ class HeadDrafter(ModelDrafter):
             return self.empty_draft()
         return super().propose(context, k, stop)
 
+    def prepare_scoring(self, context: Sequence[int]) -> None:
+        """Nothing to prefill: the head's cache is built from the target's features, one
+        small forward when it first drafts or is scored."""
+
     def _start_draft(self, context: Sequence[int]) -> torch.Tensor:
         cache = self.head_cache
         if cache.length >= len(context):

@@ -88,6 +88,10 @@ class LayersDrafter(ModelDrafter):
         except ValueError as exc:
             raise ProfileError(pool.file, f"{key}.layers", str(exc)) from None
 
+    def prepare_scoring(self, context: Sequence[int]) -> None:
+        """Nothing to prefill: its cache is the target's, and it is scored from the verify's
+        hidden states."""
+
     def _end_draft(self, context: Sequence[int], fed: int) -> None:
         self.lm.release()  # the verify recomputes these positions in every layer
 

@@ -3,7 +3,9 @@
 
 Drafting k tokens costs one catch-up forward over the committed tokens it has not seen
 plus k - 1 single-token forwards; the last drafted token is never fed, because nothing
-needs its successor's distribution. Drafting stops early once the next token's chance of
+needs its successor's distribution. Under full information the drafter is scored on every
+committed position anyway: that forward runs on through the last committed token and keeps
+its logits, so the next draft starts without a forward of its own. Drafting stops early once the next token's chance of
 being accepted (learned from the drafter's own confidence, `learning/confidence.py`) is
 not worth its time, or below a profile's fixed `stop_below` confidence.
 """
@@ -41,6 +43,9 @@ class ModelDrafter(Drafter):
         # been accepted, so the calibration learns about the confidences it stops at, not
         # only about those it drafts (otherwise a bin it stops at never learns it was wrong).
         self._withheld: tuple[int, int, float] | None = None
+        # (position, logits [1, V]): the distribution at `position` from the last token the
+        # cache holds, kept by `score` for the next forward that would recompute it.
+        self._next: tuple[int, torch.Tensor] | None = None
 
     @classmethod
     def build(cls, name: str, options: ModelOptions, pool: PoolContext, key: str) -> "ModelDrafter":
@@ -59,6 +64,11 @@ class ModelDrafter(Drafter):
     def reset(self) -> None:
         self.lm.reset()
         self._withheld = None
+        self._next = None
+
+    def prepare_scoring(self, context: Sequence[int]) -> None:
+        if self.lm.length < len(context) - 1:  # the last prompt token goes in with the first round's
+            self.lm.feed(torch.tensor(context[self.lm.length : -1], dtype=torch.long, device=self.lm.device))
 
     def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
         if k <= 0:
@@ -113,8 +123,10 @@ class ModelDrafter(Drafter):
     # over the target's cache instead).
     def _start_draft(self, context: Sequence[int]) -> torch.Tensor:
         """Catch up on the committed tokens not yet seen; the last position's logits [1, V]."""
+        if self._known_at(len(context)):  # scoring fed the whole context already
+            return self._next[1]
         if self.lm.length >= len(context):  # cannot happen in a round; recover rather than mis-draft
-            self.lm.crop(len(context) - 1)
+            self._crop(len(context) - 1)
         unseen = torch.tensor(context[self.lm.length:], dtype=torch.long, device=self.lm.device)
         return self.lm.feed(unseen, keep=1)
 
@@ -142,15 +154,27 @@ class ModelDrafter(Drafter):
 
     def _keep(self, n_accepted: int) -> None:
         """Roll the cache back to the committed context plus the accepted drafts it consumed."""
-        self.lm.crop(self._drafted_from + min(n_accepted, self._fed_drafts))
+        self._crop(self._drafted_from + min(n_accepted, self._fed_drafts))
+
+    def _crop(self, length: int) -> None:
+        self.lm.crop(length)
+        if self._next is not None and length < self._next[0]:
+            self._next = None  # the token it was computed from is gone
+
+    def _known_at(self, position: int) -> bool:
+        """Whether the kept logits are the distribution at `position`, the cache's end."""
+        return self._next is not None and self._next[0] == position == self.lm.length
 
     def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
               hidden: Hidden | None = None) -> torch.Tensor:
-        if self.lm.length > start - 1:  # those positions' logits are gone: recompute them
-            self.lm.crop(start - 1)
-        unseen = torch.tensor(context[self.lm.length : start + count - 1], dtype=torch.long, device=self.lm.device)
-        logits = self.lm.feed(unseen, keep=count)  # [count, V]
-        return overlap(target_probs, distributions(logits, self.ctx.params).to(target_probs.device))
+        end = start + count  # fed through the last scored token: its logits start the next draft
+        known = [self._next[1]] if self._known_at(start) else []
+        if not known and self.lm.length > start - 1:  # those positions' logits are gone: recompute them
+            self._crop(start - 1)
+        unseen = torch.tensor(context[self.lm.length : end], dtype=torch.long, device=self.lm.device)
+        logits = torch.cat([*known, self.lm.feed(unseen, keep=count + 1 - len(known))])  # [count + 1, V]
+        self._next = (end, logits[count:])
+        return overlap(target_probs, distributions(logits[:count], self.ctx.params).to(target_probs.device))
 
     @property
     def causal_lm(self) -> torch.nn.Module:

@@ -68,6 +68,10 @@ class SteeredDrafter(ModelDrafter):
         with self._steered():
             return super().propose(context, k, stop)
 
+    def prepare_scoring(self, context: Sequence[int]) -> None:
+        with self._steered():
+            super().prepare_scoring(context)
+
     def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
               hidden: Hidden | None = None) -> torch.Tensor:
         with self._steered():

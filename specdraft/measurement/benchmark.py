@@ -99,7 +99,8 @@ def _engine_config(label: str, runtime: Runtime, chat: bool | None) -> Config:
         elapsed = time.perf_counter() - start
         stats = prompt_run.stats
         accepted_at, drafted_at = _per_position(prompt_run, runtime.profile.decode.draft_tokens)
-        phases = {"draft": stats.draft_s, "verify": stats.verify_s, "evaluate": stats.evaluate_s}
+        phases = {"draft": stats.draft_s, "verify": stats.verify_s, "evaluate": stats.evaluate_s,
+                  "prefill": stats.prefill_s}
         time_s = {name: round(value, 5) for name, value in phases.items()}
         time_s["other"] = round(max(0.0, elapsed - sum(phases.values())), 5)
         return Sample(example.id, example.task, label, 0, stats.tokens, stats.rounds, elapsed, accepted_at,

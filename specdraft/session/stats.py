@@ -37,6 +37,7 @@ class GenerationStats:
     last_drafted: int = 0
     last_planned: int = 0
     evaluate_s: float = 0.0
+    prefill_s: float = 0.0  # the prompts' prefill: the target's, and the drafters' scored from the start
     draft_lengths: Counter = field(default_factory=Counter)  # drafted tokens per round -> rounds
     # The policy's estimates for the rounds it could estimate, so a user can see how well
     # the cost model predicts this machine: expected committed tokens and seconds.
@@ -59,6 +60,7 @@ class GenerationStats:
         self.verify_s += record.verify_s
         self.overhead_s += record.overhead_s
         self.evaluate_s += record.evaluate_s
+        self.prefill_s += record.prefill_s
         for arm, gammas in record.evaluated or ():
             if self.regret_tracker is None:
                 self.regret_tracker = RegretTracker(list(self.drafter_names))
@@ -134,7 +136,8 @@ class GenerationStats:
             "elapsed_s": round(self.elapsed_s, 4),
             "drafters": {n: {"rounds": u.rounds, "accepted": u.accepted, "drafted": u.drafted} for n, u in self.usage.items()},
             "time_s": {"draft": round(self.draft_s, 4), "verify": round(self.verify_s, 4),
-                       "evaluate": round(self.evaluate_s, 4), "overhead": round(self.overhead_s, 4)},
+                       "evaluate": round(self.evaluate_s, 4), "prefill": round(self.prefill_s, 4),
+                       "overhead": round(self.overhead_s, 4)},
             "draft_lengths": {str(k): n for k, n in sorted(self.draft_lengths.items())},
             "estimated_tokens_per_s": _round(self.estimated_tokens_per_s, 3),
             "modelled_rounds_tokens_per_s": _round(self.modelled_tokens_per_s, 3),

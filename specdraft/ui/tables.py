@@ -16,7 +16,7 @@ def bench_table(rows: Sequence[dict], title: str, simulated: bool = False) -> Ta
     table = Table(title=escape(title), title_justify="left", show_lines=False)  # titles quote file names
     for column in ("task", "config", "prompts", "simulated speedup" if simulated else "speedup", "mean accepted",
                    "acceptance by position", "tok/s", "best-arm share", "regret", "mismatches", "ideal",
-                   "time d/v/e/o", "K: rounds"):
+                   "time d/v/e/p/o", "K: rounds"):
         table.add_column(column, justify="left" if column in ("task", "config", "acceptance by position", "K: rounds")
                          else "right", no_wrap=True)
     for r in rows:
@@ -38,10 +38,11 @@ def bench_table(rows: Sequence[dict], title: str, simulated: bool = False) -> Ta
 
 
 def _split(share: dict | None) -> str:
-    """Percent of wall time in draft / verify / evaluate / everything else."""
+    """Percent of wall time in draft / verify / evaluate / prompt prefill / everything else."""
     if not share:
         return "-"
-    return "/".join(f"{100 * share.get(phase, 0.0):.0f}" for phase in ("draft", "verify", "evaluate", "other"))
+    phases = ("draft", "verify", "evaluate", "prefill", "other")
+    return "/".join(f"{100 * share.get(phase, 0.0):.0f}" for phase in phases)
 
 
 def _lengths(lengths: dict | None) -> str:
