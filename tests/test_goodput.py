@@ -205,6 +205,35 @@ def test_the_learned_stop_drafts_while_a_token_is_worth_its_time(per_token, expe
     assert sum(drafter.calibration.seen) == min(1, draft.tokens.shape[0])  # the first token was rejected
 
 
+def test_a_sure_draft_runs_past_the_plans_k_up_to_the_rules_horizon():
+    _, drafter, _ = _tiny_engine()
+    drafter.reset()
+    # Every token is worth its (free) time: the draft runs to the rule's horizon, not to k.
+    assert drafter.propose([5, 9, 11, 3], 2, stop=line_rule(0.1, 0.0, k=7)).tokens.shape[0] == 7
+    drafter.on_commit(0)
+    assert drafter.propose([5, 9, 11, 3], 2, stop=line_rule(0.1, 0.0, k=2)).tokens.shape[0] == 2
+    drafter.on_commit(0)
+    _, floored, _ = _tiny_engine({"stop_below": 0.0})  # a fixed floor keeps the plan's k
+    floored.reset()
+    assert floored.propose([5, 9, 11, 3], 2, stop=line_rule(0.1, 0.0, k=7)).tokens.shape[0] == 2
+
+
+def test_the_plans_stop_rule_looks_ahead_to_the_round_cap():
+    """The plan picks K on average acceptance; its stop rule reaches to the cap, with the
+    same draw of rates, so a drafter's sure tokens can carry a round past K."""
+    k_max = 8
+    policy = build_policy("fixed", {"draft_length": "goodput"}, ["d"], draft_tokens=k_max)
+    policy.acceptance = AcceptanceByPosition(1, k_max, prior_weight=1e-9)
+    for m in range(k_max):
+        policy.acceptance.hits[0][m], policy.acceptance.seen[0][m] = 0.7 * 1e6, 1e6
+    for width in range(1, k_max + 2):  # an expensive verify per token: short drafts pay
+        policy.costs.observe(0, width - 1, 0.01 * (width - 1), 0.05 + 0.05 * width)
+    plan = policy.plan(6)
+    assert 1 <= plan.draft_tokens < 6
+    assert plan.stop.horizon == 6 and len(plan.stop.rates) == 6
+    assert plan.stop.seconds[:2] == pytest.approx([policy.costs.round_seconds(0, j) for j in range(2)])
+
+
 def test_the_cost_model_matches_the_rounds_timings(monkeypatch):
     """A fake clock makes a verify of n tokens cost 10 ms + 2 ms * n and a drafted token
     4 ms; the policy's estimate of T(arm, K) must then be exactly what rounds measure."""

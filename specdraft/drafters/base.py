@@ -157,7 +157,8 @@ class Drafter(ABC):
     def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
         """Propose up to k tokens continuing `context` (all committed tokens, prompt included).
         `stop`: a drafter that knows how likely its next token is to be accepted stops once
-        one more token no longer pays for its time (`StopRule.worth`)."""
+        one more token no longer pays for its time (`StopRule.worth`), and may draft past k,
+        up to `stop.horizon`, while it still does."""
 
     def prepare_scoring(self, context: Sequence[int]) -> None:
         """Full-information evaluation will score this drafter at every generated position

@@ -82,10 +82,12 @@ class ModelDrafter(Drafter):
         catch_up = (self.lm.clock() - started) * (unseen - 1) / unseen if unseen > 1 else 0.0
         self._judge_withheld(context)
         stopping = self.stop_below is not None or stop is not None
+        # The learned rule may carry a draft of sure tokens past the plan's k (its horizon).
+        limit = max(k, stop.horizon) if stop is not None and self.stop_below is None else k
         tokens, probs, self._confidences = [], [], []
         params, generator = self.ctx.params, self.ctx.generator
         survive, expected, fed = 1.0, 1.0, 0  # expected: committed tokens, bonus included
-        for j in range(k):
+        for j in range(limit):
             q = distributions(logits, params)
             token = logits.argmax(dim=-1) if params.greedy else sample(q, generator)  # [1]
             if stopping:
@@ -104,7 +106,7 @@ class ModelDrafter(Drafter):
                 self._confidences.append(confidence)
             tokens.append(token)
             probs.append(q)
-            if j < k - 1:
+            if j < limit - 1:
                 logits = self._step(token)
                 fed += 1
         self._end_draft(context, fed)

@@ -221,20 +221,24 @@ class Policy(ABC):
         rates = self._drawn_rates(arm, cap)
         k = self.draft_length(arm, cap, rates)
         expected, seconds = self.estimate(arm, k)
-        return RoundPlan(arm, k, self.stop_rule(arm, k, expected, seconds, rates), expected, seconds)
+        return RoundPlan(arm, k, self.stop_rule(arm, k, expected, seconds, rates, horizon=cap), expected, seconds)
 
     def stop_rule(self, arm: int, k: int, expected: float, seconds: float | None,
-                  rates: Sequence[float] | None = None) -> StopRule | None:
-        """When a draft of up to `k` tokens from `arm` stops early (None with draft_length
-        = "fixed", where every round drafts K tokens, or while costs are unknown); it looks
-        ahead with `rates` (the plan's draw), else the arm's mean acceptance by position."""
+                  rates: Sequence[float] | None = None, horizon: int | None = None) -> StopRule | None:
+        """When a draft planned at `k` tokens from `arm` stops (None with draft_length =
+        "fixed", where every round drafts K tokens, or while costs are unknown). It looks
+        ahead with `rates` (the plan's draw), else the arm's mean acceptance by position,
+        up to `horizon` >= k tokens: a drafter whose tokens are surer than the plan
+        expected may draft past k while the longer round is expected to pay off (the plan
+        judged K on average acceptance; the drafter sees each token's own confidence)."""
         if self.options["draft_length"] != "goodput" or not seconds or k == 0:
             return None
-        by_length = [self.costs.round_seconds(arm, j) for j in range(k + 1)]
+        horizon = max(k, horizon or k)
+        by_length = [self.costs.round_seconds(arm, j) for j in range(horizon + 1)]
         per_token = self.costs.token_seconds(arm, k)
         if per_token is None or any(t is None or t <= 0 for t in by_length):
             return None
-        ahead = list(rates[:k]) if rates is not None else self.acceptance.rates(arm, k)
+        ahead = list(rates[:horizon]) if rates is not None else self.acceptance.rates(arm, horizon)
         return StopRule(by_length, ahead, expected / seconds * per_token)
 
     def draft_length(self, arm: int, cap: int, rates: Sequence[float] | None = None) -> int:
