@@ -58,25 +58,6 @@ def test_acceptance_by_position_learns_conditional_rates():
     assert acc.expected_committed(0, 3) == pytest.approx(expected, abs=0.05)
 
 
-def test_a_new_prompt_starts_from_the_earlier_acceptance_as_a_weak_prior():
-    policy = build_policy("fixed", {"draft_length": "goodput"}, ["d"], draft_tokens=4)
-    for _ in range(200):  # a long prompt: the drafter is accepted 90% at every position
-        policy.acceptance.observe(0, [1.0, 1.0, 1.0, 1.0])
-        policy.acceptance.observe(0, [0.0])
-    means = policy.acceptance.rates(0, 4)
-    policy.reset()  # the next prompt
-    carried = policy.acceptance
-    prior = AcceptanceByPosition(1, 4).rates(0, 4)
-    for c, m, p in zip(carried.rates(0, 4), means, prior):  # near the earlier means, a little
-        assert abs(c - m) <= 0.1 and abs(c - m) < abs(p - m)  # pulled toward the prior ...
-    assert max(carried.seen[0]) <= policy.CARRIED_ROUNDS + 1e-9  # ... worth a few rounds
-    for _ in range(12):  # this prompt's own rounds soon outweigh the earlier ones
-        carried.observe(0, [0.0])
-    assert carried.rates(0, 1)[0] < 0.3
-    fresh = AcceptanceByPosition(1, 4)
-    assert fresh.carried(4.0).rates(0, 4) == fresh.rates(0, 4)  # nothing seen: the prior
-
-
 @pytest.mark.parametrize("seed", range(20))
 def test_chosen_draft_length_is_the_brute_force_best(seed):
     rng = random.Random(seed)

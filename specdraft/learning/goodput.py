@@ -176,18 +176,6 @@ class AcceptanceByPosition:
         self.hits = [[0.0] * k_max for _ in range(arms)]
         self.seen = [[0.0] * k_max for _ in range(arms)]
 
-    def carried(self, rounds: float) -> "AcceptanceByPosition":
-        """A fresh estimate that starts from this one's means, each position's evidence
-        shrunk to at most `rounds` observations: what a new prompt starts from, so that its
-        first plans are not those of a drafter never seen, while a few of its own rounds
-        outweigh the earlier prompts."""
-        carried = AcceptanceByPosition(len(self.hits), self.k_max, self.prior, self.prior_weight, self.decay)
-        for arm, (hits, seen) in enumerate(zip(self.hits, self.seen)):
-            for m, (h, n) in enumerate(zip(hits, seen)):
-                keep = min(1.0, rounds / n) if n > 0 else 0.0
-                carried.hits[arm][m], carried.seen[arm][m] = h * keep, n * keep
-        return carried
-
     def observe(self, arm: int, alignment: Sequence[float]) -> None:
         """`alignment[m - 1]`: acceptance probability of position m given the earlier ones were
         accepted; only positions up to the first (certain) rejection are conditional ones."""

@@ -136,21 +136,13 @@ class Policy(ABC):
         """The pool gets a "none" arm: plain decoding for a round."""
         return bool(self.options["allow_none"])
 
-    # A new prompt's acceptance by position starts from the earlier prompts', worth at most
-    # this many rounds per position: its first plans draft as deep as the drafter has earned
-    # (from a blank slate each short prompt re-learned it), and its own rounds soon outweigh them.
-    CARRIED_ROUNDS = 4.0
-
     def reset(self) -> None:
         """Forget what was learned (before each prompt unless reset = "never"); a loaded
         state is where every reset starts from. The round cost model is kept: it describes
-        this machine and these models, not the prompt (so no prompt pays to measure it again);
-        the acceptance by position is kept as a weak prior (CARRIED_ROUNDS)."""
+        this machine and these models, not the prompt (so no prompt pays to measure it again)."""
         if not hasattr(self, "costs"):
             self.costs = RoundCostModel(len(self.arms))
-        earlier = getattr(self, "acceptance", None)
-        self.acceptance = (AcceptanceByPosition(len(self.arms), self.draft_tokens) if earlier is None
-                           else earlier.carried(self.CARRIED_ROUNDS))
+        self.acceptance = AcceptanceByPosition(len(self.arms), self.draft_tokens)
         self._idle = [0] * len(self.arms)  # rounds each arm was planned at K = 0 since its last draft
         self._probe_gap = [self.REPROBE] * len(self.arms)
         self.fresh()
