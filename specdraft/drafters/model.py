@@ -5,9 +5,10 @@ Drafting k tokens costs one catch-up forward over the committed tokens it has no
 plus k - 1 single-token forwards; the last drafted token is never fed, because nothing
 needs its successor's distribution. Under full information the drafter is scored on every
 committed position anyway: that forward runs on through the last committed token and keeps
-its logits, so the next draft starts without a forward of its own. Drafting stops early once the next token's chance of
-being accepted (learned from the drafter's own confidence, `learning/confidence.py`) is
-not worth its time, or below a profile's fixed `stop_below` confidence.
+its logits, so the next draft starts without a forward of its own. Drafting stops early
+once the next token's chance of being accepted (learned from the drafter's own
+confidence, `learning/confidence.py`) is not worth its time, or below a profile's fixed
+`stop_below` confidence; the learned rule may also carry a draft past the plan's k.
 """
 
 from __future__ import annotations
