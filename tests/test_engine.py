@@ -239,13 +239,14 @@ def test_full_information_prefills_the_drafters_before_the_first_round(target):
     assert widths[0] == len(PROMPTS[0]) - 1  # the prompt, before any round ran
     assert first.prefill_s > 0
     rounds.close()
-    # A bandit drafts lazily: nothing is prefilled for a drafter it may never choose.
-    bandit = policy_engine(target, [NgramDrafter("lookup", ctx, 1, 3), small], "ucb")
+    # Without full information nothing is prefilled (a bandit may never choose a drafter):
+    # the drafter's first forward is its first draft's catch-up over the whole prompt.
+    bandit = policy_engine(target, [NgramDrafter("lookup", ctx, 1, 3), small], "fixed", drafter="small")
     widths.clear()
     bandit_rounds = bandit.generate(PROMPTS[0])
     next(bandit_rounds)
     bandit_rounds.close()
-    assert not widths or widths[0] == len(PROMPTS[0])  # its first forward is a draft's catch-up, if chosen
+    assert widths and widths[0] == len(PROMPTS[0])
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=1.0)])
