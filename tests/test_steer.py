@@ -104,6 +104,44 @@ def test_a_few_training_steps_lower_the_kl(features, steering_on):
         assert steering.w_s.weight.abs().sum() > 0  # the steering learned too
 
 
+@pytest.mark.parametrize("chunk", [64, 3])
+def test_a_live_draft_is_what_training_steered(features, monkeypatch, chunk):
+    """The drafter's cache and draft at decode time are the training forward with the
+    matching offsets: every committed token steered from two positions back (the prompt
+    included, in chunks or not, fed by a draft or by scoring's prefill), the block's j-th
+    token from the latest verified state, j + 2 back."""
+    import specdraft.drafters.steered as steered_module
+
+    monkeypatch.setattr(steered_module, "CONTEXT_CHUNK", chunk)
+    target, data, layers = features
+    drafter_model = tiny_llama(seed=1, layers=2)
+    steering = randomized(new_steering(target, drafter_model, layers).double())
+    settings = SteerTrainingSettings(batch_sequences=1, max_draft=3, bf16=False)
+    objective = SteerObjective(drafter_model, steering, target.lm_head.weight.detach(), data, settings,
+                               np.arange(12), torch.device("cpu"))
+    params = SamplingParams(1.0)
+    prompt, k = [5, 9, 11, 3, 7, 5, 9, 30, 12, 8, 41], 3
+    with torch.no_grad():
+        hidden = target(torch.tensor([prompt]), output_hidden_states=True).hidden_states
+    for prefill_first in (False, True):
+        ctx = DraftContext(params, torch.Generator().manual_seed(4), torch.device("cpu"), VOCAB)
+        drafter = SteeredDrafter("steered", ctx, drafter_model, steering, target)
+        drafter.observe_features(0, {layer: hidden[layer][0, : len(prompt) - 1] for layer in set(layers)})
+        if prefill_first:
+            drafter.prepare_scoring(prompt)
+        draft = drafter.propose(prompt, k)
+        tokens = torch.tensor([prompt + draft.tokens.tolist()])
+        with torch.no_grad():
+            states = torch.stack([target(tokens, output_hidden_states=True).hidden_states[layer][0]
+                                  for layer in layers], dim=1)[None]  # [1, T, 3, H]
+        index = np.arange(tokens.shape[1])
+        offsets = np.where(index < len(prompt), 2, index + 3 - len(prompt))[None]
+        with torch.no_grad():
+            logits, _ = objective.steered_logits(tokens, states, offsets)
+        trained = torch.softmax(logits[0, len(prompt) - 1 : len(prompt) - 1 + k], dim=-1)
+        torch.testing.assert_close(draft.probs, trained)
+
+
 def steered_engine(target, steering, params, policy=None, seed=0):
     gen = torch.Generator().manual_seed(seed)
     ctx = DraftContext(params, gen, torch.device("cpu"), VOCAB)

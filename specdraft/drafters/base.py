@@ -82,12 +82,15 @@ class PoolContext:
             self.models[key] = make()
         return self.models[key]
 
-    def cached_lm(self, model: torch.nn.Module) -> "CachedLM":
-        """A drafter's own model with its own cache, of the kind the run asked for."""
+    def cached_lm(self, model: torch.nn.Module, graphs_allowed: bool = True) -> "CachedLM":
+        """A drafter's own model with its own cache, of the kind the run asked for
+        (`graphs_allowed` False: never CUDA graphs, for a model whose forward hooks change
+        tensors between calls, which a captured graph would not see)."""
         from specdraft.models.cached_lm import CachedLM
         from specdraft.models.kv_cache import core_choice
 
-        static, graphs = core_choice(self.kv_cache, self.cuda_graphs, next(model.parameters()).device)
+        static, graphs = core_choice(self.kv_cache, self.cuda_graphs and graphs_allowed,
+                                     next(model.parameters()).device)
         return CachedLM(model, logits_size=self.draft.vocab_size, static=static, graphs=graphs)
 
 

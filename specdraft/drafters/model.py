@@ -69,7 +69,7 @@ class ModelDrafter(Drafter):
 
     def prepare_scoring(self, context: Sequence[int]) -> None:
         if self.lm.length < len(context) - 1:  # the last prompt token goes in with the first round's
-            self.lm.feed(torch.tensor(context[self.lm.length : -1], dtype=torch.long, device=self.lm.device))
+            self._feed_context(context, len(context) - 1)
 
     def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
         if k <= 0:
@@ -130,8 +130,13 @@ class ModelDrafter(Drafter):
             return self._next[1]
         if self.lm.length >= len(context):  # cannot happen in a round; recover rather than mis-draft
             self._crop(len(context) - 1)
-        unseen = torch.tensor(context[self.lm.length:], dtype=torch.long, device=self.lm.device)
-        return self.lm.feed(unseen, keep=1)
+        return self._feed_context(context, len(context))
+
+    def _feed_context(self, context: Sequence[int], end: int, keep: int = 1) -> torch.Tensor:
+        """Feed the committed tokens context[cache length : end]; the logits of the last
+        `keep` of them [keep, V]. (The steered kind steers each from its own position.)"""
+        unseen = torch.tensor(context[self.lm.length : end], dtype=torch.long, device=self.lm.device)
+        return self.lm.feed(unseen, keep=keep)
 
     def _step(self, token: torch.Tensor) -> torch.Tensor:
         return self.lm.feed(token, keep=1)
@@ -174,8 +179,7 @@ class ModelDrafter(Drafter):
         known = [self._next[1]] if self._known_at(start) else []
         if not known and self.lm.length > start - 1:  # those positions' logits are gone: recompute them
             self._crop(start - 1)
-        unseen = torch.tensor(context[self.lm.length : end], dtype=torch.long, device=self.lm.device)
-        logits = torch.cat([*known, self.lm.feed(unseen, keep=count + 1 - len(known))])  # [count + 1, V]
+        logits = torch.cat([*known, self._feed_context(context, end, keep=count + 1 - len(known))])  # [count + 1, V]
         self._next = (end, logits[count:])
         return overlap(target_probs, distributions(logits[:count], self.ctx.params).to(target_probs.device))
 

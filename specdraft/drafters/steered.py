@@ -5,9 +5,14 @@ layers for the newly committed positions (`feature_layers`; the round does not k
 kinds). A block is drafted with the biases computed from the latest of them: the last
 position the target has verified, two tokens before the first drafted one (the token
 between is the one the verify itself produced, whose features come with the next verify).
-Training draws its offsets to match (training/steer.py). The drafter's own cache catches
-up and full-information scoring runs under the same biases; everything else is the
-`model` kind's.
+So a block's j-th drafted token is steered from j + 2 positions back, as training draws
+its offsets (training/steer.py).
+
+Committed tokens the drafter's cache has not seen (the prompt, the verify's own token,
+whatever full-information scoring feeds) are steered each from its own position, two
+back, never from a later one: training only ever steers a position from its past, so a
+prompt fed under the block's biases would put states the trained drafter never saw
+into every later draft's attention. Everything else is the `model` kind's.
 
 A steering folder written with `--no-steering` holds a distilled drafter (the paper's
 baseline): trained weights, no steering.
@@ -27,6 +32,11 @@ from specdraft.errors import ProfileError
 from specdraft.learning.confidence import StopRule
 
 
+# Committed tokens fed per forward while steering each from its own position: 64 positions
+# of per-layer biases are ~30 MB on Qwen2.5-0.5B (24 layers x 4864 units, float32).
+CONTEXT_CHUNK = 64
+
+
 class SteeredDrafter(ModelDrafter):
     kind = "steered"
     draft_alignment_is_score = False  # a block's later tokens are steered from its start
@@ -38,6 +48,10 @@ class SteeredDrafter(ModelDrafter):
         self.hooks = SteeringHooks(model) if steering.config.steering else None
         self.target = target
         self.latest: torch.Tensor | None = None  # [3, H]: the steering layers at the last verified position
+        # [positions, 3, H]: the steering layers at every verified position of this prompt
+        # (rows past `_verified` are spare room), for steering committed tokens one by one.
+        self._states: torch.Tensor | None = None
+        self._verified = 0
 
     @classmethod
     def build(cls, name: str, options: SteeredOptions, pool: PoolContext, key: str) -> "SteeredDrafter":
@@ -51,18 +65,61 @@ class SteeredDrafter(ModelDrafter):
                                        lambda: _load(options, pool, key, load_model))
         check_tokenizers(pool.target, loaded, pool.file, key)
         return cls(name, pool.draft, loaded.model, steering, pool.target.model, options.stop_below,
-                   lm=pool.cached_lm(loaded.model))
+                   lm=pool.cached_lm(loaded.model, graphs_allowed=False))  # the biases change every block
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.steering.config.layers))) if self.hooks is not None else ()
 
     def observe_features(self, position: int, hidden: Hidden) -> None:
-        self.latest = torch.stack([hidden[layer][-1] for layer in self.steering.config.layers])
+        states = torch.stack([hidden[layer] for layer in self.steering.config.layers], dim=1)  # [n, 3, H]
+        end = position + states.shape[0]
+        if self._states is None or self._states.shape[0] < end:
+            grown = states.new_zeros((max(2 * end, 256), *states.shape[1:]))
+            if self._states is not None:
+                grown[: self._verified] = self._states[: self._verified]
+            self._states = grown
+        self._states[position:end] = states
+        self._verified = max(self._verified, end)
+        self.latest = states[-1]
 
     def reset(self) -> None:
         super().reset()
         self.latest = None
+        self._verified = 0
+
+    def _feed_context(self, context: Sequence[int], end: int, keep: int = 1) -> torch.Tensor:
+        """Committed tokens, each steered from two positions back (zero where no verified
+        state is there: the first token, as in training), in chunks that bound the
+        per-position biases' memory ([chunk, layers, intermediate] floats)."""
+        if self.hooks is None:
+            return super()._feed_context(context, end, keep)
+        block_bias, start = self.hooks.bias, self.lm.length
+        first_kept = start if keep == 0 else end - keep
+        kept = []
+        try:
+            for chunk_start in range(start, end, CONTEXT_CHUNK):
+                chunk_end = min(end, chunk_start + CONTEXT_CHUNK)
+                self.hooks.bias = self._position_biases(chunk_start, chunk_end)
+                wanted = chunk_end - max(first_kept, chunk_start)  # of this chunk's logits
+                logits = super()._feed_context(context, chunk_end, keep=max(1, wanted))
+                if wanted > 0:
+                    kept.append(logits)
+        finally:
+            self.hooks.bias = block_bias
+        return torch.cat(kept)
+
+    @torch.inference_mode()
+    def _position_biases(self, start: int, end: int) -> torch.Tensor | None:
+        """[1, end - start, layers, intermediate]: input position i steered from the verified
+        state at i + 1 - FIRST_OFFSET; None when no position has one."""
+        sources = torch.arange(start + 1 - FIRST_OFFSET, end + 1 - FIRST_OFFSET)
+        valid = (sources >= 0) & (sources < self._verified)
+        if self._states is None or not bool(valid.any()):
+            return None
+        picked = self._states[sources.clamp(0, self._verified - 1)].to(self.lm.device)
+        biases = self.steering(picked) * valid.to(self.lm.device)[:, None, None]
+        return biases.unsqueeze(0)
 
     def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
         with self._steered():

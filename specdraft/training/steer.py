@@ -77,19 +77,7 @@ class SteerObjective:
         batch, length = tokens.shape
         offsets = draw_offsets(batch, length, self.settings.max_draft, self.generator) if offset is None \
             else np.full((batch, length), offset)
-        source, valid = source_positions(offsets)
-        source, valid = source.to(self.device), valid.to(self.device)
-        if self.hooks is not None:
-            picked = states[torch.arange(batch, device=self.device)[:, None], source]  # [B, T, 3, H]
-            self.hooks.bias = self.steering(picked) * valid[..., None, None]
-        else:
-            valid = torch.ones_like(valid)  # the distilled drafter is not steered: every position counts
-        try:
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.settings.bf16):
-                logits = self.drafter(tokens).logits
-        finally:
-            if self.hooks is not None:
-                self.hooks.bias = None
+        logits, valid = self.steered_logits(tokens, states, offsets)
         with torch.no_grad():
             target_logits = F.linear(final, self.head_weight.float())
         width = min(logits.shape[-1], target_logits.shape[-1])  # a drafter with a padded vocabulary
@@ -100,6 +88,25 @@ class SteerObjective:
         loss = (kl * weight).sum() / weight.sum().clamp_min(1.0)
         agree = ((log_q.argmax(-1) == log_p.argmax(-1)).float() * weight).sum() / weight.sum().clamp_min(1.0)
         return loss, {"kl": float(loss.detach()), "top1": float(agree)}
+
+    def steered_logits(self, tokens: torch.Tensor, states: torch.Tensor, offsets: np.ndarray
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drafter's logits [B, T, V] with input i steered from the state at i + 1 - d
+        (d = offsets[b, i]), and which positions have that state ([B, T] bool; all of them
+        for the distilled drafter, which is not steered)."""
+        source, valid = source_positions(offsets)
+        source, valid = source.to(self.device), valid.to(self.device)
+        if self.hooks is not None:
+            picked = states[torch.arange(tokens.shape[0], device=self.device)[:, None], source]  # [B, T, 3, H]
+            self.hooks.bias = self.steering(picked) * valid[..., None, None]
+        else:
+            valid = torch.ones_like(valid)
+        try:
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.settings.bf16):
+                return self.drafter(tokens).logits, valid
+        finally:
+            if self.hooks is not None:
+                self.hooks.bias = None
 
     def step(self, step: int) -> tuple[torch.Tensor, dict[str, float]]:
         return self.loss(*self.batch(self.batches.next()))
