@@ -144,11 +144,8 @@ class SteeredDrafter(ModelDrafter):
             return super().trajectory_scores(context, prompt_len, target_probs, k)
         ids = torch.tensor([context], dtype=torch.long, device=next(self.target.parameters()).device)
         out = self.target(ids, output_hidden_states=True)
-        states = torch.stack([out.hidden_states[layer][0] for layer in self.steering.config.layers], dim=1)  # [T, 3, H]
-        biases = self.steering(states.to(self.lm.device))  # [T, L, I]
-        shifted = torch.zeros_like(biases)
-        shifted[FIRST_OFFSET - 1:] = biases[: len(context) - FIRST_OFFSET + 1]  # position i from i + 1 - offset
-        self.hooks.bias = shifted.unsqueeze(0)
+        self.observe_features(0, {layer: out.hidden_states[layer][0] for layer in self.feature_layers})
+        self.hooks.bias = self._position_biases(0, len(context))  # kept through the reset below
         try:
             return super().trajectory_scores(context, prompt_len, target_probs, k)
         finally:
