@@ -18,7 +18,7 @@ from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
 from specdraft.decoding.sampling import SamplingParams
 from specdraft.drafters import DraftContext, NgramDrafter
 from specdraft.drafters.steered import SteeredDrafter
-from specdraft.drafters.steering import SteeringHooks, load_steering, new_steering, save_steering
+from specdraft.drafters.steering import SteeringHooks, gated_mlps, load_steering, new_steering, save_steering
 from specdraft.learning.policies import POLICIES
 from specdraft.learning.policies.simple import FixedPolicy, RandomPolicy
 from specdraft.models.cached_lm import CachedLM
@@ -186,6 +186,41 @@ def test_the_steering_follows_the_latest_verified_position():
     assert not torch.equal(seen[0][1], seen[-1][1])
 
 
+def test_a_round_reads_the_steering_once_and_drafts_with_the_latest_states_biases():
+    """The block's bias is the last committed token's row of the catch-up's biases (both come
+    from the latest verified state), so a round projects the steering once, not twice."""
+    target = tiny_llama(seed=0)
+    engine, drafter = steered_engine(target, None, SamplingParams())
+    calls, block_biases, checking = [], [], [True]
+    steering_forward, hook = drafter.steering.forward, drafter.hooks._hook(0)
+
+    def counted(states):
+        calls.append(states.shape)
+        return steering_forward(states)
+
+    def record(module, inputs, output):  # the bias each drafted token's forward adds
+        steered = hook(module, inputs, output)
+        if checking[0] and drafter.hooks.bias is not None and drafter.hooks.bias.dim() == 2:
+            block_biases.append((drafter.hooks.bias.clone(), drafter.block_bias()))
+        return steered
+
+    drafter.steering.forward = counted
+    drafter.hooks.remove()
+    drafter.hooks.handles = [mlp.gate_proj.register_forward_hook(record if index == 0 else drafter.hooks._hook(index))
+                             for index, mlp in enumerate(gated_mlps(drafter.lm.model))]
+    records = list(engine.generate(PROMPTS[0]))
+    drafted_rounds = sum(1 for r in records if r.drafted)
+    assert drafted_rounds > 3 and len(block_biases) >= drafted_rounds
+    for used, fresh in block_biases:
+        torch.testing.assert_close(used, fresh)
+    checking[0] = False
+    calls.clear()
+    records = list(engine.generate(PROMPTS[0]))
+    drafted_rounds = sum(1 for r in records if r.drafted)
+    # the prompt's prefill (chunked) and then one projection per drafted round
+    assert len(calls) <= drafted_rounds + 1
+
+
 def test_sampled_output_with_a_steered_drafter_follows_the_target():
     from test_sampling import P_MIN, chi_square_p, exact_joint
 
@@ -309,3 +344,61 @@ def test_train_steer_and_the_steered_kind_refuse_bad_input(tiny_models, tmp_path
                                          kind="steered", extra=f'steering = "{tmp_path / "missing"}"'))
     result = runner.invoke(app, ["generate", "--pool", str(profile), "hi"])
     assert result.exit_code == 2 and "drafters[1].steering" in result.stderr and "no such folder" in result.stderr
+
+
+def test_a_steering_only_drafter_shares_the_pretrained_model_and_leaves_it_unsteered(tiny_models, tmp_path):
+    """`--freeze-drafter` leaves the pretrained weights as they were, so a pool holding the
+    `model` drafter and the steered one keeps one copy; the model drafter stays unsteered
+    and output stays plain greedy."""
+    from test_cli import expected_text
+
+    from specdraft.config.profile import load_profile
+    from specdraft.runtime import build_runtime
+
+    from transformers import AutoModelForCausalLM
+
+    target, drafter = (AutoModelForCausalLM.from_pretrained(tiny_models / name, dtype=torch.float64)
+                       for name in ("target", "drafter"))
+    folder = tmp_path / "frozen"
+    save_steering(folder, randomized(new_steering(target, drafter)), None, {"steps": 1})
+    profile = tmp_path / "pool.toml"
+    profile.write_text(STEER_POOL.format(root=tiny_models, policy="random", policy_extra="", kind="model", extra="")
+                       + f'\n[[drafters]]\nname = "steered"\nkind = "steered"\npath = "{tiny_models}/drafter"\n'
+                       f'dtype = "float64"\nsteering = "{folder}"\n')
+    runtime = build_runtime(load_profile(profile))
+    small, steered = (next(d for d in runtime.drafters if d.name == name) for name in ("small", "steered"))
+    assert steered.lm.model is small.lm.model
+    model, ids = small.lm.model, torch.tensor([PROMPTS[0]])
+    with torch.inference_mode():
+        alone = model(ids).logits
+        hidden = runtime.target.model(ids, output_hidden_states=True).hidden_states
+        steered.observe_features(0, {layer: hidden[layer][0] for layer in steered.feature_layers})
+        with steered._steered():
+            assert not torch.allclose(model(ids).logits, alone)  # the hooks are on this very model
+        steered.propose(PROMPTS[0], 3)
+        assert torch.equal(model(ids).logits, alone)
+    runner = CliRunner()
+    result = runner.invoke(app, ["generate", "--pool", str(profile), "hello there"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == expected_text(tiny_models, "hello there", max_new=16) + "\n"
+
+
+def test_with_native_bf16_a_float32_drafter_projects_the_steering_in_bf16(monkeypatch):
+    """The round's projection reads all of W_s: where bf16 matmuls are native it runs on a
+    bf16 copy (the loaded steering stays float32), and output stays plain greedy."""
+    import specdraft.drafters.steered as steered_module
+
+    monkeypatch.setattr(steered_module, "native_bf16", lambda device: True)
+    target, drafter_model = tiny_llama(seed=0), tiny_llama(seed=1, layers=2).float()
+    steering = randomized(new_steering(target, drafter_model), scale=0.1)
+    gen = torch.Generator().manual_seed(0)
+    ctx = DraftContext(SamplingParams(), gen, torch.device("cpu"), VOCAB)
+    drafter = SteeredDrafter("steered", ctx, drafter_model, steering, target)
+    assert drafter.steering.w_s.weight.dtype == torch.bfloat16 and steering.w_s.weight.dtype == torch.float32
+    states = torch.randn(5, 3, target.config.hidden_size, dtype=torch.float64)
+    torch.testing.assert_close(drafter.steering(states).float(), steering(states), rtol=0.05, atol=0.02)
+    policy = FixedPolicy(["steered"], {"drafter": "steered", "draft_length": "fixed"})
+    engine = SpeculativeEngine(CachedLM(target), [drafter], policy, EngineSettings(3, 30, SamplingParams()), gen)
+    for prompt in PROMPTS:
+        assert [t for r in engine.generate(prompt) for t in r.tokens] == plain_greedy(target, prompt, 30)
+    assert SteeredDrafter("plain", ctx, tiny_llama(seed=1, layers=2), steering, target).steering is steering

@@ -55,7 +55,7 @@ def run_train_steer(opts: TrainSteerOptions, console: Console) -> int:
     import torch
 
     from specdraft.config.profile import load_profile
-    from specdraft.drafters.steering import default_layers, new_steering, save_steering
+    from specdraft.drafters.steering import default_layers, native_bf16, new_steering, save_steering
     from specdraft.models.loading import LoadedModel, check_tokenizers, load_model
     from specdraft.training.loop import STATE, LoopSettings, train
     from specdraft.training.steer import SteerObjective, SteerTrainingSettings
@@ -87,8 +87,7 @@ def run_train_steer(opts: TrainSteerOptions, console: Console) -> int:
         parameter.requires_grad_(not opts.freeze_drafter)
     for parameter in steering.parameters():
         parameter.requires_grad_(opts.steering)
-    bf16 = opts.bf16 if opts.bf16 is not None else (device.type == "cuda" or torch.backends.mkldnn.is_available()
-                                                    and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    bf16 = opts.bf16 if opts.bf16 is not None else native_bf16(device)
     settings = SteerTrainingSettings(batch_sequences=opts.batch_sequences,
                                      max_draft=opts.max_draft or profile.decode.draft_tokens,
                                      steering=opts.steering, bf16=bf16, seed=opts.seed)

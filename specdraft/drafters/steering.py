@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -85,10 +85,19 @@ class Steering(nn.Module):
 
     def forward(self, states: torch.Tensor) -> torch.Tensor:
         """states [..., 3, H] (low, mid, high) -> per-layer MLP biases [..., layers, intermediate]."""
-        states = states.to(self.w_hml.weight.dtype)
+        states = states.to(torch.promote_types(states.dtype, torch.float32))  # normalized in >= float32
         normed = states * torch.rsqrt(states.pow(2).mean(-1, keepdim=True) + 1e-6)
-        g = self.w_hml(normed.flatten(-2))
+        g = self.w_hml(normed.flatten(-2).to(self.w_hml.weight.dtype))
         return self.w_s(g).unflatten(-1, (self.config.drafter_layers, self.config.intermediate))
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether bf16 matmuls run natively on `device` (a CUDA GPU with bf16, a CPU with
+    AVX512-BF16 or AMX)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and torch.backends.mkldnn.is_available() \
+        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 class SteeringHooks:
@@ -99,6 +108,9 @@ class SteeringHooks:
 
     def __init__(self, model: nn.Module):
         self.bias: torch.Tensor | None = None
+        # Computes the bias on the first forward that needs it, unless someone sets `bias`
+        # first (decoding: the block's bias often comes free with the catch-up's biases).
+        self.pending: Callable[[], torch.Tensor] | None = None
         self.handles = []
         for index, mlp in enumerate(gated_mlps(model)):
             self.handles.append(mlp.gate_proj.register_forward_hook(self._hook(index)))
@@ -106,7 +118,9 @@ class SteeringHooks:
     def _hook(self, index: int):
         def add_bias(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
             if self.bias is None:
-                return output
+                if self.pending is None:
+                    return output
+                self.bias, self.pending = self.pending(), None
             return output + self.bias[..., index, :].to(output.dtype)
         return add_bias
 
@@ -165,11 +179,8 @@ def save_steering(folder: Path, steering: Steering, drafter: nn.Module | None, t
     partial.replace(folder / CONFIG)
 
 
-def load_steering(folder: Path, target: nn.Module, drafter: nn.Module) -> Steering:
-    """The steering in `folder`, with the drafter's trained weights loaded into `drafter`;
-    refused (SteeringFileError) for another target or another pretrained drafter."""
-    from safetensors.torch import load_file, load_model
-
+def read_steering_config(folder: Path) -> SteeringConfig:
+    """The folder's config (what was trained, for which pair), without any weights."""
     config_path = folder / CONFIG
     if not folder.is_dir():
         raise SteeringFileError(f"{folder}: no such folder (train one with `specdraft train steer`)")
@@ -179,9 +190,17 @@ def load_steering(folder: Path, target: nn.Module, drafter: nn.Module) -> Steeri
         data = json.loads(config_path.read_text())
         if data.get("format") != FORMAT:
             raise SteeringFileError(f"{config_path}: format {data.get('format')!r}, this specdraft reads {FORMAT}")
-        config = SteeringConfig.from_json(data)
+        return SteeringConfig.from_json(data)
     except (json.JSONDecodeError, TypeError, KeyError) as exc:
         raise SteeringFileError(f"{config_path}: unreadable steering config ({exc})") from None
+
+
+def load_steering(folder: Path, target: nn.Module, drafter: nn.Module) -> Steering:
+    """The steering in `folder`, with the drafter's trained weights loaded into `drafter`;
+    refused (SteeringFileError) for another target or another pretrained drafter."""
+    from safetensors.torch import load_file, load_model
+
+    config = read_steering_config(folder)
     for role, expected, model in (("target", config.target, target), ("drafter", config.drafter, drafter)):
         why = expected.mismatch(TargetSignature.of(model))
         if why:
