@@ -64,8 +64,7 @@ class SteeredDrafter(ModelDrafter):
             self.steering = copy.deepcopy(self.steering).to(torch.bfloat16)
         self.hooks = SteeringHooks(model) if steering.config.steering else None
         self.target = target
-        self.latest: torch.Tensor | None = None  # [3, H]: the steering layers at the last verified position
-        self._latest_at = -1  # that position
+        self._latest_at = -1  # the last verified position handed over (-1: none yet)
         # [positions, 3, H]: the steering layers at every verified position of this prompt
         # (rows past `_verified` are spare room), for steering committed tokens one by one.
         self._states: torch.Tensor | None = None
@@ -78,21 +77,20 @@ class SteeredDrafter(ModelDrafter):
         if options.optional and not options.steering.exists():
             raise DrafterUnavailable(f"no steering at {options.steering} (train it with `specdraft train steer`)")
         try:
-            drafter_trained = read_steering_config(options.steering).drafter_trained
+            if read_steering_config(options.steering).drafter_trained:
+                # Its own copy of the pretrained model: trained weights replace the pretrained
+                # ones, so it is shared only with steered drafters of the same folder.
+                loaded, steering = pool.shared(("steered", options.model, options.steering),
+                                               lambda: _load(options, pool, key, load_model))
+            else:
+                # Steering only (`--freeze-drafter`): the pool's one copy of the pretrained
+                # model, shared with a `model` drafter of the same file. The hooks add nothing
+                # while no bias is set, and one is set only while this drafter drafts or scores.
+                loaded = pool.load(options.model, key)
+                steering = pool.shared(("steering", options.model, options.steering),
+                                       lambda: load_steering(options.steering, pool.target.model, loaded.model))
         except SteeringFileError as exc:
             raise ProfileError(pool.file, f"{key}.steering", str(exc)) from None
-        if drafter_trained:
-            # Its own copy of the pretrained model: trained weights replace the pretrained
-            # ones, so it is shared only with steered drafters of the same folder.
-            loaded, steering = pool.shared(("steered", options.model, options.steering),
-                                           lambda: _load(options, pool, key, load_model))
-        else:
-            # Steering only (`--freeze-drafter`): the pool's one copy of the pretrained model,
-            # shared with a `model` drafter of the same file. The hooks add nothing while no
-            # bias is set, and a bias is set only while this drafter drafts or scores.
-            loaded = pool.load(options.model, key)
-            steering = pool.shared(("steering", options.steering, id(loaded.model)),
-                                   lambda: _load_steering(options, pool, key, loaded.model))
         check_tokenizers(pool.target, loaded, pool.file, key)
         return cls(name, pool.draft, loaded.model, steering, pool.target.model, options.stop_below,
                    lm=pool.cached_lm(loaded.model, graphs_allowed=False))  # the biases change every block
@@ -111,11 +109,16 @@ class SteeredDrafter(ModelDrafter):
             self._states = grown
         self._states[position:end] = states
         self._verified = max(self._verified, end)
-        self.latest, self._latest_at = states[-1], end - 1
+        self._latest_at = end - 1
+
+    @property
+    def latest(self) -> torch.Tensor | None:
+        """[3, H]: the steering layers at the last verified position handed over."""
+        return None if self._latest_at < 0 else self._states[self._latest_at]
 
     def reset(self) -> None:
         super().reset()
-        self.latest, self._latest_at = None, -1
+        self._latest_at = -1
         self._verified = 0
 
     def _feed_context(self, context: Sequence[int], end: int, keep: int = 1) -> torch.Tensor:
@@ -217,11 +220,4 @@ class _Biased:
 
 def _load(options: SteeredOptions, pool: PoolContext, key: str, load_model):
     loaded = load_model(options.model, pool.file, key)
-    return loaded, _load_steering(options, pool, key, loaded.model)
-
-
-def _load_steering(options: SteeredOptions, pool: PoolContext, key: str, drafter: torch.nn.Module) -> Steering:
-    try:
-        return load_steering(options.steering, pool.target.model, drafter)
-    except SteeringFileError as exc:
-        raise ProfileError(pool.file, f"{key}.steering", str(exc)) from None
+    return loaded, load_steering(options.steering, pool.target.model, loaded.model)
