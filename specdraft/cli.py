@@ -204,6 +204,7 @@ def train_steer(
     layers: Annotated[Optional[str], typer.Option(help="The target's low,mid,high hidden-state indices (default 2, L/2, L-2).", show_default=False)] = None,
     steer_size: Annotated[Optional[int], typer.Option("--steer-size", help="Width of the steering vector (default: 256, or the drafter's hidden size if smaller).", show_default=False)] = None,
     freeze_drafter: Annotated[bool, typer.Option("--freeze-drafter", help="Train only the steering; the drafter keeps its pretrained weights.")] = False,
+    train_layers: Annotated[Optional[int], typer.Option("--train-layers", help="Train only the drafter's last N decoder layers (with the steering); the rest keep their pretrained weights.", show_default=False)] = None,
     steering: Annotated[bool, typer.Option("--steering/--no-steering", help="--no-steering: the distilled baseline (same data and steps, plain KL).")] = True,
     bf16: Annotated[Optional[bool], typer.Option("--bf16/--fp32", help="bf16 autocast of the drafter's forward (default: on CUDA and on CPUs with native bf16).", show_default=False)] = None,
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="Use at most this many tokens of the data.", show_default=False)] = None,

@@ -94,7 +94,7 @@ def prepare_corpus(opts, layers_of, console: Console) -> Corpus:
 
     docs = list(documents(paths, warner(console), exchanges=True))
     eos = sorted(eos_token_ids(model, tokenizer))
-    stream = token_stream(docs, tokenizer, chat, eos[0] if eos else None)
+    stream, answer = token_stream(docs, tokenizer, chat, eos[0] if eos else None)
     tokens = sequences_of(stream, opts.seq_len, opts.max_tokens)
     if tokens.shape[0] < 2:
         raise UsageError(f"--data: {len(stream)} tokens make fewer than 2 sequences of --seq-len {opts.seq_len}; "
@@ -113,6 +113,7 @@ def prepare_corpus(opts, layers_of, console: Console) -> Corpus:
                                 lambda done, total: ticker.progress.update(ticker.task, completed=done))
     if not reusing:
         console.print(f"features: {time.perf_counter() - started:.0f} s", markup=False)
+    data.answer_mask = sequences_of(answer, opts.seq_len, opts.max_tokens, dtype=bool)
 
     rng = np.random.default_rng(opts.seed)
     order = rng.permutation(data.sequences)

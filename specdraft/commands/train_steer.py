@@ -40,6 +40,7 @@ class TrainSteerOptions:
     layers: Optional[str] = None  # "low,mid,high" hidden-state indices of the target
     steer_size: Optional[int] = None
     freeze_drafter: bool = False
+    train_layers: Optional[int] = None  # train only the drafter's last N decoder layers
     steering: bool = True
     bf16: Optional[bool] = None
     max_tokens: Optional[int] = None
@@ -83,8 +84,11 @@ def run_train_steer(opts: TrainSteerOptions, console: Console) -> int:
     head_weight = target.get_output_embeddings().weight.detach().clone()
     corpus.model = target = None
     gc.collect()
+    trained_layers = _trained_layers(drafter, opts, profile, key)
     for parameter in drafter.parameters():
-        parameter.requires_grad_(not opts.freeze_drafter)
+        parameter.requires_grad_(not opts.freeze_drafter and trained_layers is None)
+    for layer in trained_layers or ():
+        layer.requires_grad_(True)
     for parameter in steering.parameters():
         parameter.requires_grad_(opts.steering)
     bf16 = opts.bf16 if opts.bf16 is not None else native_bf16(device)
@@ -96,7 +100,8 @@ def run_train_steer(opts: TrainSteerOptions, console: Console) -> int:
     steps = opts.steps if opts.steps is not None else max(1, int(round(per_epoch * (opts.epochs or 1.0))))
     identity = {"features": corpus.key, "drafter": str(spec.describe()), "lr": opts.lr, "steps": steps,
                 "batch": opts.batch_sequences, "max_draft": settings.max_draft, "layers": list(steering.config.layers),
-                "steering": opts.steering, "frozen": opts.freeze_drafter, "seed": opts.seed}
+                "steering": opts.steering, "frozen": opts.freeze_drafter, "train_layers": opts.train_layers,
+                "seed": opts.seed}
     if opts.restart:
         (out / STATE).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -111,6 +116,7 @@ def run_train_steer(opts: TrainSteerOptions, console: Console) -> int:
         save_steering(out, steering, None if opts.freeze_drafter else drafter,
                       {"steps": step, "of_steps": steps, "tokens": int(corpus.tokens.size), "lr": opts.lr,
                        "seq_len": opts.seq_len, "chat": corpus.chat, "max_draft": settings.max_draft,
+                       "train_layers": opts.train_layers,
                        "data": [str(p) for p in corpus.paths][:20], "train_metrics": metrics, **(extra or {})})
 
     loop = LoopSettings(steps=steps, lr=opts.lr, warmup=min(20, steps // 10 + 1), identity=identity,
@@ -141,6 +147,20 @@ def _drafter_spec(profile, name: str):
     raise UsageError(f'--drafter {name}: no such drafter in the pool (model drafters: {names})')
 
 
+def _trained_layers(drafter, opts: TrainSteerOptions, profile, key: str):
+    """The decoder layers `--train-layers N` trains (the drafter's last N), or None for
+    all of the drafter (or none of it, with --freeze-drafter)."""
+    if opts.train_layers is None:
+        return None
+    layers = getattr(getattr(drafter, "model", None), "layers", None)
+    if layers is None:
+        raise ProfileError(str(profile.file), key, "--train-layers: the drafter has no decoder layer list "
+                                                   "(model.layers) to train the last layers of")
+    if opts.train_layers > len(layers):
+        raise UsageError(f"--train-layers {opts.train_layers}: the drafter has {len(layers)} decoder layers")
+    return list(layers)[len(layers) - opts.train_layers:]
+
+
 def _layers(text: str | None) -> tuple[int, int, int] | None:
     if text is None:
         return None
@@ -156,7 +176,10 @@ def _layers(text: str | None) -> tuple[int, int, int] | None:
 def _check(opts: TrainSteerOptions) -> None:
     if opts.freeze_drafter and not opts.steering:
         raise UsageError("--freeze-drafter with --no-steering leaves nothing to train")
+    if opts.train_layers is not None and opts.freeze_drafter:
+        raise UsageError("--train-layers trains part of the drafter, --freeze-drafter none of it: choose one")
     check_training_options(opts)
+    check_count(opts.train_layers, "--train-layers")
     check_count(opts.max_draft, "--max-draft")
     check_count(opts.steer_size, "--steer-size")
     _layers(opts.layers)

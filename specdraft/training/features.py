@@ -31,6 +31,9 @@ class FeatureSet:
     folder: Path
     tokens: np.ndarray  # [sequences, seq_len] int32
     features: dict[int, np.ndarray]  # {layer: [sequences, seq_len, H] float16}
+    # [sequences, seq_len] bool: tokens a drafter learns to predict (answers and plain text,
+    # not the prompts of chat exchanges); None: every token
+    answer_mask: np.ndarray | None = None
 
     @property
     def sequences(self) -> int:
@@ -56,30 +59,43 @@ class RowBatches:
         return rows
 
 
-def token_stream(docs: Sequence[Document], tokenizer: Any, chat: bool, separator: int | None) -> list[int]:
+def token_stream(docs: Sequence[Document], tokenizer: Any, chat: bool, separator: int | None
+                 ) -> tuple[list[int], list[bool]]:
     """Every document's tokens in order, exchanges in the chat template when `chat`, each
-    plain document followed by `separator` (the end-of-text token)."""
+    plain document followed by `separator` (the end-of-text token); and for each token
+    whether it is one a drafter learns to predict: an exchange's prompt (its chat template
+    up to the assistant's turn) is not, since at decode time the drafter never drafts it."""
     out: list[int] = []
+    answer: list[bool] = []
     for doc in docs:
         if doc.exchange is not None and chat:
-            prompt, answer = doc.exchange
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt},
-                                                 {"role": "assistant", "content": answer}], tokenize=True)
-            out += list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+            prompt, reply = doc.exchange
+            ids = _ids(tokenizer.apply_chat_template([{"role": "user", "content": prompt},
+                                                      {"role": "assistant", "content": reply}], tokenize=True))
+            asked = _ids(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,
+                                                       add_generation_prompt=True))
+            # a template that does not render the question the same way in both: learn all of it
+            start = len(asked) if ids[: len(asked)] == asked else 0
+            out += ids
+            answer += [False] * start + [True] * (len(ids) - start)
         else:
             text = doc.text if doc.exchange is None else "\n".join(doc.exchange)
-            out += tokenizer(text, add_special_tokens=False)["input_ids"]
-            if separator is not None:
-                out.append(separator)
-    return out
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"] + ([separator] if separator is not None else [])
+            out += ids
+            answer += [True] * len(ids)
+    return out, answer
 
 
-def sequences_of(stream: list[int], seq_len: int, max_tokens: int | None) -> np.ndarray:
-    """[n, seq_len] int32: the stream cut into whole sequences (the tail shorter than one is dropped)."""
+def _ids(rendered: Any) -> list[int]:
+    return list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
+
+
+def sequences_of(stream: list, seq_len: int, max_tokens: int | None, dtype: Any = np.int32) -> np.ndarray:
+    """[n, seq_len]: the stream cut into whole sequences (the tail shorter than one is dropped)."""
     if max_tokens is not None:
         stream = stream[:max_tokens]
     n = len(stream) // seq_len
-    return np.asarray(stream[: n * seq_len], dtype=np.int32).reshape(n, seq_len)
+    return np.asarray(stream[: n * seq_len], dtype=dtype).reshape(n, seq_len)
 
 
 def feature_key(signature: str, tokens: np.ndarray, layers: Sequence[int]) -> str:

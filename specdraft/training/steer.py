@@ -1,7 +1,9 @@
 """What a steered drafter learns (`specdraft train steer`, SD2 Fig. 3): the pretrained
 drafter, with per-layer MLP biases from a steering vector of the target's hidden states,
 matches the target's next-token distribution: loss = KL(target || drafter) at every
-position of teacher-forced sequences.
+position of teacher-forced sequences whose next token belongs to an answer or plain text,
+not to a chat prompt (the drafter never drafts a prompt; the paper's code masks its
+synthetic data's prompts the same way).
 
 The drafter predicting token t is steered from the target's states at position t - d,
 with d drawn uniformly per position from [2, K + 1]: when it drafts, the latest verified
@@ -48,6 +50,16 @@ def source_positions(offsets: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(np.maximum(source, 0)), torch.from_numpy(source >= 0)
 
 
+def predicted_mask(data: FeatureSet, rows: np.ndarray) -> torch.Tensor:
+    """[B, T] bool: whether the token each input position predicts (the next one) is one to
+    learn; the last position predicts past its sequence and counts as its own token does.
+    """
+    if data.answer_mask is None:
+        return torch.ones(len(rows), data.seq_len, dtype=torch.bool)
+    mask = data.answer_mask[rows]
+    return torch.from_numpy(np.concatenate([mask[:, 1:], mask[:, -1:]], axis=1))
+
+
 class SteerObjective:
     """Batches from a FeatureSet (the three steering layers, then the final state) and the
     steered drafter's loss on them."""
@@ -63,21 +75,23 @@ class SteerObjective:
         self.device = device
         self.generator = np.random.default_rng(settings.seed + 1)  # the offsets
 
-    def batch(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def batch(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         rows = np.sort(rows)
         tokens = torch.from_numpy(self.data.tokens[rows].astype(np.int64)).to(self.device)
         states = torch.stack([torch.from_numpy(np.asarray(self.data.features[layer][rows], dtype=np.float32))
                               for layer in self.layers], dim=2)  # [B, T, 3, H]
         final = torch.from_numpy(np.asarray(self.data.features[self.final][rows], dtype=np.float32))
-        return tokens, states.to(self.device), final.to(self.device)
+        return tokens, states.to(self.device), final.to(self.device), predicted_mask(self.data, rows).to(self.device)
 
-    def loss(self, tokens: torch.Tensor, states: torch.Tensor, final: torch.Tensor,
+    def loss(self, tokens: torch.Tensor, states: torch.Tensor, final: torch.Tensor, learned: torch.Tensor,
              offset: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-        """KL at every position whose steering state exists; `offset` fixes d (evaluation)."""
+        """KL at every position whose steering state exists and whose next token is one to
+        learn (`learned`, [B, T] bool); `offset` fixes d (evaluation)."""
         batch, length = tokens.shape
         offsets = draw_offsets(batch, length, self.settings.max_draft, self.generator) if offset is None \
             else np.full((batch, length), offset)
         logits, valid = self.steered_logits(tokens, states, offsets)
+        valid = valid & learned
         with torch.no_grad():
             target_logits = F.linear(final, self.head_weight.float())
         width = min(logits.shape[-1], target_logits.shape[-1])  # a drafter with a padded vocabulary
@@ -119,9 +133,9 @@ class SteerObjective:
         last = self.settings.max_draft + 1
         totals, batches = {"kl": 0.0, "top1": 0.0, "kl@last": 0.0, "top1@last": 0.0}, 0
         for first in range(0, len(rows), self.settings.batch_sequences):
-            tokens, states, final = self.batch(rows[first : first + self.settings.batch_sequences])
-            _, near = self.loss(tokens, states, final, offset=FIRST_OFFSET)
-            _, far = self.loss(tokens, states, final, offset=last)
+            batch = self.batch(rows[first : first + self.settings.batch_sequences])
+            _, near = self.loss(*batch, offset=FIRST_OFFSET)
+            _, far = self.loss(*batch, offset=last)
             totals["kl"] += near["kl"]
             totals["top1"] += near["top1"]
             totals["kl@last"] += far["kl"]
