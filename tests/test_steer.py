@@ -286,16 +286,22 @@ dtype = "float64"
 """
 
 
-def test_train_steer_writes_what_a_steered_drafter_loads_and_every_policy_runs_it(tiny_models, tmp_path):
-    from test_cli import expected_text
-
-    runner = CliRunner()
+def steer_inputs(tiny_models, tmp_path):
+    """A pool whose `small` drafter is a plain model drafter, and a prompt/answer corpus."""
     base = tmp_path / "base.toml"
     base.write_text(STEER_POOL.format(root=tiny_models, policy="fixed", policy_extra='drafter = "small"',
                                       kind="model", extra=""))
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("\n".join(json.dumps({"prompt": f"count to {i}", "text": " ".join(map(str, range(i)))})
                                 for i in range(5, 30)) + "\n")
+    return base, corpus
+
+
+def test_train_steer_writes_what_a_steered_drafter_loads_and_every_policy_runs_it(tiny_models, tmp_path):
+    from test_cli import expected_text
+
+    runner = CliRunner()
+    base, corpus = steer_inputs(tiny_models, tmp_path)
     out = tmp_path / "steer"
     args = ["train", "steer", "--pool", str(base), "--drafter", "small", "--data", str(corpus), "--out", str(out),
             "--steps", "4", "--seq-len", "48", "--layers", "1,2,3", "--features", str(tmp_path / "f")]

@@ -18,7 +18,7 @@ from specdraft.drafters.steering import new_steering
 from specdraft.training.corpus import Document
 from specdraft.training.features import FeatureSet, token_stream
 from specdraft.training.steer import SteerObjective, SteerTrainingSettings, predicted_mask
-from test_steer import STEER_POOL, randomized
+from test_steer import STEER_POOL, randomized, steer_inputs
 from tiny import VOCAB, byte_tokenizer, tiny_llama
 
 
@@ -66,12 +66,7 @@ def test_the_steering_loss_counts_only_positions_that_predict_a_learned_token():
 
 
 def _train(tiny_models, tmp_path, *extra):
-    base = tmp_path / "base.toml"
-    base.write_text(STEER_POOL.format(root=tiny_models, policy="fixed", policy_extra='drafter = "small"',
-                                      kind="model", extra=""))
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("\n".join(json.dumps({"prompt": f"count to {i}", "text": " ".join(map(str, range(i)))})
-                                for i in range(5, 30)) + "\n")
+    base, corpus = steer_inputs(tiny_models, tmp_path)
     out = tmp_path / "steer"
     result = CliRunner().invoke(app, ["train", "steer", "--pool", str(base), "--drafter", "small", "--data",
                                       str(corpus), "--out", str(out), "--steps", "3", "--seq-len", "48",
