@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import torch
 import pytest
+import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
@@ -80,8 +80,8 @@ def test_train_layers_trains_only_the_last_layers_and_stays_lossless(tiny_models
     result, out = _train(tiny_models, tmp_path, "--train-layers", "1")
     assert result.exit_code == 0, result.stderr
     trained = load_file(str(out / "drafter.safetensors"))
-    pretrained = AutoModelForCausalLM.from_pretrained(tiny_models / "drafter", dtype=torch.float64).state_dict()
-    last = len(AutoModelForCausalLM.from_pretrained(tiny_models / "drafter").model.layers) - 1
+    model = AutoModelForCausalLM.from_pretrained(tiny_models / "drafter", dtype=torch.float64)
+    pretrained, last = model.state_dict(), model.config.num_hidden_layers - 1
     changed = {name for name, value in trained.items()
                if not torch.equal(value.to(pretrained[name].dtype), pretrained[name])}
     assert changed and all(name.startswith(f"model.layers.{last}.") for name in changed), changed
