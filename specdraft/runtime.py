@@ -62,7 +62,8 @@ def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bo
 
     policy_config = PolicyConfig("fixed") if plain else profile.policy
     drafters, absent = ([PlainDecoding(ctx)], {}) if plain else build_pool(
-        profile.drafters, PoolContext(ctx, target, target_lm, file, seed, models, decode.kv_cache, decode.cuda_graphs))
+        profile.drafters, PoolContext(ctx, target, target_lm, file, seed, models, decode.kv_cache, decode.cuda_graphs,
+                                         decode.drafter_core))
     chosen = policy_config.options.get("drafter") if policy_config.name == "fixed" else None
     if chosen in absent:
         raise ProfileError(file, "policy.drafter", f'the fixed policy drafts with "{chosen}", which is not '

@@ -143,7 +143,8 @@ def test_a_profile_chooses_the_static_cache(pool_file):
     from specdraft.config.profile import load_profile
     from specdraft.runtime import build_runtime
 
-    text = pool_file.read_text().replace("max_new_tokens = 24", 'max_new_tokens = 24\nkv_cache = "static"')
+    text = pool_file.read_text().replace("max_new_tokens = 24",  # the drafter through transformers too
+                                       'max_new_tokens = 24\nkv_cache = "static"\ndrafter_core = "transformers"')
     pool_file.write_text(text)
     runtime = build_runtime(load_profile(pool_file))
     small = next(d for d in runtime.drafters if d.name == "small")

@@ -41,6 +41,10 @@ class DecodeConfig:
     feedback: str = "exact"  # greedy alignment: "exact" (argmax agreement) or "soft" (T = 1 overlap)
     kv_cache: str = "auto"  # "dynamic" | "static" | "auto" (static on CUDA, where graphs need it)
     cuda_graphs: bool = True  # replay small feeds as CUDA graphs (static cache on CUDA only)
+    # How model drafters run their own forwards: "lean" (lean_decoder.py: Llama-shaped models,
+    # without transformers' per-op overhead), "transformers", or "auto" (lean on a CPU where
+    # the model allows it; CUDA graphs remove the same overhead on a GPU).
+    drafter_core: str = "auto"
     # "measure": time the target's forward at every verify width once per model and machine
     # (kept on disk), plan with that curve and pad a verify to a cheaper wider width;
     # "line": fit a line to this run's verify timings, never pad.
@@ -177,6 +181,7 @@ def _parse_decode(table: Table) -> DecodeConfig:
         feedback=table.choice("feedback", ("exact", "soft"), "exact"),
         kv_cache=table.choice("kv_cache", ("auto", "dynamic", "static"), "auto"),
         cuda_graphs=table.get("cuda_graphs", bool, True),
+        drafter_core=table.choice("drafter_core", ("auto", "lean", "transformers"), "auto"),
         verify_costs=table.choice("verify_costs", ("measure", "line"), "measure"),
     )
     table.finish()

@@ -69,6 +69,7 @@ class PoolContext:
     models: dict = field(default_factory=dict)
     kv_cache: str = "auto"  # [decode] kv_cache and cuda_graphs, for the drafters' own caches
     cuda_graphs: bool = True
+    drafter_core: str = "auto"  # [decode] drafter_core: "auto", "lean" or "transformers"
 
     def load(self, spec: Any, key: str) -> "LoadedModel":
         """The model of `spec`, loaded once per pool context (weights are only read)."""
@@ -82,16 +83,18 @@ class PoolContext:
             self.models[key] = make()
         return self.models[key]
 
-    def cached_lm(self, model: torch.nn.Module, graphs_allowed: bool = True) -> "CachedLM":
-        """A drafter's own model with its own cache, of the kind the run asked for
-        (`graphs_allowed` False: never CUDA graphs, for a model whose forward hooks change
-        tensors between calls, which a captured graph would not see)."""
+    def cached_lm(self, model: torch.nn.Module, hooked: bool = False) -> "CachedLM":
+        """A drafter's own model with its own cache, of the kind the run asked for.
+        `hooked`: the model's forward hooks change tensors between calls, which neither a
+        captured CUDA graph nor the lean forward would see: transformers' forward it is."""
         from specdraft.models.cached_lm import CachedLM
         from specdraft.models.kv_cache import core_choice
+        from specdraft.models.lean_decoder import lean_choice
 
-        static, graphs = core_choice(self.kv_cache, self.cuda_graphs and graphs_allowed,
-                                     next(model.parameters()).device)
-        return CachedLM(model, logits_size=self.draft.vocab_size, static=static, graphs=graphs)
+        device = next(model.parameters()).device
+        static, graphs = core_choice(self.kv_cache, self.cuda_graphs and not hooked, device)
+        lean = not hooked and not graphs and lean_choice(self.drafter_core, model, device)
+        return CachedLM(model, logits_size=self.draft.vocab_size, static=static, graphs=graphs, lean=lean)
 
 
 @dataclass

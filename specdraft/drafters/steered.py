@@ -93,7 +93,7 @@ class SteeredDrafter(ModelDrafter):
             raise ProfileError(pool.file, f"{key}.steering", str(exc)) from None
         check_tokenizers(pool.target, loaded, pool.file, key)
         return cls(name, pool.draft, loaded.model, steering, pool.target.model, options.stop_below,
-                   lm=pool.cached_lm(loaded.model, graphs_allowed=False))  # the biases change every block
+                   lm=pool.cached_lm(loaded.model, hooked=True))  # the biases change every block
 
     @property
     def feature_layers(self) -> tuple[int, ...]:

@@ -195,7 +195,7 @@ def measure_costs(runtime: Runtime, k: int, repeats: int = 5) -> dict[str, Forwa
 def _forward_cost(decoding: CachedLM, k: int, repeats: int) -> ForwardCost:
     """Timed on a fresh cache of the kind decoding uses (static + graphs on a GPU), after
     two untimed passes per width (the first warms up, the second captures a graph)."""
-    lm = CachedLM(decoding.model, decoding.logits_size, static=decoding.kv.static, graphs=decoding.graphs is not None)
+    lm = decoding.twin()
     device = lm.device
     lm.feed(torch.arange(3, 67, device=device) % 100, keep=1)
     samples = {1: [], k + 1: []}

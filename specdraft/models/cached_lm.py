@@ -4,7 +4,9 @@ Every model in a round (the target and each model-backed drafter) is one of thes
 knows how many tokens its cache holds, feeds new tokens at the right positions, and crops
 back to a shorter length so that rejected draft tokens leave no trace. The cache is
 dynamic or static (kv_cache.py); over a static cache on a GPU, small feeds replay CUDA
-graphs (cuda_graphs.py). Every combination gives the same logits.
+graphs (cuda_graphs.py). Every combination gives the same logits. A drafter on a CPU may
+instead run the lean forward over a KV buffer of its own (lean_decoder.py): the same
+logits up to float rounding, without transformers' per-op overhead.
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ import torch
 from specdraft.decoding.stopwatch import device_clock
 from specdraft.models.cuda_graphs import Capture, GraphedForward, Outputs
 from specdraft.models.kv_cache import new_kv_cache
+from specdraft.models.lean_decoder import LeanDecoder
 
 
 class CachedLM:
     def __init__(self, model: torch.nn.Module, logits_size: int | None = None, static: bool = False,
-                 graphs: bool = False, capture: Capture | None = None):
+                 graphs: bool = False, capture: Capture | None = None, lean: bool = False):
         """`static`: a preallocated KV cache; `graphs`: replay small feeds as CUDA graphs
-        (needs the static cache; `capture` replaces CUDA's, for tests)."""
+        (needs the static cache; `capture` replaces CUDA's, for tests); `lean`: feed through
+        the lean forward (drafters only: it hands over no hidden states)."""
         self.model = model
         self.device = next(model.parameters()).device
         self.clock = device_clock(self.device)  # waits for the GPU: what it reads is real work
@@ -32,24 +36,36 @@ class CachedLM:
         # on a GPU each reading waits for the device, which would stall a draft loop.
         self.timed = False
         self.forward_seconds = 0.0
-        self.kv = new_kv_cache(model, static)
+        self.lean = LeanDecoder(model) if lean else None
+        self.kv = None if lean else new_kv_cache(model, static)
         # graphs need buffers that never move: only over a static cache (which a model with
         # sliding-window layers does not get)
-        self.graphs = GraphedForward(self._forward, self.device, capture) if graphs and self.kv.static else None
+        self.graphs = (GraphedForward(self._forward, self.device, capture)
+                       if graphs and self.kv is not None and self.kv.static else None)
         self.length = 0
+
+    def twin(self) -> "CachedLM":
+        """The same model with a fresh cache of the same kind (for timing it apart)."""
+        return CachedLM(self.model, self.logits_size, static=self.kv is not None and self.kv.static,
+                        graphs=self.graphs is not None, lean=self.lean is not None)
 
     @property
     def cache(self):
         """The transformers cache object (drafters that run a view of this model write into it)."""
+        if self.kv is None:
+            raise RuntimeError("a model fed through the lean forward has no transformers cache")
         return self.kv.cache
 
     def reset(self) -> None:
-        self.kv.reset()
+        if self.lean is not None:
+            self.lean.reset()
+        else:
+            self.kv.reset()
         self.length = 0
 
     def reserve(self, length: int) -> None:
         """Room in the cache for `length` tokens (a static cache grows when it must)."""
-        if self.kv.ensure_capacity(length) and self.graphs is not None:
+        if self.kv is not None and self.kv.ensure_capacity(length) and self.graphs is not None:
             self.graphs.clear()  # the static buffers moved: captured graphs point at the old ones
 
     def feed(self, tokens: torch.Tensor, keep: int = 1) -> torch.Tensor:
@@ -65,6 +81,14 @@ class CachedLM:
         read the target's internals are scored from."""
         start = self.clock() if self.timed else 0.0
         n = tokens.shape[-1]
+        if self.lean is not None:
+            if layers:
+                raise ValueError("the lean forward hands over no hidden states")
+            logits = self.lean.forward(tokens.to(self.device), keep)
+            self.length += n
+            if self.timed:
+                self.forward_seconds += self.clock() - start
+            return self._fit(logits), {}
         self.reserve(self.length + n)
         ids = tokens.view(1, n).to(self.device)
         positions = torch.arange(self.length, self.length + n, device=self.device).view(1, n)
@@ -88,7 +112,10 @@ class CachedLM:
 
     def crop(self, length: int) -> None:
         """Forget everything after the first `length` tokens."""
-        if length < self.length:
+        if length < self.length and self.lean is not None:
+            self.lean.crop(length)
+            self.length = length
+        elif length < self.length:
             self.kv.remove_last(self.length - length, length=self.length)
             self.length = length
 

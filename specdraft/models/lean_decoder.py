@@ -1,0 +1,224 @@
+"""A lean decode forward for small Llama-family drafters on a CPU, with its own KV buffer.
+
+A drafter drafts one token per forward. On a CPU, a small model's one-token forward through
+transformers spends a third of its time outside the matrix products: some 900 tensor ops
+and module calls per token for a 24-layer model (Qwen2.5-Coder 0.5B in int4: ~12 ms of
+products in a ~19 ms forward on this machine). This forward runs the same arithmetic with
+what one token needs and no more:
+
+- the query, key and value projections are one matrix product per layer, and so are the
+  MLP's gate and up projections (their weights concatenated once; the original layers are
+  re-pointed at slices of the concatenation, so no weight is stored twice);
+- keys and values go into one preallocated buffer per model (written in place, rolled back
+  by moving a length), not a cache object that concatenates per layer;
+- fused RMSNorm, SDPA with grouped query heads, no masks for a single token, and the output
+  head only at the rows asked for.
+
+The model's own modules are read, never replaced: transformers' forward of the same object
+(the assisted-generation baseline, training, scoring along a trajectory) is unchanged and
+gives the same logits up to float rounding. Only drafts come from this forward, and the
+target verifies every drafted token, so output stays exactly what plain decoding gives.
+
+Supported: decoder-only models whose layers are Llama's shape (Llama, Qwen2, Mistral
+without sliding windows): RMSNorm, rotary positions from the model's own rotary module,
+gated SiLU MLP. `lean_problem` says why another model is not; it then runs through
+transformers as before. On CUDA, static caches with CUDA graphs remove the same overhead.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdraft.models.quantize import Int4Linear, Int8Linear
+
+log = logging.getLogger("specdraft")
+
+ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+INITIAL_CAPACITY = 512  # tokens; doubled when a context needs more
+
+
+def lean_problem(model: nn.Module) -> str | None:
+    """Why the lean forward cannot run `model`, or None when it can."""
+    name = type(model).__name__
+    if name not in ARCHITECTURES:
+        return f"{name} is not one of {', '.join(ARCHITECTURES)}"
+    config = model.config
+    sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ())
+    if sliding or (name == "MistralForCausalLM" and getattr(config, "sliding_window", None)):
+        return "it has sliding-window attention"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"its MLP activation is {config.hidden_act}"
+    if getattr(config, "pretraining_tp", 1) > 1:
+        return "it splits its projections (pretraining_tp)"
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None or getattr(inner, "rotary_emb", None) is None:
+        return "its decoder has no layers or rotary module where Llama's has them"
+    linear = (nn.Linear, Int4Linear, Int8Linear)
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        parts = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        if not all(isinstance(p, linear) for p in parts):
+            return "some of its projections are not linear layers this forward knows"
+        if len({type(p) for p in parts}) > 1 or (isinstance(attn.q_proj, Int4Linear)
+                                                  and len({p.group for p in parts}) > 1):
+            return "its projections mix weight formats"
+    if any(module._forward_hooks or module._forward_pre_hooks for module in model.modules()):
+        return "forward hooks change its tensors (they would be skipped)"
+    return None
+
+
+INT4_PACK_ROWS = 64  # torch's CPU int4 packing interleaves blocks of this many output rows
+
+
+class _Concatenated(nn.Module):
+    """[p(x) for p in parts] concatenated, for parts whose weights cannot be fused."""
+
+    def __init__(self, parts: Sequence[nn.Module]):
+        super().__init__()
+        self.parts = list(parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+
+def _fuse(parts: Sequence[nn.Module]) -> nn.Module:
+    """One layer computing [p(x) for p in parts] concatenated, sharing the parts' weights:
+    the big weight tensors are concatenated once and each part is re-pointed at its slice.
+    Packed int4 rows concatenate only at block boundaries; other shapes stay separate."""
+    first = parts[0]
+    if isinstance(first, Int4Linear) and any(p.out_features % INT4_PACK_ROWS for p in parts[:-1]):
+        return _Concatenated(parts)
+    some = next((p.bias for p in parts if p.bias is not None), None)
+    bias = None if some is None else torch.cat(
+        [p.bias.detach() if p.bias is not None else some.new_zeros(p.out_features) for p in parts])
+    sizes = [p.out_features for p in parts]
+    if isinstance(first, nn.Linear):
+        weight = torch.cat([p.weight.detach() for p in parts])
+        for p, w in zip(parts, weight.split(sizes)):
+            p.weight = nn.Parameter(w, requires_grad=False)
+        fused = nn.Linear(first.in_features, sum(sizes), bias=bias is not None, device="meta")
+        fused.weight = nn.Parameter(weight, requires_grad=False)
+        if bias is not None:
+            fused.bias = nn.Parameter(bias.to(weight.dtype), requires_grad=False)
+        return fused
+    fused = type(first).__new__(type(first))
+    nn.Module.__init__(fused)
+    fused.in_features, fused.out_features = first.in_features, sum(sizes)
+    if isinstance(first, Int4Linear):
+        fused.group = first.group
+        packed = torch.cat([p.weight_int4 for p in parts])  # one packed row block per output row
+        for p, w in zip(parts, packed.split(sizes)):
+            p.weight_int4 = w
+        fused.register_buffer("weight_int4", packed)
+        fused.register_buffer("scales_zeros", torch.cat([p.scales_zeros for p in parts], dim=1).contiguous())
+    else:
+        codes = torch.cat([p.weight_int8 for p in parts])
+        for p, w in zip(parts, codes.split(sizes)):
+            p.weight_int8 = w
+        fused.register_buffer("weight_int8", codes)
+        fused.register_buffer("scales", torch.cat([p.scales for p in parts]))
+    fused.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+    return fused
+
+
+class LeanDecoder:
+    """The model's decode forward over a KV buffer of its own (batch 1)."""
+
+    def __init__(self, model: nn.Module):
+        problem = lean_problem(model)
+        if problem is not None:
+            raise ValueError(f"the lean forward cannot run this model: {problem}")
+        config = model.config
+        self.model, self.inner = model, model.model
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        # Fused once per model: every lean forward of it (a pool's drafter, a cost probe)
+        # shares the concatenated weights.
+        self.layers = getattr(model, "_specdraft_lean_layers", None)
+        if self.layers is None:
+            self.layers = []
+            for layer in self.inner.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                self.layers.append((layer.input_layernorm, _fuse([attn.q_proj, attn.k_proj, attn.v_proj]),
+                                    attn.o_proj, layer.post_attention_layernorm, _fuse([mlp.gate_proj, mlp.up_proj]),
+                                    mlp.down_proj, mlp.gate_proj.out_features))
+            model._specdraft_lean_layers = self.layers
+        weight = self.inner.embed_tokens.weight
+        self.device, self.dtype = weight.device, weight.dtype
+        self.capacity = 0
+        self.keys = self.values = torch.empty(0)
+        self.length = 0
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def crop(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def _reserve(self, length: int) -> None:
+        if length <= self.capacity:
+            return
+        capacity = max(INITIAL_CAPACITY, self.capacity)
+        while capacity < length:
+            capacity *= 2
+        shape = (len(self.layers), 1, self.kv_heads, capacity, self.head_dim)
+        keys = torch.empty(shape, dtype=self.dtype, device=self.device)
+        values = torch.empty(shape, dtype=self.dtype, device=self.device)
+        if self.capacity:
+            keys[..., : self.length, :] = self.keys[..., : self.length, :]
+            values[..., : self.length, :] = self.values[..., : self.length, :]
+        self.keys, self.values, self.capacity = keys, values, capacity
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
+        """Feed `ids` [n] after the cached tokens; logits of the last `keep` positions (all
+        when 0) [keep, V]."""
+        n, start = ids.shape[-1], self.length
+        end = start + n
+        self._reserve(end)
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        x = self.inner.embed_tokens(ids.view(1, n))
+        positions = torch.arange(start, end, device=self.device).view(1, n)
+        cos, sin = self.inner.rotary_emb(x, positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, n, D]
+        half = dim // 2
+        # One new token attends to everything cached: no mask. A block attends causally.
+        mask = None if n == 1 else torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)
+        for i, (norm1, qkv, out, norm2, gate_up, down, inner_size) in enumerate(self.layers):
+            h = F.rms_norm(x, (x.shape[-1],), norm1.weight, norm1.variance_epsilon)
+            q, k, v = qkv(h).split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+            q = q.view(1, n, heads, dim).transpose(1, 2)
+            k = k.view(1, n, kv_heads, dim).transpose(1, 2)
+            q = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
+            k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
+            keys, values = self.keys[i], self.values[i]
+            keys[:, :, start:end] = k
+            values[:, :, start:end] = v.view(1, n, kv_heads, dim).transpose(1, 2)
+            attended = F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=mask,
+                                                      enable_gqa=heads != kv_heads)
+            x = x + out(attended.transpose(1, 2).reshape(1, n, heads * dim))
+            h = F.rms_norm(x, (x.shape[-1],), norm2.weight, norm2.variance_epsilon)
+            gate, up = gate_up(h).split([inner_size, inner_size], dim=-1)
+            x = x + down(F.silu(gate) * up)
+        self.length = end
+        rows = x[:, -keep:] if keep else x
+        final = self.inner.norm
+        return self.model.lm_head(F.rms_norm(rows, (rows.shape[-1],), final.weight, final.variance_epsilon))[0]
+
+
+def lean_choice(core: str, model: nn.Module, device: torch.device) -> bool:
+    """Whether a drafter's model runs the lean forward under `[decode] drafter_core`: "auto"
+    on a CPU when the model allows it, "lean" wherever it does (a model it cannot run says
+    why in the log and runs through transformers), "transformers" never."""
+    if core == "transformers" or (core == "auto" and device.type != "cpu"):
+        return False
+    problem = lean_problem(model)
+    if problem is not None:
+        (log.warning if core == "lean" else log.debug)("%s runs through transformers: %s", type(model).__name__, problem)
+    return problem is None
