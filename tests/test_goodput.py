@@ -306,6 +306,25 @@ def test_an_untried_position_is_expected_to_do_as_well_as_the_one_before():
     assert policy.best_length(0, 8) == 8
 
 
+def test_a_new_prompt_starts_from_the_earlier_prompts_acceptance_worth_a_few_rounds():
+    """A pair that accepted nearly everything on earlier prompts must not start the next one
+    from the flat 0.5 prior (which plans plain rounds until its own evidence outweighs it),
+    and an earlier prompt must not outweigh more than a few of this prompt's rounds."""
+    acc = AcceptanceByPosition(arms=2, k_max=4, decay=1.0)
+    for _ in range(40):
+        acc.observe(0, [1.0, 1.0, 1.0, 0.0])
+    carried = acc.carried_over(4.0)
+    assert carried.seen[0] == [4.0, 4.0, 4.0, 4.0] and carried.hits[0] == [4.0, 4.0, 4.0, 0.0]
+    assert carried.seen[1] == [0.0] * 4  # an arm never drafted stays at the prior
+    assert carried.rate(0, 1) == pytest.approx((4.0 + 0.5) / 5.0)
+    policy = build_policy("ucb", {"draft_length": "goodput"}, ["d", "e"], draft_tokens=4)
+    for _ in range(40):
+        policy.update(RoundFeedback(0, 4, 3, [1.0, 1.0, 1.0, 0.0], 0.1, draft_seconds=0.01, verify_seconds=0.05))
+    policy.reset()  # the next prompt: the learner forgets, the acceptance is carried over
+    assert policy.acceptance.seen[0][0] == pytest.approx(4.0) and policy.acceptance.rate(0, 1) > 0.85
+    assert sum(policy.pulls) == 0 and policy.t == 0
+
+
 def test_a_token_withheld_by_the_stop_is_judged_by_what_the_target_committed():
     """Calibration must also learn at the confidences where the drafter stops: the withheld
     token is checked against the target's token at its position once that is committed."""

@@ -209,6 +209,18 @@ class AcceptanceByPosition:
     def rate(self, arm: int, position: int) -> float:
         return self.rates(arm, position)[-1]
 
+    def carried_over(self, rounds: float) -> "AcceptanceByPosition":
+        """A fresh estimate for the next prompt that starts from this one's rates, worth at
+        most `rounds` observations per position: a pair's acceptance by position changes
+        from prompt to prompt, but far less than a flat prior says, and a prompt that starts
+        from 0.5 plans short or plain rounds until its own evidence outweighs the prior."""
+        fresh = AcceptanceByPosition(len(self.hits), self.k_max, self.prior, self.prior_weight, self.decay)
+        for arm, (hits, seen) in enumerate(zip(self.hits, self.seen)):
+            for m, count in enumerate(seen):
+                scale = min(1.0, rounds / count) if count > 0 else 0.0
+                fresh.hits[arm][m], fresh.seen[arm][m] = hits[m] * scale, count * scale
+        return fresh
+
     def state(self) -> dict:
         return {"hits": [list(row) for row in self.hits], "seen": [list(row) for row in self.seen]}
 

@@ -76,6 +76,8 @@ class Policy(ABC):
     FULL_INFORMATION: ClassVar[bool] = False  # needs evaluate = "all"
     STATE: ClassVar[tuple[str, ...]] = ()  # attributes that hold what was learned, saved as JSON
     REPROBE: ClassVar[int] = 8
+    # Observations per draft position an earlier prompt's acceptance is worth to the next.
+    CARRIED_ROUNDS: ClassVar[float] = 4.0
     MAX_PROBE_GAP: ClassVar[int] = 256
 
     def __init__(self, arms: Sequence[str], options: dict[str, Any] | None = None, seed: int | None = None,
@@ -142,7 +144,11 @@ class Policy(ABC):
         this machine and these models, not the prompt (so no prompt pays to measure it again)."""
         if not hasattr(self, "costs"):
             self.costs = RoundCostModel(len(self.arms))
-        self.acceptance = AcceptanceByPosition(len(self.arms), self.draft_tokens)
+        # Acceptance by position (what plans K) starts from the earlier prompts' rates,
+        # worth a few rounds; what the learner itself knows (its choice of arm) starts over.
+        previous = getattr(self, "acceptance", None)
+        self.acceptance = (AcceptanceByPosition(len(self.arms), self.draft_tokens) if previous is None
+                           else previous.carried_over(self.CARRIED_ROUNDS))
         self._idle = [0] * len(self.arms)  # rounds each arm was planned at K = 0 since its last draft
         self._probe_gap = [self.REPROBE] * len(self.arms)
         self.fresh()
