@@ -84,16 +84,13 @@ class CachedLM:
         if self.lean is not None:
             if layers:
                 raise ValueError("the lean forward hands over no hidden states")
-            logits = self.lean.forward(tokens.to(self.device), keep)
-            self.length += n
-            if self.timed:
-                self.forward_seconds += self.clock() - start
-            return self._fit(logits), {}
-        self.reserve(self.length + n)
-        ids = tokens.view(1, n).to(self.device)
-        positions = torch.arange(self.length, self.length + n, device=self.device).view(1, n)
-        outputs = self.graphs(ids, positions, keep, layers) if self.graphs is not None else None
-        logits, hidden = outputs if outputs is not None else self._forward(ids, positions, keep, layers)
+            logits, hidden = self.lean.forward(tokens.to(self.device), keep), {}
+        else:
+            self.reserve(self.length + n)
+            ids = tokens.view(1, n).to(self.device)
+            positions = torch.arange(self.length, self.length + n, device=self.device).view(1, n)
+            outputs = self.graphs(ids, positions, keep, layers) if self.graphs is not None else None
+            logits, hidden = outputs if outputs is not None else self._forward(ids, positions, keep, layers)
         self.length += n
         if self.timed:
             self.forward_seconds += self.clock() - start

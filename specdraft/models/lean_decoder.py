@@ -112,7 +112,7 @@ def _fuse(parts: Sequence[nn.Module]) -> nn.Module:
     fused.in_features, fused.out_features = first.in_features, sum(sizes)
     if isinstance(first, Int4Linear):
         fused.group = first.group
-        packed = torch.cat([p.weight_int4 for p in parts])  # one packed row block per output row
+        packed = torch.cat([p.weight_int4 for p in parts])  # output rows stay rows (blocks of 64 aligned)
         for p, w in zip(parts, packed.split(sizes)):
             p.weight_int4 = w
         fused.register_buffer("weight_int4", packed)
