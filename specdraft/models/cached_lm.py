@@ -57,9 +57,7 @@ class CachedLM:
         return self.kv.cache
 
     def reset(self) -> None:
-        if self.lean is not None:
-            self.lean.reset()
-        else:
+        if self.kv is not None:  # the lean buffer is simply written from position 0 again
             self.kv.reset()
         self.length = 0
 
@@ -84,7 +82,7 @@ class CachedLM:
         if self.lean is not None:
             if layers:
                 raise ValueError("the lean forward hands over no hidden states")
-            logits, hidden = self.lean.forward(tokens.to(self.device), keep), {}
+            logits, hidden = self.lean.forward(tokens.to(self.device), self.length, keep), {}
         else:
             self.reserve(self.length + n)
             ids = tokens.view(1, n).to(self.device)
@@ -109,11 +107,9 @@ class CachedLM:
 
     def crop(self, length: int) -> None:
         """Forget everything after the first `length` tokens."""
-        if length < self.length and self.lean is not None:
-            self.lean.crop(length)
-            self.length = length
-        elif length < self.length:
-            self.kv.remove_last(self.length - length, length=self.length)
+        if length < self.length:
+            if self.kv is not None:  # the lean buffer is overwritten from `length` by the next feed
+                self.kv.remove_last(self.length - length, length=self.length)
             self.length = length
 
     def _fit(self, logits: torch.Tensor) -> torch.Tensor:

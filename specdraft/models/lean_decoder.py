@@ -14,10 +14,11 @@ what one token needs and no more:
 - fused RMSNorm, SDPA with grouped query heads, no masks for a single token, and the output
   head only at the rows asked for.
 
-The model's own modules are read, never replaced: transformers' forward of the same object
-(the assisted-generation baseline, training, scoring along a trajectory) is unchanged and
-gives the same logits up to float rounding. Only drafts come from this forward, and the
-target verifies every drafted token, so output stays exactly what plain decoding gives.
+The model's modules stay in place (only their projection weights become slices of the fused
+ones): transformers' forward of the same object (the assisted-generation baseline,
+training, scoring along a trajectory) is unchanged and gives the same logits up to float
+rounding. Only drafts come from this forward, and the target verifies every drafted token,
+so output stays exactly what plain decoding gives.
 
 Supported: decoder-only models whose layers are Llama's shape (Llama, Qwen2, Mistral
 without sliding windows): RMSNorm, rotary positions from the model's own rotary module,
@@ -151,17 +152,13 @@ class LeanDecoder:
             model._specdraft_lean_layers = self.layers
         weight = self.inner.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype
+        # The buffer holds no length of its own: the caller (CachedLM) says where each feed
+        # starts, so a rollback or a new prompt is only a smaller start next time.
         self.capacity = 0
         self.keys = self.values = torch.empty(0)
-        self.length = 0
 
-    def reset(self) -> None:
-        self.length = 0
-
-    def crop(self, length: int) -> None:
-        self.length = min(self.length, length)
-
-    def _reserve(self, length: int) -> None:
+    def _reserve(self, length: int, kept: int) -> None:
+        """Room for `length` tokens, keeping the first `kept` when the buffer moves."""
         if length <= self.capacity:
             return
         capacity = max(INITIAL_CAPACITY, self.capacity)
@@ -171,17 +168,17 @@ class LeanDecoder:
         keys = torch.empty(shape, dtype=self.dtype, device=self.device)
         values = torch.empty(shape, dtype=self.dtype, device=self.device)
         if self.capacity:
-            keys[..., : self.length, :] = self.keys[..., : self.length, :]
-            values[..., : self.length, :] = self.values[..., : self.length, :]
+            keys[..., :kept, :] = self.keys[..., :kept, :]
+            values[..., :kept, :] = self.values[..., :kept, :]
         self.keys, self.values, self.capacity = keys, values, capacity
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
-        """Feed `ids` [n] after the cached tokens; logits of the last `keep` positions (all
-        when 0) [keep, V]."""
-        n, start = ids.shape[-1], self.length
+    def forward(self, ids: torch.Tensor, start: int, keep: int) -> torch.Tensor:
+        """Feed `ids` [n] after the first `start` cached tokens (what follows them is
+        overwritten); logits of the last `keep` positions (all when 0) [keep, V]."""
+        n = ids.shape[-1]
         end = start + n
-        self._reserve(end)
+        self._reserve(end, start)
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         x = self.inner.embed_tokens(ids.view(1, n))
         positions = torch.arange(start, end, device=self.device).view(1, n)
@@ -206,7 +203,6 @@ class LeanDecoder:
             h = F.rms_norm(x, (x.shape[-1],), norm2.weight, norm2.variance_epsilon)
             gate, up = gate_up(h).split([inner_size, inner_size], dim=-1)
             x = x + down(F.silu(gate) * up)
-        self.length = end
         rows = x[:, -keep:] if keep else x
         final = self.inner.norm
         return self.model.lm_head(F.rms_norm(rows, (rows.shape[-1],), final.weight, final.variance_epsilon))[0]
