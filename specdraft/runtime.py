@@ -7,7 +7,9 @@ ProfileError while the pool is built, naming the drafter's key path.
 
 from __future__ import annotations
 
+import logging
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +25,10 @@ from specdraft.learning.policies import build_policy, option_value
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.loading import LoadedModel, eos_token_ids, load_model
 from specdraft.models.kv_cache import core_choice
+from specdraft.models.packed_linear import pack_linears, packing_choice
 from specdraft.models.width_costs import width_costs
+
+log = logging.getLogger("specdraft")
 
 
 @dataclass
@@ -45,14 +50,20 @@ def sampling_params(profile: Profile) -> SamplingParams:
 
 
 def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bool = False,
-                  models: dict | None = None) -> Runtime:
+                  models: dict | None = None, keep_dense: bool = False) -> Runtime:
     """`target` may be passed in when the caller already loaded it (tests, bench), and
     `models` (another runtime's `.models`) to share the drafters' weights with it.
-    `plain=True` builds the baseline: the same engine with only the no-draft arm."""
+    `plain=True` builds the baseline: the same engine with only the no-draft arm.
+    `keep_dense`: a target whose linear layers get packed keeps its dense weights too, so
+    that transformers' own generation can run on the stock kernels (packed_linear.py)."""
     file = str(profile.file)
     models = {} if models is None else models
     target = target or load_model(profile.target, file, "target")
     decode = profile.decode
+    if packing_choice(decode.linear_kernel, target.model):  # once per model: later runtimes share it
+        began = time.perf_counter()
+        count = pack_linears(target.model, keep_dense=keep_dense)
+        log.info("packed the target's %d linear layers for oneDNN in %.1f s", count, time.perf_counter() - began)
     static, graphs = core_choice(decode.kv_cache, decode.cuda_graphs, next(target.model.parameters()).device)
     target_lm = CachedLM(target.model, static=static, graphs=graphs)
     vocab_size = int(target.model.get_output_embeddings().out_features)  # a quantized head has no .weight

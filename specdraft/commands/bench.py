@@ -70,7 +70,9 @@ def run_bench_command(opts: BenchOptions, console: Console) -> int:
     from specdraft.session.prompt_run import check_prompts
     from specdraft.ui.progress import progress_bar
 
-    runtime = build_runtime(profile)
+    # transformers' own generation runs on the stock kernels (what its users get), so a packed
+    # target keeps its dense weights too when it is a baseline.
+    runtime = build_runtime(profile, keep_dense=opts.baseline == "transformers")
     check_prompts(runtime, ((e.id, e.prompt) for e in examples), opts.chat, f"--data {opts.data}")
     configs = [plain_config(profile, runtime, opts.chat)] + policy_configs(profile, flags, runtime, opts.chat)
     if opts.baseline == "transformers":

@@ -45,6 +45,10 @@ class DecodeConfig:
     # without transformers' per-op overhead), "transformers", or "auto" (lean on a CPU where
     # the model allows it; CUDA graphs remove the same overhead on a GPU).
     drafter_core: str = "auto"
+    # The target's float linear layers on a CPU: "onednn" (packed_linear.py: weights reordered
+    # once for oneDNN, several times faster at decode widths), "torch" (nn.Linear), or "auto"
+    # (oneDNN where the model and CPU allow it).
+    linear_kernel: str = "auto"
     # "measure": time the target's forward at every verify width once per model and machine
     # (kept on disk), plan with that curve and pad a verify to a cheaper wider width;
     # "line": fit a line to this run's verify timings, never pad.
@@ -182,6 +186,7 @@ def _parse_decode(table: Table) -> DecodeConfig:
         kv_cache=table.choice("kv_cache", ("auto", "dynamic", "static"), "auto"),
         cuda_graphs=table.get("cuda_graphs", bool, True),
         drafter_core=table.choice("drafter_core", ("auto", "lean", "transformers"), "auto"),
+        linear_kernel=table.choice("linear_kernel", ("auto", "onednn", "torch"), "auto"),
         verify_costs=table.choice("verify_costs", ("measure", "line"), "measure"),
     )
     table.finish()

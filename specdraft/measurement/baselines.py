@@ -1,6 +1,7 @@
 """transformers' own generation modes as bench configurations: greedy `generate`,
 prompt-lookup generation, and assisted generation with every drafter that drafts with a
-causal LM, on the same prompts in the same run as specdraft."""
+causal LM, on the same prompts in the same run as specdraft. They run on the target's stock
+linear kernels, as transformers runs for its users, even where specdraft packs them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from specdraft.config.profile import Profile
 from specdraft.decoding.stopwatch import device_clock
 from specdraft.measurement.benchmark import Config, Sample
 from specdraft.measurement.datasets import Example
+from specdraft.models.packed_linear import stock_kernels
 from specdraft.runtime import Runtime
 from specdraft.session.prompt_run import prompt_token_ids
 
@@ -38,10 +40,12 @@ def _hf_config(label: str, runtime: Runtime, kwargs: dict, chat: bool | None) ->
         ids = prompt_token_ids(tokenizer, example.prompt, chat)
         inputs = torch.tensor([ids], device=runtime.engine.target.device)
         clock = device_clock(inputs.device)
-        start = clock()
-        out = model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new,
-                             do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id, **kwargs)
-        elapsed = clock() - start
+        with stock_kernels(model):
+            start = clock()
+            out = model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new,
+                                 do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+                                 **kwargs)
+            elapsed = clock() - start
         new = out[0, len(ids):].tolist()
         return Sample(example.id, example.task, label, 0, len(new), 0, elapsed, ids=new)
 
