@@ -49,7 +49,7 @@ def generate(
     chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Wrap the prompt in the tokenizer's chat template (default: when it has one).", show_default=False)] = None,
     panel: Annotated[Optional[bool], typer.Option("--panel/--no-panel", help="Live panel on stderr (default: when both stdout and stderr are a terminal).", show_default=False)] = None,
     stats: Annotated[bool, typer.Option("--stats", help="Print a one-line summary per prompt on stderr.")] = False,
-    policy: Annotated[Optional[str], typer.Option(help="Override \\[policy] name, e.g. normalhedge, ucb or fixed:lookup.")] = None,
+    policy: Annotated[Optional[str], typer.Option(help="Override \\[policy] name, e.g. normalhedge, ucb, fixed:lookup or normalhedge(reset=prompt).")] = None,
     draft_tokens: Annotated[Optional[int], typer.Option("--draft-tokens", "-k", help="Tokens drafted per round (K).")] = None,
     temperature: Annotated[Optional[float], typer.Option(help="0 = greedy.")] = None,
     top_k: Annotated[Optional[int], typer.Option(help="Top-k filter (0 = off).")] = None,
@@ -72,7 +72,7 @@ def generate(
 def bench(
     pool: Annotated[Optional[str], typer.Option("--pool", "-p", help="TOML drafter-pool profile (optional with --replay).")] = None,
     data: Annotated[Optional[str], typer.Option(help="Prompts: .jsonl (prompt, task, id), .csv (prompt column) or text (one per line).")] = None,
-    policies: Annotated[Optional[str], typer.Option(help="Comma-separated, e.g. ucb,normalhedge,fixed:lookup (default: the profile's policy and each drafter fixed).")] = None,
+    policies: Annotated[Optional[str], typer.Option(help="Comma-separated, e.g. ucb,normalhedge,fixed:lookup,\"normalhedge(reset=prompt)\" (default: the profile's policy and each drafter fixed).")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", "-n")] = None,
     limit: Annotated[Optional[int], typer.Option(help="Use only the first N prompts.")] = None,
     repeat: Annotated[int, typer.Option(help="Measured passes over the prompts (after one warm-up).")] = 1,

@@ -153,6 +153,7 @@ def policy_engine(target, drafters, name, k=4, max_new=40, target_lm=None, **opt
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
 @pytest.mark.parametrize("options", [{}, {"evaluate": "all"}, {"draft_length": "fixed"},
+                                     {"evaluate": "all", "reset": "prompt"},
                                      {"evaluate": "all", "objective": "acceptance", "draft_length": "fixed",
                                       "allow_none": False}])
 def test_every_policy_keeps_greedy_output_identical(target, pool, name, options):
@@ -167,7 +168,7 @@ def test_every_policy_keeps_greedy_output_identical(target, pool, name, options)
         evaluated = sum(len(r.evaluated or ()) for r in records)
         if not engine.driver.full_information:
             assert evaluated == 0
-        elif engine.policy.goodput and engine.policy.resets_per_prompt:
+        elif engine.policy.goodput and engine.policy.forgets_per_prompt:
             # the policy forgets before the next prompt: its last rounds are not scored
             assert records[-1].evaluated is None and 1 <= evaluated < len(records)
         elif engine.policy.evaluation_sampled:  # adaptive: one round in m, the last one always

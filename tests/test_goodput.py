@@ -317,7 +317,7 @@ def test_a_new_prompt_starts_from_the_earlier_prompts_acceptance_worth_a_few_rou
     assert carried.seen[0] == [4.0, 4.0, 4.0, 4.0] and carried.hits[0] == [4.0, 4.0, 4.0, 0.0]
     assert carried.seen[1] == [0.0] * 4  # an arm never drafted stays at the prior
     assert carried.rate(0, 1) == pytest.approx((4.0 + 0.5) / 5.0)
-    policy = build_policy("ucb", {"draft_length": "goodput"}, ["d", "e"], draft_tokens=4)
+    policy = build_policy("ucb", {"draft_length": "goodput", "reset": "prompt"}, ["d", "e"], draft_tokens=4)
     for _ in range(40):
         policy.update(RoundFeedback(0, 4, 3, [1.0, 1.0, 1.0, 0.0], 0.1, draft_seconds=0.01, verify_seconds=0.05))
     policy.reset()  # the next prompt: the learner forgets, the acceptance is carried over

@@ -12,6 +12,7 @@ import pytest
 
 from specdraft.learning.feedback import RegretTracker, expected_accept_length
 from specdraft.learning.policies import POLICIES, RoundFeedback
+from specdraft.learning.policies.base import Policy
 from specdraft.learning.policies.bandits import Exp3Policy
 from specdraft.learning.policies.halving import HalvingPolicy
 from specdraft.learning.policies.hedge import normalhedge_scale
@@ -59,7 +60,8 @@ def simulate(policy, arms, rounds, full=False, change_at=None, new_rates=None):
     return chosen, tracker
 
 
-PAPERS = {"objective": "acceptance", "draft_length": "fixed"}  # the papers' setting: what these simulations test
+# The papers' setting, what these simulations test: each prompt learns from scratch.
+PAPERS = {"objective": "acceptance", "draft_length": "fixed", "reset": "prompt"}
 
 
 def make(name, n=3, seed=0, **options):
@@ -210,6 +212,44 @@ def test_state_round_trips_through_json_and_every_reset_starts_from_it(name):
     assert json.dumps(fresh.state_dict(), sort_keys=True) == expected
     with pytest.raises(ValueError, match="saved state is for"):
         make(name, n=2, **options).load_state_dict(saved)
+
+
+CARRYING = sorted(name for name in POLICIES if name not in ("fixed", "random", "halving"))
+
+
+@pytest.mark.parametrize("name", CARRYING)
+def test_carry_starts_the_next_prompt_from_the_same_leader_worth_a_few_rounds(name):
+    full = POLICIES[name].FULL_INFORMATION
+    carried = make(name, reset="carry")
+    forgot = make(name)
+    for policy in (carried, forgot):
+        simulate(policy, Arms([0.2, 0.9, 0.4]), 80, full=full)
+    leader = favourite(carried)
+    carried.reset()
+    forgot.reset()
+    assert carried.learned_rounds == Policy.CARRIED_ROUNDS
+    assert forgot.learned_rounds == 0
+    # A prompt starts from the leader of the earlier ones (a fresh learner has none) ...
+    assert favourite(carried) == leader == 1
+    assert json.dumps(carried.state_dict()["state"]) != json.dumps(forgot.state_dict()["state"])
+    # ... and a prompt where another drafter is best overturns it within a prompt's rounds.
+    simulate(carried, Arms([0.95, 0.1, 0.1]), 40, full=full)
+    assert favourite(carried) == 0
+
+
+def favourite(policy) -> int:
+    """The arm a policy leans to: the likeliest for EXP3 (it samples), the choice otherwise."""
+    if isinstance(policy, Exp3Policy):
+        p = policy.probabilities()
+        return p.index(max(p))
+    return policy.select()
+
+
+def test_halving_refuses_carry_and_the_default_carries():
+    assert ("reset", 'must be "prompt" or "never" (halving explores each prompt from the start) (got \'carry\')') \
+        in POLICIES["halving"].check_options({"reset": "carry"}, ["d0"])
+    assert POLICIES["ucb"](["a", "b"], {}).options["reset"] == "carry"
+    assert POLICIES["halving"](["a", "b"], {}).options["reset"] == "prompt"
 
 
 def test_sliding_window_keeps_sliding_after_a_state_load():

@@ -119,3 +119,25 @@ def test_overrides_apply_and_are_validated(tmp_path):
         parse(GOOD, tmp_path).with_overrides(draft_tokens=0)
     with pytest.raises(ProfileError, match='no drafter named "zzz"'):
         parse(GOOD, tmp_path).with_overrides(policy="fixed:zzz")
+
+
+def test_policy_flags_take_options_and_bench_lists_split_outside_them(tmp_path):
+    from specdraft.config.profile import split_policy_flags
+    from specdraft.errors import UsageError
+
+    file = tmp_path / "p.toml"
+    (tmp_path / "t").mkdir()
+    file.write_text('[target]\npath = "t"\n[policy]\nname = "normalhedge"\n[[drafters]]\nname = "lookup"\nkind = "ngram"\n')
+    profile = load_profile(file)
+    assert split_policy_flags("normalhedge(reset=prompt; update_every=2), fixed:lookup,ucb(beta=0.1)") == [
+        "normalhedge(reset=prompt; update_every=2)", "fixed:lookup", "ucb(beta=0.1)"]
+    config = profile.with_overrides(policy="normalhedge(reset=prompt; update_every=2)").policy
+    assert config.name == "normalhedge" and config.options["reset"] == "prompt" and config.options["update_every"] == 2
+    assert profile.with_overrides(policy="fixed:lookup(draft_length=fixed)").policy.options == {
+        "drafter": "lookup", "draft_length": "fixed"}
+    with pytest.raises(ProfileError, match="reset"):
+        profile.with_overrides(policy="normalhedge(reset=sometimes)")
+    with pytest.raises(UsageError, match="KEY=VALUE"):
+        profile.with_overrides(policy="ucb(beta)")
+    with pytest.raises(UsageError, match="parentheses"):
+        profile.with_overrides(policy="ucb(beta=1")

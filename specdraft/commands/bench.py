@@ -51,7 +51,7 @@ def run_bench_command(opts: BenchOptions, console: Console) -> int:
     _check_options(opts)
     if opts.replay:
         return _replay_command(opts, console)
-    from specdraft.config.profile import load_profile
+    from specdraft.config.profile import load_profile, split_policy_flags
     from specdraft.measurement.datasets import load_dataset
 
     # Everything the user wrote is checked before torch, transformers or a model loads.
@@ -59,7 +59,7 @@ def run_bench_command(opts: BenchOptions, console: Console) -> int:
                                                      temperature=opts.temperature)
     if opts.baseline and not profile.decode.greedy:
         raise UsageError("--baseline transformers times greedy decoding; it cannot run with temperature > 0")
-    flags = [f.strip() for f in opts.policies.split(",") if f.strip()] if opts.policies else None
+    flags = split_policy_flags(opts.policies) if opts.policies else None
     for flag in flags or ():
         profile.with_overrides(policy=flag)  # a bad --policies entry is a usage error now
     examples = load_dataset(opts.data, warner(console), opts.limit)

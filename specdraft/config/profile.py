@@ -25,7 +25,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 from specdraft.config.model_spec import ModelSpec, parse_model_spec
 from specdraft.config.tables import Table
 from specdraft.drafters.registry import DrafterConfig, parse_drafter
-from specdraft.errors import ProfileError
+from specdraft.errors import ProfileError, UsageError
 from specdraft.learning.policies import COMMON_OPTIONS, check_policy
 
 
@@ -143,16 +143,49 @@ def parse_policy_flag(flag: str, profile: Profile) -> PolicyConfig:
 
 
 def policy_from_flag(flag: str, base: PolicyConfig) -> PolicyConfig:
-    """`NAME` or `NAME:DRAFTER` applied over `base` (not validated): options keep their base
-    values only when the name is unchanged, since another policy's own parameters would not
-    fit; the options every policy shares carry over, except `evaluate`, whose default differs."""
-    name, _, arg = flag.partition(":")
+    """`NAME`, `NAME:DRAFTER`, either followed by `(KEY=VALUE; ...)` options, applied over
+    `base` (not validated): options keep their base values only when the name is unchanged,
+    since another policy's own parameters would not fit; the options every policy shares
+    carry over, except `evaluate`, whose default differs. VALUEs are TOML values, and a bare
+    word is a string: `normalhedge(reset=prompt)`, `ucb(beta=0.1; reward=be)`."""
+    head, paren, rest = flag.partition("(")
+    name, _, arg = head.strip().partition(":")
     options = dict(base.options)
     if name != base.name:
         options = {k: v for k, v in options.items() if k in COMMON_OPTIONS and k != "evaluate"}
     if arg:
         options["drafter"] = arg
+    if paren:
+        options.update(_flag_options(flag, rest))
     return PolicyConfig(name, options)
+
+
+def _flag_options(flag: str, text: str) -> dict[str, Any]:
+    if not text.endswith(")"):
+        raise UsageError(f"policy {flag!r}: options go in one pair of parentheses: NAME(KEY=VALUE; ...)")
+    options: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text[:-1].split(";"))):
+        key, equals, value = (p.strip() for p in item.partition("="))
+        if not equals or not key:
+            raise UsageError(f"policy {flag!r}: expected KEY=VALUE, got {item!r}")
+        try:
+            options[key] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            options[key] = value  # a bare word: a string
+    return options
+
+
+def split_policy_flags(text: str) -> list[str]:
+    """`--policies` entries: split at commas outside parentheses."""
+    flags, depth, current = [], 0, ""
+    for char in text:
+        depth += (char == "(") - (char == ")")
+        if char == "," and depth == 0:
+            flags.append(current)
+            current = ""
+        else:
+            current += char
+    return [f.strip() for f in [*flags, current] if f.strip()]
 
 
 def _check_policy(config: PolicyConfig, profile: Profile, flag: bool) -> None:

@@ -99,7 +99,7 @@ class PolicyDriver:
         if not self.policy.full_information:
             self.policy.update(outcome.feedback)
             return NOTHING_LEARNED
-        if last and self.policy.resets_per_prompt and self.policy.goodput:
+        if last and self.policy.forgets_per_prompt and self.policy.goodput:
             # Nothing would use an evaluation now: the policy forgets what it learned before
             # the next prompt, so scoring the drafters on the prompt's last rounds would only
             # cost time (a model drafter's forward over every token it did not draft). The

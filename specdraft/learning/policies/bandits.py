@@ -17,7 +17,7 @@ import math
 from collections import deque
 from typing import Sequence
 
-from specdraft.learning.policies.base import OptionSpec, Policy, RoundFeedback, one_of
+from specdraft.learning.policies.base import OptionSpec, Policy, RoundFeedback, one_of, scaled
 
 REWARD = OptionSpec((str,), "bd", one_of("bd", "be"), 'must be "bd" or "be"',
                     "bd: block divergence (mean 1 - TV); be: block efficiency (accepted / drafted)")
@@ -33,6 +33,13 @@ class UCBPolicy(Policy):
         self.pulls = [0] * len(self.arms)
         self.means = [0.0] * len(self.arms)
         self.t = 0
+
+    def carry_in(self, snapshot: dict, factor: float) -> None:
+        # The same means on fewer pulls: wider confidence bounds, so a few rounds of new
+        # evidence can move them. An arm never pulled stays untried.
+        self.means = list(snapshot["means"])
+        self.pulls = scaled(snapshot["pulls"], factor)
+        self.t = sum(self.pulls)
 
     def index(self, arm: int) -> float:
         if self.pulls[arm] == 0:
@@ -73,6 +80,12 @@ class DiscountedUCBPolicy(UCBPolicy):
         self.weights = [0.0] * len(self.arms)  # discounted pull counts
         self.sums = [0.0] * len(self.arms)  # discounted reward sums
 
+    def carry_in(self, snapshot: dict, factor: float) -> None:
+        self.pulls = scaled(snapshot["pulls"], factor)
+        self.weights = scaled(snapshot["weights"], factor)
+        self.sums = scaled(snapshot["sums"], factor)
+        self.t = sum(self.pulls)
+
     def index(self, arm: int) -> float:
         if self.weights[arm] <= 1e-12:
             return math.inf
@@ -102,6 +115,12 @@ class SlidingWindowUCBPolicy(UCBPolicy):
         super().fresh()
         self.history: deque = deque(maxlen=self.options["window"])
 
+    def carry_in(self, snapshot: dict, factor: float) -> None:
+        # The window itself bounds the evidence, and cutting it shorter would leave arms with
+        # no rounds in it (untried again): the window carries over whole.
+        self.history.extend(snapshot["history"])
+        self.t = len(self.history)
+
     def index(self, arm: int) -> float:
         rewards = [r for a, r in self.history if a == arm]
         if not rewards:
@@ -127,6 +146,9 @@ class Exp3Policy(Policy):
     def fresh(self) -> None:
         self.log_weights = [0.0] * len(self.arms)
         self.chosen_probability: float | None = None  # P(the last selected arm), set by select
+
+    def carry_in(self, snapshot: dict, factor: float) -> None:
+        self.log_weights = scaled(snapshot["log_weights"], factor)  # a flatter distribution, same order
 
     def probabilities(self) -> list[float]:
         top = max(self.log_weights)

@@ -5,7 +5,7 @@ round, `update(feedback)` learns from the round's alignment feedback. Each polic
 its options (name -> OptionSpec) and checks them itself (`check_options` returns problems;
 the profile adds key paths), so a `[policy]` table is validated before any model loads;
 options every policy shares (reset, evaluate, objective, allow_none, draft_length) are
-declared here once, and exposed as properties so callers never dig in `options`.
+declared once (options.py), and exposed as properties so callers never dig in `options`.
 
 Speed is the objective here, for every policy alike (ARCHITECTURE.md, "Goodput"): each
 policy owns a round cost model and each arm's acceptance by position, plans every round's
@@ -19,40 +19,15 @@ import copy
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from specdraft.learning.confidence import StopRule
 from specdraft.learning.feedback import RoundFeedback, bd_reward, be_reward, expected_accept_length
 from specdraft.learning.goodput import AcceptanceByPosition, RoundCostModel, best_draft_length, committed_by_length
+from specdraft.learning.policies.options import COMMON_OPTIONS, OptionSpec, one_of, scaled  # noqa: F401 (re-exported)
 from specdraft.learning.policies.state_json import jsonable, restored
 
 PLAIN_ARM = "none"  # the arm that drafts nothing: a plain decoding round
-
-
-@dataclass(frozen=True)
-class OptionSpec:
-    types: tuple[type, ...]
-    default: Any
-    check: Callable[[Any], bool] = lambda value: True
-    requirement: str = ""
-    help: str = ""
-
-
-def one_of(*values: str) -> Callable[[Any], bool]:
-    return lambda value: value in values
-
-
-COMMON_OPTIONS: dict[str, OptionSpec] = {
-    "reset": OptionSpec((str,), "prompt", one_of("prompt", "never"), 'must be "prompt" or "never"',
-                        "forget what was learned before each prompt, or keep learning across prompts"),
-    "evaluate": OptionSpec((str,), "chosen", one_of("all", "chosen"), 'must be "all" or "chosen"',
-                           "score every drafter on the verified text each round (full information)"),
-    "objective": OptionSpec((str,), "goodput", one_of("goodput", "acceptance"), 'must be "goodput" or "acceptance"',
-                            "learn on estimated tokens per second, or on accepted tokens (the papers' objective)"),
-    "allow_none": OptionSpec((bool,), True, help='the "none" arm: plain decoding for a round, when nothing pays off'),
-    "draft_length": OptionSpec((str,), "goodput", one_of("fixed", "goodput"), 'must be "fixed" or "goodput"',
-                               "draft K tokens every round, or the K in 0..K with the best estimated tokens/s"),
-}
 
 
 @dataclass(frozen=True)
@@ -76,7 +51,8 @@ class Policy(ABC):
     FULL_INFORMATION: ClassVar[bool] = False  # needs evaluate = "all"
     STATE: ClassVar[tuple[str, ...]] = ()  # attributes that hold what was learned, saved as JSON
     REPROBE: ClassVar[int] = 8
-    # Observations per draft position an earlier prompt's acceptance is worth to the next.
+    # Rounds that what earlier prompts taught is worth to the next one: acceptance by
+    # position always, the learner's own state under reset = "carry".
     CARRIED_ROUNDS: ClassVar[float] = 4.0
     MAX_PROBE_GAP: ClassVar[int] = 256
 
@@ -131,6 +107,12 @@ class Policy(ABC):
 
     @property
     def resets_per_prompt(self) -> bool:
+        """reset() runs before each prompt (to forget, or to carry over a prior)."""
+        return self.options["reset"] in ("prompt", "carry")
+
+    @property
+    def forgets_per_prompt(self) -> bool:
+        """Nothing the learner learns now reaches the next prompt."""
         return self.options["reset"] == "prompt"
 
     @property
@@ -139,8 +121,9 @@ class Policy(ABC):
         return bool(self.options["allow_none"])
 
     def reset(self) -> None:
-        """Forget what was learned (before each prompt unless reset = "never"); a loaded
-        state is where every reset starts from. The round cost model is kept: it describes
+        """Forget what was learned, or under reset = "carry" keep it scaled down to a few
+        rounds' worth (before each prompt unless reset = "never"); a loaded state is where
+        every reset starts from. The round cost model is kept: it describes
         this machine and these models, not the prompt (so no prompt pays to measure it again)."""
         if not hasattr(self, "costs"):
             self.costs = RoundCostModel(len(self.arms))
@@ -151,9 +134,23 @@ class Policy(ABC):
                            else previous.carried_over(self.CARRIED_ROUNDS))
         self._idle = [0] * len(self.arms)  # rounds each arm was planned at K = 0 since its last draft
         self._probe_gap = [self.REPROBE] * len(self.arms)
+        # Under reset = "carry" the learner's state carries over too, scaled down to at most
+        # CARRIED_ROUNDS rounds of evidence (learned_rounds: what the state holds).
+        rounds = getattr(self, "learned_rounds", 0.0) if self.options["reset"] == "carry" else 0.0
+        factor = min(1.0, self.CARRIED_ROUNDS / rounds) if rounds > 0 else 0.0
+        snapshot = {key: copy.deepcopy(getattr(self, key)) for key in self.STATE} if factor else None
         self.fresh()
+        self.learned_rounds = rounds * factor
         if self._initial_state is not None:
             self._apply_state(self._initial_state)
+        if snapshot is not None:
+            self.carry_in(snapshot, factor)
+
+    def carry_in(self, snapshot: dict, factor: float) -> None:
+        """Start a prompt from an earlier prompt's learner state `snapshot` (STATE keys),
+        its evidence scaled by `factor` in (0, 1]: a prior the new prompt can overturn in a
+        few rounds. Policies whose state is evidence override this; by default the learner
+        starts fresh (it learns nothing that carries, as fixed and random)."""
 
     def fresh(self) -> None:
         """Set up the learner's state from scratch; policies that learn override this."""
@@ -179,6 +176,7 @@ class Policy(ABC):
         """Learn from one round: its costs and acceptance first (rewards are built on them)."""
         self.observe(feedback)
         self.learn(feedback)
+        self.learned_rounds += 1
 
     def observe(self, feedback: RoundFeedback) -> None:
         """Only the round's timings and the chosen drafter's acceptance: what every round
@@ -399,6 +397,7 @@ class Policy(ABC):
             self.reset()
             raise
         self._initial_state = candidate
+        self.learned_rounds = 0.0  # the loaded state is the start: nothing earlier is carried into it
         self.reset()
 
     def _apply_state(self, state: dict) -> None:

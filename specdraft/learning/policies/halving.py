@@ -12,14 +12,18 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from specdraft.learning.policies.base import OptionSpec, Policy, RoundFeedback
+from specdraft.learning.policies.base import OptionSpec, Policy, RoundFeedback, one_of
 from specdraft.learning.policies.bandits import REWARD
 
 
 class HalvingPolicy(Policy):
     name = "halving"
     OPTIONS = {"c": OptionSpec((float, int), 4.0, lambda v: v > 0, "must be > 0", "exploration budget B0 = c ln B"),
-               "reward": REWARD}
+               "reward": REWARD,
+               # Its exploration budget is per generation: a carried prior has no phase to enter.
+               "reset": OptionSpec((str,), "prompt", one_of("prompt", "never"),
+                                   'must be "prompt" or "never" (halving explores each prompt from the start)',
+                                   "forget what was learned before each prompt, or keep learning across prompts")}
     STATE = ("survivors", "phase", "queue", "sums", "counts")
 
     def fresh(self) -> None:

@@ -26,7 +26,7 @@ import math
 from typing import Sequence
 
 from specdraft.learning.feedback import acceptance_loss, expected_accept_length, length_loss
-from specdraft.learning.policies.base import OptionSpec, Policy, RoundFeedback, one_of
+from specdraft.learning.policies.base import OptionSpec, Policy, RoundFeedback, one_of, scaled
 
 HEDGE_OPTIONS = {
     "evaluate": OptionSpec((str,), "all", one_of("all"), 'must be "all": these learners score every drafter'),
@@ -57,6 +57,11 @@ class HedgeFamily(Policy):
         self.history: list[list[float]] = []  # token game: per-arm gammas at every committed position
         self.scored_until = 0  # token game: positions whose loss was already produced
         self.weights_state = self.initial_weights_state()
+
+    def carry_in(self, snapshot: dict, factor: float) -> None:
+        # Regrets (or cumulative losses) scaled down: the same leader, overturned by a few
+        # rounds of evidence against it rather than by a whole prompt's.
+        self.weights_state = scaled(snapshot["weights_state"], factor)
 
     # Subclasses: their learned state, how losses move it, and the distribution it implies.
     def initial_weights_state(self) -> list: ...

@@ -1,0 +1,41 @@
+"""How a policy declares its options (OptionSpec), the options every policy shares, and the
+small helpers policies use on their options and learned state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    types: tuple[type, ...]
+    default: Any
+    check: Callable[[Any], bool] = lambda value: True
+    requirement: str = ""
+    help: str = ""
+
+
+def one_of(*values: str) -> Callable[[Any], bool]:
+    return lambda value: value in values
+
+
+def scaled(value: Any, factor: float) -> Any:
+    """Every number in `value` (a number or nested lists of them) times `factor`."""
+    if isinstance(value, list):
+        return [scaled(v, factor) for v in value]
+    return value * factor
+
+
+COMMON_OPTIONS: dict[str, OptionSpec] = {
+    "reset": OptionSpec((str,), "carry", one_of("prompt", "carry", "never"), 'must be "prompt", "carry" or "never"',
+                        "before each prompt: forget what was learned (the papers), carry it over worth "
+                        "a few rounds, or keep learning as if the prompts were one"),
+    "evaluate": OptionSpec((str,), "chosen", one_of("all", "chosen"), 'must be "all" or "chosen"',
+                           "score every drafter on the verified text each round (full information)"),
+    "objective": OptionSpec((str,), "goodput", one_of("goodput", "acceptance"), 'must be "goodput" or "acceptance"',
+                            "learn on estimated tokens per second, or on accepted tokens (the papers' objective)"),
+    "allow_none": OptionSpec((bool,), True, help='the "none" arm: plain decoding for a round, when nothing pays off'),
+    "draft_length": OptionSpec((str,), "goodput", one_of("fixed", "goodput"), 'must be "fixed" or "goodput"',
+                               "draft K tokens every round, or the K in 0..K with the best estimated tokens/s"),
+}
