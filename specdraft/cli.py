@@ -76,7 +76,7 @@ def bench(
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", "-n")] = None,
     limit: Annotated[Optional[int], typer.Option(help="Use only the first N prompts.")] = None,
     repeat: Annotated[int, typer.Option(help="Measured passes over the prompts (after one warm-up).")] = 1,
-    baseline: Annotated[Optional[str], typer.Option(help="transformers: also time transformers' greedy, assisted and prompt-lookup generation.")] = None,
+    baseline: Annotated[Optional[str], typer.Option(help="transformers: also time transformers' greedy, assisted and prompt-lookup generation (stock kernels); transformers-packed: the same over specdraft's packed target; both: transformers,transformers-packed.")] = None,
     out: Annotated[Optional[str], typer.Option(help="Write every measurement and the summary as JSON.")] = None,
     csv_file: Annotated[Optional[str], typer.Option("--csv", help="Write the summary table as CSV.")] = None,
     plot: Annotated[Optional[str], typer.Option(help="Draw speedups and regret curves to a PNG (needs matplotlib).")] = None,

@@ -314,3 +314,28 @@ def test_a_runtime_plans_with_the_targets_measured_width_costs(pool_file, tmp_pa
     assert build_runtime(profile, runtime.target, plain=True).engine.policy.costs.verify.shape is None
     line = profile.with_overrides(verify_costs="line")
     assert build_runtime(line, runtime.target, models=runtime.models).engine.policy.costs.verify.shape is None
+
+
+def test_transformers_baselines_on_stock_and_packed_kernels(pool_file, data_file, tmp_path):
+    """`--baseline transformers,transformers-packed` times transformers' generation twice: on
+    the stock kernels and over the packed target; both stay plain greedy decoding."""
+    float32_pool = tmp_path / "pool32.toml"
+    float32_pool.write_text(pool_file.read_text().replace('dtype = "float64"', 'dtype = "float32"'))
+    out = tmp_path / "r.json"
+    result = runner.invoke(app, ["bench", "--pool", str(float32_pool), "--data", str(data_file), "--policies",
+                                 "fixed:lookup", "--baseline", "transformers,transformers-packed", "-n", "8",
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.stderr
+    configs = {s["config"] for s in json.loads(out.read_text())["samples"]}
+    assert {"transformers greedy", "transformers greedy [packed]", "transformers prompt-lookup [packed]",
+            "transformers assisted:small [packed]"} <= configs
+    assert "not packed" not in result.stderr  # a float32 target on a CPU is packed
+    report = json.loads(out.read_text())
+    assert all(not s["mismatch"] for s in report["samples"])
+
+
+@pytest.mark.parametrize("flag, message", [("vllm", 'unknown "vllm"'),
+                                           ("transformers,transformers", "twice")])
+def test_a_bad_baseline_is_a_usage_error_before_anything_loads(pool_file, data_file, flag, message):
+    result = runner.invoke(app, ["bench", "--pool", str(pool_file), "--data", str(data_file), "--baseline", flag])
+    assert result.exit_code == 2 and message in result.stderr

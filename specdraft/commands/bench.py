@@ -32,7 +32,7 @@ class BenchOptions:
     max_new_tokens: int | None = None
     limit: int | None = None
     repeat: int = 1
-    baseline: str | None = None
+    baseline: str | None = None  # comma-separated: transformers, transformers-packed
     out: str | None = None
     csv_file: str | None = None
     plot: str | None = None
@@ -40,6 +40,11 @@ class BenchOptions:
     chat: bool | None = None
     seed: int | None = None
     temperature: float | None = None  # over the profile's; > 0 samples (outputs then differ by design)
+
+
+# transformers' own generation on the stock kernels, and the same over the packed target
+# (measurement/baselines.py).
+BASELINES = ("transformers", "transformers-packed")
 
 
 def samples_path(out: str) -> Path:
@@ -58,7 +63,7 @@ def run_bench_command(opts: BenchOptions, console: Console) -> int:
     profile = load_profile(opts.pool).with_overrides(max_new_tokens=opts.max_new_tokens, seed=opts.seed,
                                                      temperature=opts.temperature)
     if opts.baseline and not profile.decode.greedy:
-        raise UsageError("--baseline transformers times greedy decoding; it cannot run with temperature > 0")
+        raise UsageError(f"--baseline {opts.baseline} times greedy decoding; it cannot run with temperature > 0")
     flags = split_policy_flags(opts.policies) if opts.policies else None
     for flag in flags or ():
         profile.with_overrides(policy=flag)  # a bad --policies entry is a usage error now
@@ -72,11 +77,12 @@ def run_bench_command(opts: BenchOptions, console: Console) -> int:
 
     # transformers' own generation runs on the stock kernels (what its users get), so a packed
     # target keeps its dense weights too when it is a baseline.
-    runtime = build_runtime(profile, keep_dense=opts.baseline == "transformers")
+    baselines = _baselines(opts.baseline)
+    runtime = build_runtime(profile, keep_dense="transformers" in baselines)
     check_prompts(runtime, ((e.id, e.prompt) for e in examples), opts.chat, f"--data {opts.data}")
     configs = [plain_config(profile, runtime, opts.chat)] + policy_configs(profile, flags, runtime, opts.chat)
-    if opts.baseline == "transformers":
-        configs += transformers_configs(profile, runtime, opts.chat)
+    for baseline in baselines:
+        configs += transformers_configs(profile, runtime, opts.chat, packed=baseline == "transformers-packed")
     total = len(configs) * (1 + opts.repeat * len(examples))
     samples: list = []
     stream = JsonLines(samples_path(opts.out)) if opts.out else None
@@ -110,12 +116,24 @@ def run_bench_command(opts: BenchOptions, console: Console) -> int:
     return EXIT_OK
 
 
+def _baselines(flag: str | None) -> list[str]:
+    """`--baseline` as a list of distinct names, in the order given (torch-free)."""
+    if not flag:
+        return []
+    names = [name.strip() for name in flag.split(",")]
+    for name in names:
+        if name not in BASELINES:
+            raise UsageError(f'--baseline: unknown "{name}"; expected {" or ".join(BASELINES)} (or both, comma-separated)')
+    if len(set(names)) < len(names):
+        raise UsageError(f"--baseline names a baseline twice: {flag}")
+    return names
+
+
 def _check_options(opts: BenchOptions) -> None:
     """Everything that can be wrong with the command line, before anything is loaded."""
     if not opts.replay and (not opts.pool or not opts.data):
         raise UsageError("bench needs --pool and --data (or --replay TRACE)")
-    if opts.baseline not in (None, "transformers"):
-        raise UsageError(f'--baseline: unknown "{opts.baseline}"; expected transformers')
+    _baselines(opts.baseline)
     if opts.baseline and opts.replay:
         raise UsageError("--baseline runs models; it cannot be combined with --replay")
     check_count(opts.repeat, "--repeat")

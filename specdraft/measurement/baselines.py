@@ -1,10 +1,17 @@
 """transformers' own generation modes as bench configurations: greedy `generate`,
 prompt-lookup generation, and assisted generation with every drafter that drafts with a
-causal LM, on the same prompts in the same run as specdraft. They run on the target's stock
-linear kernels, as transformers runs for its users, even where specdraft packs them."""
+causal LM, on the same prompts in the same run as specdraft.
+
+`--baseline transformers` runs them on the target's stock linear kernels, as transformers
+runs for its users, even where specdraft packs them. `--baseline transformers-packed` runs
+the same generation over specdraft's packed target: what is left of specdraft's lead there
+is the speculation's, not the kernel's."""
 
 from __future__ import annotations
 
+
+import contextlib
+import logging
 
 import torch
 
@@ -12,26 +19,35 @@ from specdraft.config.profile import Profile
 from specdraft.decoding.stopwatch import device_clock
 from specdraft.measurement.benchmark import Config, Sample
 from specdraft.measurement.datasets import Example
-from specdraft.models.packed_linear import stock_kernels
+from specdraft.models.packed_linear import PackedLinear, stock_kernels
 from specdraft.runtime import Runtime
 from specdraft.session.prompt_run import prompt_token_ids
 
 
-def transformers_configs(profile: Profile, runtime: Runtime, chat: bool | None) -> list[Config]:
+log = logging.getLogger("specdraft")
+
+
+def transformers_configs(profile: Profile, runtime: Runtime, chat: bool | None, packed: bool = False) -> list[Config]:
     """transformers' greedy `generate`, assisted generation with each model drafter, and
-    prompt lookup, on the same prompts in the same run."""
+    prompt lookup, on the same prompts in the same run; `packed`: over the packed target
+    (labels end in " [packed]"), else on the stock kernels."""
+    if packed and not any(isinstance(m, PackedLinear) for m in runtime.target.model.modules()):
+        log.warning("--baseline transformers-packed: this target is not packed (see [decode] linear_kernel), "
+                    "so it runs the same kernels as --baseline transformers")
     k = profile.decode.draft_tokens
-    configs = [_hf_config("transformers greedy", runtime, {}, chat),
-               _hf_config("transformers prompt-lookup", runtime, {"prompt_lookup_num_tokens": k}, chat)]
+    suffix = " [packed]" if packed else ""
+    configs = [_hf_config("transformers greedy" + suffix, runtime, {}, chat, packed),
+               _hf_config("transformers prompt-lookup" + suffix, runtime, {"prompt_lookup_num_tokens": k}, chat,
+                          packed)]
     for drafter in runtime.drafters:
         if drafter.causal_lm is not None:  # any drafter that drafts with a causal LM can assist generate()
-            configs.append(_hf_config(f"transformers assisted:{drafter.name}", runtime,
+            configs.append(_hf_config(f"transformers assisted:{drafter.name}{suffix}", runtime,
                                       {"assistant_model": drafter.causal_lm, "num_assistant_tokens": k,
-                                       "num_assistant_tokens_schedule": "constant"}, chat))
+                                       "num_assistant_tokens_schedule": "constant"}, chat, packed))
     return configs
 
 
-def _hf_config(label: str, runtime: Runtime, kwargs: dict, chat: bool | None) -> Config:
+def _hf_config(label: str, runtime: Runtime, kwargs: dict, chat: bool | None, packed: bool) -> Config:
     model, tokenizer = runtime.target.model, runtime.tokenizer
     max_new = runtime.profile.decode.max_new_tokens
 
@@ -40,7 +56,7 @@ def _hf_config(label: str, runtime: Runtime, kwargs: dict, chat: bool | None) ->
         ids = prompt_token_ids(tokenizer, example.prompt, chat)
         inputs = torch.tensor([ids], device=runtime.engine.target.device)
         clock = device_clock(inputs.device)
-        with stock_kernels(model):
+        with contextlib.nullcontext() if packed else stock_kernels(model):
             start = clock()
             out = model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new,
                                  do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
