@@ -330,3 +330,29 @@ def test_handed_over_features_grow_past_the_buffer_and_can_be_rewritten(target):
     assert cache.known == 160 and torch.equal(cache.features[150:], rows[:10])
     with pytest.raises(ValueError, match="before those at 160"):
         cache.observe(170, rows[:1])
+
+
+def test_a_head_drafting_for_a_packed_target_is_packed_and_drafts_the_same():
+    """A head follows its target onto oneDNN's packed kernels (layer and readout), with the
+    same draft logits up to float rounding, and output stays plain greedy decoding."""
+    from specdraft.models.packed_linear import PackedLinear, pack_linears
+
+    target = tiny_llama(seed=0, layers=3).float()
+    packed_target = tiny_llama(seed=0, layers=3).float()
+    pack_linears(packed_target)
+    ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
+    dense = HeadDrafter("head", ctx, random_head(target, list(range(0, VOCAB, 2))).float(), target)
+    packed = HeadDrafter("head", ctx, random_head(target, list(range(0, VOCAB, 2))).float(), packed_target)
+    assert not any(isinstance(m, PackedLinear) for m in dense.head_cache.head.modules())
+    assert isinstance(packed.head_cache.head.fc, PackedLinear) and packed.head_cache.readout.packed is not None
+    features = torch.randn(6, target.config.hidden_size)
+    for drafter in (dense, packed):
+        drafter.head_cache.observe(0, features)
+    context = [5, 9, 11, 3, 7, 5, 9]
+    torch.testing.assert_close(packed.head_cache.consume(context, 6, 5), dense.head_cache.consume(context, 6, 5),
+                               rtol=1e-4, atol=1e-4)
+    token = torch.tensor(4)
+    torch.testing.assert_close(packed.head_cache.step(token), dense.head_cache.step(token), rtol=1e-4, atol=1e-4)
+    for prompt in PROMPTS:
+        engine, _ = engine_for(packed_target, random_head(target).float(), "fixed")
+        assert [t for r in engine.generate(prompt) for t in r.tokens] == plain_greedy(target, prompt, 32)

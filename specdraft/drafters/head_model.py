@@ -243,10 +243,20 @@ class Readout:
         self.bias = None if bias is None else (bias.detach() if whole else bias.detach()[self.vocab_ids].clone())
         self.whole = whole
         self.softcap = getattr(target.config, "final_logit_softcapping", None)
+        self.packed: nn.Module | None = None  # see pack()
+
+    def pack(self) -> None:
+        """Read out through oneDNN's packed layout from now on (drafting only: training
+        needs gradients through the dense product)."""
+        from specdraft.models.packed_linear import PackedLinear
+
+        self.packed = PackedLinear.of(self.weight, self.bias)
 
     def small(self, features: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., draft vocab] logits."""
-        logits = nn.functional.linear(features.to(self.weight.dtype), self.weight, self.bias)
+        features = features.to(self.weight.dtype)
+        logits = (self.packed(features) if self.packed is not None
+                  else nn.functional.linear(features, self.weight, self.bias))
         if self.softcap:  # models that cap their logits (Gemma) do it after the head
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

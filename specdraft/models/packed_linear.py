@@ -14,9 +14,10 @@ The weights are reordered in place of the dense ones (no second copy) unless a c
 to keep them: the bench does, to run transformers' own generation on the stock kernels,
 which is what a user of transformers gets.
 
-float32 everywhere oneDNN runs; bfloat16 where the CPU has the instructions for it. Only the
-target is packed: quantized drafters keep torch's int4/int8 kernels, and a `layers`
-self-drafter runs the target's own (packed) layers.
+float32 everywhere oneDNN runs; bfloat16 where the CPU has the instructions for it. The
+target is packed, and what drafts from it follows it: a `layers` self-drafter runs the
+target's own (packed) layers, and a `head` drafter packs its layer and its readout when its
+target is packed (`is_packed`). Quantized drafters keep torch's int4/int8 kernels.
 """
 
 from __future__ import annotations
@@ -46,6 +47,14 @@ class PackedLinear(nn.Module):
         # the stock kernel reads.
         self.dense = linear.weight if keep_dense else None
         self.stock = False  # run nn.Linear's kernel on the dense weight (see stock_kernels)
+
+    @classmethod
+    def of(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "PackedLinear":
+        """A packed product by `weight` [out, in] (and `bias`) that no nn.Linear holds yet."""
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+        linear.weight = nn.Parameter(weight.detach(), requires_grad=False)
+        linear.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        return cls(linear)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -85,13 +94,18 @@ def packing_choice(setting: str, model: nn.Module) -> bool:
     (saying in the log why it cannot when it cannot), "torch" never."""
     if setting not in CHOICES:
         raise ValueError(f"linear_kernel must be one of {', '.join(CHOICES)}, not {setting!r}")
-    if setting == "torch" or any(isinstance(m, PackedLinear) for m in model.modules()):
+    if setting == "torch" or is_packed(model):
         return False
     problem = packing_problem(model)
     if problem is not None:
         (log.warning if setting == "onednn" else log.debug)(
             "%s keeps torch's linear kernels: %s", type(model).__name__, problem)
     return problem is None
+
+
+def is_packed(model: nn.Module) -> bool:
+    """Whether `pack_linears` packed this model (so the runtime chose oneDNN for it)."""
+    return any(isinstance(m, PackedLinear) for m in model.modules())
 
 
 def pack_linears(model: nn.Module, keep_dense: bool = False) -> int:
