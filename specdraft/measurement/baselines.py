@@ -9,7 +9,6 @@ is the speculation's, not the kernel's."""
 
 from __future__ import annotations
 
-
 import contextlib
 import logging
 
@@ -19,7 +18,7 @@ from specdraft.config.profile import Profile
 from specdraft.decoding.stopwatch import device_clock
 from specdraft.measurement.benchmark import Config, Sample
 from specdraft.measurement.datasets import Example
-from specdraft.models.packed_linear import PackedLinear, stock_kernels
+from specdraft.models.packed_linear import is_packed, stock_kernels
 from specdraft.runtime import Runtime
 from specdraft.session.prompt_run import prompt_token_ids
 
@@ -31,7 +30,7 @@ def transformers_configs(profile: Profile, runtime: Runtime, chat: bool | None, 
     """transformers' greedy `generate`, assisted generation with each model drafter, and
     prompt lookup, on the same prompts in the same run; `packed`: over the packed target
     (labels end in " [packed]"), else on the stock kernels."""
-    if packed and not any(isinstance(m, PackedLinear) for m in runtime.target.model.modules()):
+    if packed and not is_packed(runtime.target.model):
         log.warning("--baseline transformers-packed: this target is not packed (see [decode] linear_kernel), "
                     "so it runs the same kernels as --baseline transformers")
     k = profile.decode.draft_tokens
