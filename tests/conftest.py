@@ -1,4 +1,5 @@
-"""Shared fixtures: offline mode, and tiny models saved as checkpoints for CLI tests."""
+"""Shared fixtures: offline mode, a private cache folder, and tiny models saved as
+checkpoints for CLI tests."""
 
 from __future__ import annotations
 
@@ -13,6 +14,29 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny import save_tiny_pair  # noqa: E402
+from specdraft.models.gguf_cache import cache_dir  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """The suite never reads or writes the user's cache folder: a width-cost curve or a
+    learned store written there while the tests load the CPU would be kept and used by the
+    user's real runs, and one left by an earlier run would change what a test sees. Converted
+    GGUF weights are the exception (a property of the file, not of the machine's load): the
+    private folder links to the user's, so the real-model tests convert once per machine."""
+    private = tmp_path_factory.mktemp("specdraft-cache")
+    try:
+        (cache_dir() / "gguf").mkdir(parents=True, exist_ok=True)
+        (private / "gguf").symlink_to(cache_dir() / "gguf", target_is_directory=True)
+    except OSError:
+        pass  # the user's cache cannot be written: conversions go to the private folder
+    before = os.environ.get("SPECDRAFT_CACHE_DIR")
+    os.environ["SPECDRAFT_CACHE_DIR"] = str(private)
+    yield private
+    if before is None:
+        os.environ.pop("SPECDRAFT_CACHE_DIR", None)
+    else:
+        os.environ["SPECDRAFT_CACHE_DIR"] = before
 
 
 @pytest.fixture(scope="session")
