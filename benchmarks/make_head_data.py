@@ -18,9 +18,15 @@ training prompts (--ref DIR: code-ref.jsonl with the canonical solutions, math-r
 with every GSM8K test answer outside evaluation and stream.jsonl, calculator annotations
 removed), and with --stdlib N, N more open code prompts made the same way from the
 standard library's public functions (stdlib-prompts.txt, next to the reference files).
-Standard library only; deterministic for a given Python.
+With --extra DIR it writes larger training prompt sets instead, leaving the files above
+alone: DIR/code-prompts.txt (the HumanEval training prompts and every standard-library
+prompt, but for functions that a file in benchmarks/data defines) and
+DIR/math-prompts.txt (every GSM8K test question below 1250 that no file in
+benchmarks/data holds, evaluation and benchmark streams included). Standard library only;
+deterministic for a given Python.
 
     /work/qwen-parts-venv/bin/python benchmarks/make_head_data.py
+    /work/qwen-parts-venv/bin/python benchmarks/make_head_data.py --extra /work/heads
 """
 
 from __future__ import annotations
@@ -96,6 +102,34 @@ def stdlib_prompts(count: int) -> list[str]:
     return found[::step][:count]
 
 
+def benchmark_text() -> str:
+    """Every file in benchmarks/data but the training prompt lists: what training must not see."""
+    text = ""
+    for name in sorted(os.listdir(DATA)):
+        if not name.startswith("head-train-"):
+            with open(os.path.join(DATA, name), encoding="utf-8") as f:
+                text += f.read()
+    return text
+
+
+def write_extra(folder: str, questions: list[str]) -> None:
+    """The larger training prompt sets of --extra (see the module docstring)."""
+    held_out = benchmark_text()
+    with open(os.path.join(DATA, "head-train-code.txt"), encoding="utf-8") as f:
+        code = [line.strip() for line in f if line.strip()]
+    code += [p for p in stdlib_prompts(10**6) if p not in code]
+    # a HumanEval task that a benchmark stream holds as a stub stays out of training
+    code = [p for p in code if "def " + p.split("`")[1].split("(")[0] + "(" not in held_out]
+    # a JSONL file may hold a question with its non-ASCII characters escaped, or not
+    math = [q + MATH_SUFFIX for q in questions[:1250]
+            if not any(form in held_out for form in (q[:60], json.dumps(q[:60])[1:-1]))]
+    os.makedirs(folder, exist_ok=True)
+    for name, prompts in (("code-prompts.txt", code), ("math-prompts.txt", math)):
+        with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
+            f.write("\n".join(prompts) + "\n")
+    print(f"{folder}: {len(code)} code prompts, {len(math)} math prompts")
+
+
 def main() -> None:
     import sys
 
@@ -116,6 +150,9 @@ def main() -> None:
         rows = [json.loads(line) for line in f]
     questions = [" ".join(row["question"].split()) for row in rows]
     answers = [row["answer"] for row in rows]
+    if "--extra" in sys.argv:
+        write_extra(sys.argv[sys.argv.index("--extra") + 1], questions)
+        return
     math_train = [q + MATH_SUFFIX for i, q in enumerate(questions[:1200]) if i % 5 == 2 and q[:60] not in used]
     math_eval = [q + MATH_SUFFIX for q in questions[1250:]]
     if ref:

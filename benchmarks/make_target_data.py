@@ -61,11 +61,14 @@ def main() -> int:
 
     from specdraft.config.profile import load_profile
     from specdraft.models.loading import load_model
+    from specdraft.models.packed_linear import pack_linears, packing_problem
     from specdraft.session.prompt_run import prompt_token_ids
 
     profile = load_profile(args.pool)
     target = load_model(profile.target, str(profile.file), "target")
     model, tokenizer = target.model, target.tokenizer
+    if packing_problem(model) is None:  # on a CPU: oneDNN's packed weights, several times faster at batch widths
+        pack_linears(model)
     prompts = interleave([read_prompts([p]) for p in args.prompts])[: args.limit]
     done = set()
     if os.path.exists(args.out):

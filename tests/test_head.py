@@ -45,8 +45,9 @@ def engine_for(target, head, policy_name, params=SamplingParams(), k=4, max_new=
                                              ("normalhedge", {"update_every": 1, "evaluate": "all"}),
                                              ("normalhedge", {})])
 def test_greedy_output_with_a_head_is_plain_greedy(target, prompt, policy, options):
-    for vocab in (None, list(range(0, VOCAB, 2))):  # whole vocabulary, and half of it
-        engine, drafters = engine_for(target, random_head(target, vocab), policy, **options)
+    # whole vocabulary, half of it, and a head that also reads the target's lower layers
+    for vocab, lower in ((None, ()), (list(range(0, VOCAB, 2)), ()), (None, (1, 2))):
+        engine, drafters = engine_for(target, random_head(target, vocab, lower_layers=lower), policy, **options)
         out = [t for r in engine.generate(prompt) for t in r.tokens]
         assert out == plain_greedy(target, prompt, 32)
 
@@ -65,13 +66,16 @@ def test_a_head_trained_on_the_targets_own_text_drafts_what_the_target_says():
     assert sum(r.accepted for r in records) > 0.5 * sum(r.drafted for r in records)
 
 
-@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(soft_feedback=True),
-                                    SamplingParams(0.9, top_k=20)])
-def test_full_information_scores_equal_a_fresh_draft_at_each_position(target, params):
+@pytest.mark.parametrize("params, lower", [(SamplingParams(), ()), (SamplingParams(soft_feedback=True), ()),
+                                           (SamplingParams(0.9, top_k=20), ()), (SamplingParams(), (1,)),
+                                           (SamplingParams(0.9, top_k=20), (1, 2))])
+def test_full_information_scores_equal_a_fresh_draft_at_each_position(target, params, lower):
     """What the evaluator scores the head with at a committed position is the first-token
-    alignment of a draft made from scratch there (trajectory_scores recomputes it)."""
+    alignment of a draft made from scratch there (trajectory_scores recomputes it), also
+    for a head that reads lower target layers (handed over with the verify)."""
     generator = torch.Generator().manual_seed(0)
-    engine, drafters = engine_for(target, random_head(target, list(range(40))), "fixed", params=params,
+    engine, drafters = engine_for(target, random_head(target, list(range(40)), lower_layers=lower), "fixed",
+                                  params=params,
                                   drafter="lookup", evaluate="all", update_every=1,
                                   reset="never")  # "prompt" would leave the prompt's last round unscored
     engine.generator = generator
@@ -285,7 +289,9 @@ def test_train_head_usage_errors_exit_2(tiny_models, tmp_path):
     for extra, message in ((["--data", str(tmp_path / "none.txt")], "no such file"),
                            (["--data", str(tiny_text)], "fewer than 2 sequences"),
                            (["--data", str(tiny_text), "--lr", "0"], "--lr"),
-                           (["--data", str(tiny_text), "--epochs", "-1"], "--epochs")):
+                           (["--data", str(tiny_text), "--epochs", "-1"], "--epochs"),
+                           (["--data", str(tiny_text), "--unroll", "0"], "--unroll: 1 to 4"),
+                           (["--data", str(tiny_text), "--unroll", "5"], "--unroll: 1 to 4")):
         result = runner.invoke(app, ["train", "head", "--pool", str(base), "--out", str(tmp_path / "o"), *extra])
         assert result.exit_code == 2, (extra, result.stderr)
         assert message in result.stderr
@@ -356,3 +362,166 @@ def test_a_head_drafting_for_a_packed_target_is_packed_and_drafts_the_same():
     for prompt in PROMPTS:
         engine, _ = engine_for(packed_target, random_head(target).float(), "fixed")
         assert [t for r in engine.generate(prompt) for t in r.tokens] == plain_greedy(target, prompt, 32)
+
+
+def _objective(target, tokens, mask, unroll=1, tmp=None):
+    import tempfile
+    from pathlib import Path
+
+    layer = target.config.num_hidden_layers
+    data = extract_features(target, tokens, [layer], Path(tmp or tempfile.mkdtemp()) / "f")
+    data.answer_mask = mask
+    torch.manual_seed(0)
+    head = new_head(target, draft_vocabulary(tokens, VOCAB, VOCAB))
+    with torch.no_grad():  # away from the identity start, so every pair's loss differs
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    rows = np.arange(tokens.shape[0])
+    return HeadObjective(head, target, data, layer, HeadTrainingSettings(batch_sequences=len(rows), unroll=unroll,
+                                                                         noise=0.0), rows, torch.device("cpu"))
+
+
+def test_the_head_loss_counts_only_pairs_whose_predicted_token_is_learned():
+    target = tiny_llama(seed=0, layers=2, scale=6.0).float()
+    tokens = np.random.default_rng(1).integers(3, VOCAB, size=(2, 12)).astype(np.int32)
+    mask = np.ones((2, 12), dtype=bool)
+    mask[:, :5] = False  # a chat prompt: tokens 0-4 are never drafted
+    objective = _objective(target, tokens, mask)
+    tokens_t, features, learned = objective.batch(np.arange(2))
+    assert not learned[:, :5].any() and learned[:, 5:].all()
+
+    def loss(positions):  # pairs whose predicted token (pair t predicts token t + 2) is learned
+        only = torch.zeros(2, 12, dtype=torch.bool)
+        only[:, [p + 2 for p in positions]] = True
+        return objective.loss(tokens_t, features, only, noise=False)[0].item()
+
+    each = [loss([t]) for t in range(10)]  # pairs 0..9 predict tokens 2..11
+    assert len(set(round(e, 6) for e in each)) > 5  # the pairs' losses differ, so the means below can tell
+    masked, _, counts = objective.weighed_loss(tokens_t, features, learned, noise=False)
+    # pairs 3..9 predict learned tokens 5..11; pair 10 (the last) counts as token 11 does
+    last = objective.loss(tokens_t, features, torch.ones(2, 12, dtype=torch.bool), noise=False)[0].item() * 11 \
+        - sum(each)
+    assert masked.item() == pytest.approx((sum(each[3:]) + last) / 8, rel=1e-4)
+    assert counts[""] == 2 * 8
+
+
+def test_held_out_metrics_are_means_over_learned_tokens_not_over_batches():
+    target = tiny_llama(seed=0, layers=2, scale=6.0).float()
+    tokens = np.random.default_rng(2).integers(3, VOCAB, size=(3, 12)).astype(np.int32)
+    mask = np.ones((3, 12), dtype=bool)
+    mask[2, :11] = False  # the third sequence has a single learned token
+    objective = _objective(target, tokens, mask)
+    whole = objective.evaluate(np.arange(3))
+    objective.settings.batch_sequences = 1  # three batches of very different sizes
+    split = objective.evaluate(np.arange(3))
+    assert split["kl"] == pytest.approx(whole["kl"], rel=1e-4)
+    assert split["top1@2"] == pytest.approx(whole["top1@2"], rel=1e-4)
+
+
+def test_unrolling_deeper_trains_each_later_draft_step_on_the_heads_own_predictions():
+    target = tiny_llama(seed=0, layers=2, scale=6.0).float()
+    tokens = np.random.default_rng(3).integers(3, VOCAB, size=(2, 16)).astype(np.int32)
+    objective = _objective(target, tokens, None, unroll=4)
+    loss, metrics = objective.step(0)
+    assert set(metrics) == {f"{name}{depth}" for name in ("kl", "top1") for depth in ("", "@2", "@3", "@4")}
+    counts = objective.weighed_loss(*objective.batch(np.arange(2)), noise=False)[2]
+    assert counts == {"": 2 * 15, "@2": 2 * 14, "@3": 2 * 13, "@4": 2 * 12}  # one pair fewer per depth
+    three, _ = objective.loss(*objective.batch(np.arange(2)), noise=False, unroll=3)
+    four, _ = objective.loss(*objective.batch(np.arange(2)), noise=False, unroll=4)
+    assert float(three) != pytest.approx(float(four))
+    loss.backward()
+    assert torch.isfinite(loss) and head_has_gradients(objective.head)
+
+
+def head_has_gradients(head):
+    """Every weight the head drafts with got a gradient (its unused 1-row token table aside)."""
+    return all(p.grad is not None for name, p in head.named_parameters() if not name.startswith("body.embed_tokens"))
+
+
+def test_a_head_reading_lower_layers_starts_as_the_final_feature_head_does(target):
+    """`fuse` starts as 'take the final feature': before training, reading more layers
+    changes nothing, so training starts from the recipe that reads the final feature only."""
+    from specdraft.training.head import new_head
+
+    ids = draft_vocabulary(np.arange(VOCAB), VOCAB, VOCAB)
+    torch.manual_seed(0)
+    plain = new_head(target, ids).double()
+    torch.manual_seed(0)
+    fused = new_head(target, ids, (1, 2)).double()
+    assert fused.config.layers_read == [1, 2, 3] and plain.config.layers_read == [3]
+    ids_t = torch.tensor([PROMPTS[0]])
+    states = target(ids_t, output_hidden_states=True).hidden_states
+    side_by_side = torch.cat([states[layer] for layer in (1, 2, 3)], dim=-1)
+    positions = torch.arange(ids_t.shape[1]).view(1, -1)
+    embeddings = target.get_input_embeddings()(ids_t)
+    torch.testing.assert_close(fused(embeddings, fused.fused(side_by_side), positions),
+                               plain(embeddings, plain.fused(states[3]), positions))
+
+
+def test_a_head_reading_lower_layers_saves_and_loads_and_a_format_1_head_still_loads(target, tmp_path):
+    head = random_head(target, [1, 2, 5, 9], lower_layers=(2,)).double()
+    save_head(tmp_path / "h", head)
+    loaded = load_head(tmp_path / "h", target).double()
+    assert loaded.config.layers_read == [2, 3] and loaded.fuse is not None
+    x = torch.randn(1, 4, 2 * target.config.hidden_size, dtype=torch.float64)
+    torch.testing.assert_close(loaded.fused(x), head.fused(x))
+    old = random_head(target, [1, 2, 5, 9])  # written before heads named the layers they read
+    save_head(tmp_path / "old", old)
+    config = json.loads((tmp_path / "old" / "head.json").read_text())
+    del config["feature_layers"]
+    config["format"] = 1
+    (tmp_path / "old" / "head.json").write_text(json.dumps(config))
+    assert load_head(tmp_path / "old", target).config.layers_read == [3]
+    config["format"] = 9
+    (tmp_path / "old" / "head.json").write_text(json.dumps(config))
+    with pytest.raises(HeadFileError, match="format 9"):
+        load_head(tmp_path / "old", target)
+
+
+def test_train_head_fuse_layers_trains_a_head_that_reads_them_and_drafts_losslessly(tiny_models, tmp_path):
+    from test_cli import expected_text
+
+    runner = CliRunner()
+    base = tmp_path / "base.toml"
+    base.write_text(BASE.format(root=tiny_models))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(" ".join(str(i % 37) for i in range(600)))
+    out = tmp_path / "head"
+    result = runner.invoke(app, ["train", "head", "--pool", str(base), "--data", str(corpus), "--out", str(out),
+                                 "--steps", "4", "--seq-len", "64", "--batch", "2", "--unroll", "3",
+                                 "--fuse-layers", "1", "--features", str(tmp_path / "f")])
+    assert result.exit_code == 0, result.stderr
+    layers = json.loads((out / "head.json").read_text())["feature_layers"]
+    assert layers[0] == 1 and len(layers) == 2
+    profile = tmp_path / "pool.toml"
+    profile.write_text(HEAD_POOL.format(root=tiny_models, head=out, policy="fixed", policy_extra='drafter = "head"',
+                                        head_extra=""))
+    result = runner.invoke(app, ["generate", "--pool", str(profile), "hello there"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == expected_text(tiny_models, "hello there", max_new=20) + "\n"
+    for bad in ("0", "a,b", "99"):
+        result = runner.invoke(app, ["train", "head", "--pool", str(base), "--data", str(corpus), "--out",
+                                     str(tmp_path / "o"), "--fuse-layers", bad, "--features", str(tmp_path / "f")])
+        assert result.exit_code == 2 and "--fuse-layers" in result.stderr, (bad, result.stderr)
+
+
+def test_a_features_folder_with_more_layers_serves_without_a_target_pass_but_not_other_data(target, tmp_path):
+    from specdraft.training.features import finished
+
+    tokens = np.random.default_rng(4).integers(3, VOCAB, size=(3, 10)).astype(np.int32)
+    folder = tmp_path / "f"
+    full = extract_features(target, tokens, [1, 3], folder)
+    assert finished(folder, tokens, [3]) and finished(folder, tokens, [1, 3]) and not finished(folder, tokens, [2])
+    calls = []
+    hook = target.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        fewer = extract_features(target, tokens, [3], folder)
+    finally:
+        hook.remove()
+    assert calls == [] and set(fewer.features) == {3}
+    assert np.array_equal(fewer.features[3], full.features[3])
+    other = tokens[::-1].copy()  # same shape, other data: never served from this folder
+    assert not finished(folder, other, [3])
+    again = extract_features(target, other, [3], folder)
+    fresh = extract_features(target, other, [3], tmp_path / "g")
+    assert np.array_equal(again.features[3], fresh.features[3])

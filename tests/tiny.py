@@ -76,14 +76,16 @@ def save_tiny_pair(folder: Path, seed: int = 0, layers: int = 3) -> Path:
     return folder
 
 
-def random_head(target: torch.nn.Module, vocab_ids: list[int] | None = None, seed: int = 3):
+def random_head(target: torch.nn.Module, vocab_ids: list[int] | None = None, seed: int = 3,
+                lower_layers: tuple[int, ...] = ()):
     """A draft head for `target` with random weights large enough that its drafts vary
-    with the context; over `vocab_ids` (default: the whole vocabulary)."""
+    with the context; over `vocab_ids` (default: the whole vocabulary), reading the target's
+    hidden states after `lower_layers` besides the final feature."""
     from specdraft.drafters.head_model import DraftHead, HeadConfig
 
     torch.manual_seed(seed)
     ids = torch.arange(target.config.vocab_size) if vocab_ids is None else torch.tensor(vocab_ids)
-    head = DraftHead(HeadConfig.for_target(target, len(ids)))
+    head = DraftHead(HeadConfig.for_target(target, len(ids), lower_layers))
     head.vocab_ids = ids.clone()
     with torch.no_grad():
         for p in head.parameters():

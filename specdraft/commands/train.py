@@ -21,6 +21,7 @@ from specdraft.commands.io import EXIT_OK, check_count, check_seed, warner
 from specdraft.errors import UsageError
 
 HELD_OUT = 0.05  # share of sequences kept out of training to report the head's KL and top-1
+MAX_UNROLL = 4  # draft steps a head trains on its own predictions (each one more forward per step)
 
 
 @dataclass
@@ -35,6 +36,7 @@ class TrainHeadOptions:
     seq_len: int = 512
     batch_sequences: int = 8
     unroll: int = 1
+    fuse_layers: Optional[str] = None  # "2,15": lower target layers the head reads besides the final feature
     max_tokens: Optional[int] = None
     chat: Optional[bool] = None
     device: str = "auto"
@@ -105,7 +107,7 @@ def prepare_corpus(opts, layers_of, console: Console) -> Corpus:
     folder = Path(opts.features) if opts.features else cache_dir() / "features" / key
     console.print(f"{len(docs)} documents, {tokens.size:,} tokens in {tokens.shape[0]} sequences of {opts.seq_len}",
                   markup=False)
-    reusing = finished(folder, tokens.shape[0])
+    reusing = finished(folder, tokens, layers)
     console.print(f"features: reusing {folder}" if reusing else
                   f"running the target over them once; features cached in {folder}", markup=False)
     with progress_bar(console, "target features", tokens.shape[0]) as ticker:  # resumes; opens finished ones
@@ -131,7 +133,16 @@ def run_train_head(opts: TrainHeadOptions, console: Console) -> int:
     from specdraft.training.loop import STATE, LoopSettings, train
 
     out = Path(opts.out)
-    corpus = prepare_corpus(opts, lambda model: [int(model.config.num_hidden_layers)], console)
+    lower = fuse_layers(opts.fuse_layers)
+
+    def layers_read(model) -> list[int]:
+        final = int(model.config.num_hidden_layers)
+        if any(layer >= final for layer in lower):
+            raise UsageError(f"--fuse-layers: the target has {final} layers; lower layers lie in 1..{final - 1} "
+                             f"(got {opts.fuse_layers})")
+        return [*lower, final]
+
+    corpus = prepare_corpus(opts, layers_read, console)
     model, data, tokens, paths, chat = corpus.model, corpus.data, corpus.tokens, corpus.paths, corpus.chat
     device = next(model.parameters()).device
     layer = int(model.config.num_hidden_layers)
@@ -139,13 +150,14 @@ def run_train_head(opts: TrainHeadOptions, console: Console) -> int:
     vocab_size = int(model.get_output_embeddings().weight.shape[0])
     vocab_ids = draft_vocabulary(data.tokens[train_rows], opts.draft_vocab, vocab_size, tuple(corpus.eos))
     torch.manual_seed(opts.seed)
-    head = new_head(model, vocab_ids).to(device)
+    head = new_head(model, vocab_ids, lower).to(device)
     settings = HeadTrainingSettings(batch_sequences=opts.batch_sequences, unroll=opts.unroll, seed=opts.seed)
     objective = HeadObjective(head, model, data, layer, settings, train_rows, device)
     per_epoch = max(1, len(train_rows) // opts.batch_sequences)
     steps = opts.steps if opts.steps is not None else max(1, int(round(per_epoch * (opts.epochs or 4.0))))
     identity = {"features": corpus.key, "vocab": int(vocab_ids.numel()), "lr": opts.lr, "steps": steps,
-                "batch": opts.batch_sequences, "unroll": opts.unroll, "seed": opts.seed}
+                "batch": opts.batch_sequences, "unroll": opts.unroll, "seed": opts.seed,
+                "loss": "answer tokens", "fuse_layers": list(lower)}
     if opts.restart:
         (out / STATE).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -188,9 +200,23 @@ def check_training_options(opts) -> None:
         raise UsageError(f"--batch: must be at least 1 (got {opts.batch_sequences})")
 
 
+def fuse_layers(text: str | None) -> tuple[int, ...]:
+    """`--fuse-layers 2,15` -> (2, 15): distinct positive layer numbers, ascending."""
+    if text is None:
+        return ()
+    try:
+        values = tuple(sorted({int(x) for x in text.split(",")}))
+    except ValueError:
+        values = ()
+    if not values or values[0] < 1:
+        raise UsageError(f"--fuse-layers: comma-separated layer numbers from 1, e.g. 2,15 (got {text!r})")
+    return values
+
+
 def _check(opts: TrainHeadOptions) -> None:
     check_training_options(opts)
+    fuse_layers(opts.fuse_layers)
     if opts.draft_vocab < 2:
         raise UsageError(f"--draft-vocab: must be at least 2 (got {opts.draft_vocab})")
-    if opts.unroll not in (1, 2):
-        raise UsageError(f"--unroll: 1 or 2 (got {opts.unroll})")
+    if not 1 <= opts.unroll <= MAX_UNROLL:
+        raise UsageError(f"--unroll: 1 to {MAX_UNROLL} (got {opts.unroll})")

@@ -1,8 +1,9 @@
 """The `head` drafter kind: a trained draft head (EAGLE-style, `head_model.py`) that drafts
 from the target's own features.
 
-Every round the verify hands over the target's final feature at the newly committed
-positions (`feature_layers`, `observe_features`); the round never knows the kind. The head
+Every round the verify hands over the target's final feature (and, for a head trained on
+fused features, the lower layers it reads) at the newly committed positions
+(`feature_layers`, `observe_features`); the round never knows the kind. The head
 keeps its own one-layer KV cache over pairs (f_{t-1}, x_t): "consumed up to token j" means
 pairs for t = 1..j are cached. A draft catches up on the committed pairs it has not seen in
 one small forward, then drafts autoregressively, feeding its own predicted feature where the
@@ -51,6 +52,7 @@ class HeadCache:
             self.readout.pack()
         self.logits_size = logits_size
         self.hidden_size = head.config.hidden_size
+        self.feature_width = self.hidden_size * len(head.config.layers_read)  # a row of hand-over
         self.reset()
 
     def reset(self) -> None:
@@ -60,7 +62,7 @@ class HeadCache:
         self.length = 0  # tokens consumed: pairs for tokens 1 .. length - 1 are cached
         # The target's features at positions 0 .. known - 1, in a buffer that doubles when
         # full (a copy per round would grow with the context).
-        self._buffer = torch.empty(256, self.hidden_size, device=self.device, dtype=self.embed.weight.dtype)
+        self._buffer = torch.empty(256, self.feature_width, device=self.device, dtype=self.embed.weight.dtype)
         self.known = 0
         self.last: torch.Tensor | None = None  # [1, 1, H]: the latest predicted feature
 
@@ -69,12 +71,13 @@ class HeadCache:
         return self._buffer[: self.known]
 
     def observe(self, position: int, rows: torch.Tensor) -> None:
-        """The target's features at positions position .. position + n - 1."""
+        """The target's features at positions position .. position + n - 1: [n, feature_width],
+        the layers the head reads side by side."""
         if position > self.known:
             raise ValueError(f"target features for position {position} handed over before those at {self.known}")
         end = position + rows.shape[0]
         if end > self._buffer.shape[0]:
-            grown = self._buffer.new_empty(max(end, 2 * self._buffer.shape[0]), self.hidden_size)
+            grown = self._buffer.new_empty(max(end, 2 * self._buffer.shape[0]), self.feature_width)
             grown[: self.known] = self._buffer[: self.known]
             self._buffer = grown
         self._buffer[position:end] = rows.to(self._buffer.dtype)
@@ -98,7 +101,7 @@ class HeadCache:
         if upto <= first:
             raise ValueError("nothing to consume")
         tokens = torch.tensor(context[first:upto], dtype=torch.long, device=self.device)
-        features = self.features[first - 1 : upto - 1]
+        features = self.head.fused(self.features[first - 1 : upto - 1])
         positions = torch.arange(first - 1, upto - 1, device=self.device).view(1, -1)
         out = self.head(self.embed(tokens).view(1, -1, self.hidden_size), features.view(1, -1, self.hidden_size),
                         positions, self.cache)
@@ -128,7 +131,7 @@ class HeadDrafter(ModelDrafter):
         self.head_cache = HeadCache(head, target, ctx.vocab_size)
         super().__init__(name, ctx, head, stop_below, lm=self.head_cache)  # type: ignore[arg-type]
         self.target = target
-        self.feature_layer = int(target.config.num_hidden_layers)
+        self.layers_read = tuple(head.config.layers_read)
 
     @classmethod
     def build(cls, name: str, options: HeadOptions, pool: PoolContext, key: str) -> "HeadDrafter":
@@ -142,10 +145,16 @@ class HeadDrafter(ModelDrafter):
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
-        return (self.feature_layer,)
+        return self.layers_read
 
     def observe_features(self, position: int, hidden: Hidden) -> None:
-        self.head_cache.observe(position, hidden[self.feature_layer])
+        self.head_cache.observe(position, self._side_by_side(hidden))
+
+    def _side_by_side(self, hidden: Hidden) -> torch.Tensor:
+        """[n, feature_width]: the hidden states of the layers the head reads, in its order."""
+        if len(self.layers_read) == 1:
+            return hidden[self.layers_read[0]]
+        return torch.cat([hidden[layer] for layer in self.layers_read], dim=-1)
 
     def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
         if len(context) < 2:  # no feature yet: the head reads the target's feature at the token before
@@ -189,7 +198,8 @@ class HeadDrafter(ModelDrafter):
         """Exact: the head drafts k tokens at every generated position from the target's
         features along the trajectory (computed here with one uncached target forward)."""
         ids = torch.tensor([context], dtype=torch.long, device=self.head_cache.device)
-        features = self.target(ids, output_hidden_states=True).hidden_states[self.feature_layer][0]
+        states = self.target(ids, output_hidden_states=True).hidden_states
+        features = self._side_by_side({layer: states[layer][0] for layer in self.layers_read})
         n = len(context) - prompt_len
         scores = TrajectoryScores([], [], [], [])
         probs = target_probs
@@ -227,7 +237,7 @@ class HeadDrafter(ModelDrafter):
         samples: dict[int, list[float]] = {w: [] for w in widths}
         clock = cache.clock
         self.reset()
-        cache.observe(0, torch.randn(length, cache.hidden_size, device=cache.device, dtype=cache.features.dtype))
+        cache.observe(0, torch.randn(length, cache.feature_width, device=cache.device, dtype=cache.features.dtype))
         cache.consume(tokens, 65, keep=1)
         for _ in range(repeats):
             for width in widths:

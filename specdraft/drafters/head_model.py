@@ -4,7 +4,10 @@ writes and the `head` drafter kind loads.
 The head reads the target's final feature f_t (the hidden state the target's own head
 reads, after its final norm) and the embedding of the next token x_{t+1}, fuses them
 (`fc`), runs one Llama decoder layer with its own small KV cache over the positions before,
-and predicts f_{t+1}; the target's own head rows read the prediction out. Drafting the
+and predicts f_{t+1}; the target's own head rows read the prediction out. A head may also
+read lower layers of the target at t (EAGLE-3's fused features, `feature_layers`): their
+hidden states are concatenated with f_t and projected to one feature (`fuse`, which starts
+as "take f_t", so such a head starts where a final-feature head does). Drafting the
 token after next feeds the prediction back in place of the feature the target would have
 computed. The readout is the target's head restricted to a draft vocabulary (the most
 frequent tokens of the training text, EAGLE-3's trick: SmolLM2's 49k-row head is ~20% of
@@ -13,7 +16,8 @@ norm and the vocabulary ids, and names the target it was trained for by a signat
 embedding, so it is refused on another model.
 
 Files: `head.safetensors` (weights, float32) and `head.json` (shapes, vocabulary size,
-target signature, how it was trained).
+the target layers it reads, target signature, how it was trained). Format 1 heads (before
+`feature_layers`) read the final feature only and still load.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ import torch
 from torch import nn
 
 WEIGHTS, CONFIG = "head.safetensors", "head.json"
-FORMAT = 1
+FORMAT = 2
+READABLE_FORMATS = (1, 2)
 SIGNATURE_SIZE = 4096  # embedding values whose signs identify the target
 SIGNATURE_AGREEMENT = 0.98  # two loads of one model agree on every sign but ~0; another model on ~50%
 
@@ -79,6 +84,13 @@ class HeadConfig:
     draft_vocab: int  # rows of the readout: target token ids in `vocab_ids`
     target: TargetSignature
     trained: dict[str, Any] = field(default_factory=dict)  # steps, data, loss: for people, not code
+    # target layers whose hidden states at t the head reads, ascending; the last is always
+    # the final feature (the target's layer count). Empty: the final feature only (format 1)
+    feature_layers: list[int] = field(default_factory=list)
+
+    @property
+    def layers_read(self) -> list[int]:
+        return self.feature_layers or [self.target.num_hidden_layers]
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, **asdict(self)}
@@ -90,10 +102,15 @@ class HeadConfig:
         return cls(**values)
 
     @classmethod
-    def for_target(cls, target: nn.Module, draft_vocab: int) -> "HeadConfig":
+    def for_target(cls, target: nn.Module, draft_vocab: int, lower_layers: tuple[int, ...] = ()) -> "HeadConfig":
         """A head shaped like one of the target's decoder layers (a Llama layer whatever the
-        target's family: attention with rotary positions, a gated MLP, RMS norms)."""
+        target's family: attention with rotary positions, a gated MLP, RMS norms), reading
+        the target's final feature and the hidden states after `lower_layers`."""
         c = target.config
+        final = int(c.num_hidden_layers)
+        if any(not 1 <= layer < final for layer in lower_layers):
+            raise ValueError(f"lower feature layers must lie in 1..{final - 1} (got {list(lower_layers)})")
+        layers = sorted(set(lower_layers)) + [final] if lower_layers else []
         hidden = int(c.hidden_size)
         heads = int(getattr(c, "num_attention_heads", max(1, hidden // 64)))
         head_dim = int(getattr(c, "head_dim", None) or hidden // heads)
@@ -106,11 +123,13 @@ class HeadConfig:
                    num_key_value_heads=int(getattr(c, "num_key_value_heads", None) or heads), head_dim=head_dim,
                    rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)), rope_parameters=dict(rope),
                    max_position_embeddings=int(getattr(c, "max_position_embeddings", 8192)),
-                   draft_vocab=draft_vocab, target=TargetSignature.of(target))
+                   draft_vocab=draft_vocab, target=TargetSignature.of(target), feature_layers=layers)
 
 
 class DraftHead(nn.Module):
-    """fc([embedding of x_{t+1}; f_t]) -> one decoder layer -> norm = predicted f_{t+1}."""
+    """fc([embedding of x_{t+1}; g_t]) -> one decoder layer -> norm = predicted f_{t+1}, where
+    g_t = fuse([target layers at t]) for a committed position (f_t itself for a head that
+    reads the final feature only) and the head's own prediction for a drafted one."""
 
     def __init__(self, config: HeadConfig):
         super().__init__()
@@ -128,15 +147,30 @@ class DraftHead(nn.Module):
         # A one-layer LlamaModel fed embeddings directly: its rotary embedding, masks and
         # cache handling are transformers' own. Its 1-row token table is never used.
         self.body = LlamaModel(layer_config)
+        read = len(config.layers_read)
+        self.fuse = nn.Linear(read * h, h, bias=False) if read > 1 else None
         self.register_buffer("vocab_ids", torch.arange(config.draft_vocab), persistent=True)
 
     @property
     def layer_config(self):
         return self.body.config
 
+    def fused(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's hidden states at t, [..., layers * H] (layers_read, in order) -> g_t [..., H].
+        Lower layers' states are RMS-normalised first: unlike the final feature, they are the
+        raw residual stream, whose scale grows with depth and varies between models."""
+        if self.fuse is None:
+            return features
+        h = self.config.hidden_size
+        features = features.to(self.fuse.weight.dtype)
+        lower = features[..., :-h].unflatten(-1, (-1, h))  # [..., layers - 1, H]
+        lower = lower * torch.rsqrt(lower.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
+        return self.fuse(torch.cat([lower.flatten(-2), features[..., -h:]], dim=-1))
+
     def forward(self, embeddings: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor,
                 cache: Any = None) -> torch.Tensor:
-        """embeddings, features: [B, T, H] (token x_{t+1}, feature f_t); returns [B, T, H]."""
+        """embeddings, features: [B, T, H] (token x_{t+1}, g_t: `fused` target features or
+        the head's own prediction); returns the predicted f_{t+1} [B, T, H]."""
         fused = self.fc(torch.cat([embeddings, features.to(embeddings.dtype)], dim=-1))
         out = self.body(inputs_embeds=fused, position_ids=position_ids, past_key_values=cache,
                         use_cache=cache is not None)
@@ -144,11 +178,15 @@ class DraftHead(nn.Module):
 
     def init_from_target(self, target: nn.Module) -> None:
         """Start the norm where the target's final norm is (the prediction lives in the space
-        the target's head reads), and the fusion as 'keep the feature' (the identity on f_t)."""
+        the target's head reads), and the fusions as 'keep the feature' (the identity on f_t,
+        nothing from lower layers)."""
         with torch.no_grad():
             self.fc.weight.zero_()
             h = self.config.hidden_size
             self.fc.weight[:, h:].copy_(torch.eye(h))
+            if self.fuse is not None:
+                self.fuse.weight.zero_()
+                self.fuse.weight[:, -h:].copy_(torch.eye(h))
             norm = getattr(getattr(target, "model", None), "norm", None)
             weight = getattr(norm, "weight", None)
             if weight is not None and weight.shape == self.body.norm.weight.shape:
@@ -188,8 +226,9 @@ def load_head(folder: Path, target: nn.Module | None = None) -> DraftHead:
         raise HeadFileError(f"{folder}: not a draft head ({CONFIG} and {WEIGHTS} expected)")
     try:
         data = json.loads(config_path.read_text())
-        if data.get("format") != FORMAT:
-            raise HeadFileError(f"{config_path}: format {data.get('format')!r}, this specdraft reads {FORMAT}")
+        if data.get("format") not in READABLE_FORMATS:
+            raise HeadFileError(f"{config_path}: format {data.get('format')!r}, this specdraft reads "
+                                f"{' and '.join(map(str, READABLE_FORMATS))}")
         config = HeadConfig.from_json(data)
     except (json.JSONDecodeError, TypeError, KeyError) as exc:
         raise HeadFileError(f"{config_path}: unreadable head config ({exc})") from None

@@ -35,6 +35,12 @@ class FeatureSet:
     # not the prompts of chat exchanges); None: every token
     answer_mask: np.ndarray | None = None
 
+    def learned(self, rows: np.ndarray) -> np.ndarray:
+        """[len(rows), seq_len] bool: which tokens of `rows` a drafter learns to predict."""
+        if self.answer_mask is None:
+            return np.ones((len(rows), self.seq_len), dtype=bool)
+        return np.asarray(self.answer_mask[rows], dtype=bool)
+
     @property
     def sequences(self) -> int:
         return self.tokens.shape[0]
@@ -115,9 +121,16 @@ def extract_features(target: torch.nn.Module, tokens: np.ndarray, layers: Sequen
     n, seq_len = tokens.shape
     hidden = int(target.config.hidden_size)
     meta_path, done_path = folder / "meta.json", folder / "done.json"
-    meta = {"sequences": n, "seq_len": seq_len, "hidden": hidden, "layers": list(layers)}
-    if meta_path.exists() and json.loads(meta_path.read_text()) != meta:
-        done_path.unlink(missing_ok=True)  # another shape under the same key: start over
+    wanted = list(layers)
+    # the tokens' digest too: a --features folder given for other data of the same shape is not reused
+    meta = {"sequences": n, "seq_len": seq_len, "hidden": hidden, "layers": wanted,
+            "tokens": _digest(tokens)}
+    if meta_path.exists():
+        old = json.loads(meta_path.read_text())
+        if _holds(old, meta):  # a folder with more layers of the same tokens serves (and is completed) as it is
+            meta["layers"] = layers = old["layers"]
+        elif old != meta:
+            done_path.unlink(missing_ok=True)  # another shape under the same key: start over
     mode = "r+" if done_path.exists() else "w+"
     arrays = {layer: np.lib.format.open_memmap(folder / f"features-{layer}.npy", mode=mode, dtype=np.float16,
                                                shape=(n, seq_len, hidden)) for layer in layers}
@@ -140,9 +153,25 @@ def extract_features(target: torch.nn.Module, tokens: np.ndarray, layers: Sequen
             if progress is not None:
                 progress(done, n)
     return FeatureSet(folder, tokens, {layer: np.load(folder / f"features-{layer}.npy", mmap_mode="r")
-                                       for layer in layers})
+                                       for layer in wanted})
 
 
-def finished(folder: Path, sequences: int) -> bool:
-    done = folder / "done.json"
-    return done.exists() and json.loads(done.read_text()).get("sequences") == sequences
+def _digest(tokens: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()[:16]
+
+
+def _holds(stored: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """Whether features described by `stored` (meta.json) include all of `wanted`'s."""
+    same = all(stored.get(key) == wanted[key] for key in ("sequences", "seq_len", "hidden", "tokens"))
+    return same and set(wanted["layers"]) <= set(stored.get("layers", ()))
+
+
+def finished(folder: Path, tokens: np.ndarray, layers: Sequence[int]) -> bool:
+    """Whether `folder` holds the features of `layers` at every position of `tokens`."""
+    done, meta = folder / "done.json", folder / "meta.json"
+    if not done.exists() or not meta.exists() or json.loads(done.read_text()).get("sequences") != tokens.shape[0]:
+        return False
+    wanted = {"sequences": tokens.shape[0], "seq_len": tokens.shape[1], "layers": list(layers),
+              "tokens": _digest(tokens)}
+    stored = json.loads(meta.read_text())
+    return _holds(stored, {**wanted, "hidden": stored.get("hidden")})

@@ -3,8 +3,10 @@ and the next token x_{t+1}, predict f_{t+1}; loss = KL(target || head) on the to
 (over the draft vocabulary, both read out by the target's own head rows) plus a smooth-L1
 pull of the predicted feature toward the real one (EAGLE: the regression keeps the
 prediction usable as the next step's input). Input features get a little noise, and with
-`unroll = 2` the head also learns the second draft step from its own prediction, so it
-tolerates its own slightly-wrong features when it drafts several tokens.
+`unroll = n` the head also learns draft steps 2..n from its own predictions (EAGLE-3's
+training-time test), so it tolerates its own slightly-wrong features when it drafts
+several tokens. Only tokens a drafter will draft count: the prompts of chat exchanges are
+left out of the loss (the answer mask of the feature set), as `train steer` does.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ class HeadTrainingSettings:
     batch_sequences: int = 8
     regression_weight: float = 1.0
     noise: float = 0.05  # std of input-feature noise, relative to the features' RMS
-    unroll: int = 1  # 2: also train the second draft step on the head's own prediction
+    unroll: int = 1  # n > 1: also train draft steps 2..n on the head's own predictions
     seed: int = 0
 
 
@@ -40,11 +42,16 @@ def draft_vocabulary(tokens: np.ndarray, size: int, vocab_size: int, always: tup
 
 
 class HeadObjective:
-    """Batches from a FeatureSet and the head's loss on them."""
+    """Batches from a FeatureSet (the layers the head reads, the final feature last) and the
+    head's loss on them."""
 
     def __init__(self, head: DraftHead, target: torch.nn.Module, data: FeatureSet, layer: int,
                  settings: HeadTrainingSettings, train_rows: np.ndarray, device: torch.device):
+        """`layer`: the final feature's (the target's layer count), which every head predicts."""
         self.head, self.data, self.layer, self.settings = head, data, layer, settings
+        self.layers = head.config.layers_read
+        if self.layers[-1] != layer:
+            raise ValueError(f"the head reads layers {self.layers}; the last must be the final feature {layer}")
         self.batches = RowBatches(train_rows, settings.batch_sequences, settings.seed)
         self.device = device
         self.embed = target.get_input_embeddings()
@@ -52,40 +59,56 @@ class HeadObjective:
         sample = np.asarray(data.features[layer][train_rows[: min(len(train_rows), 16)]], dtype=np.float32)
         self.feature_rms = float(np.sqrt((sample ** 2).mean()))
 
-    def batch(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens = torch.from_numpy(self.data.tokens[np.sort(rows)].astype(np.int64)).to(self.device)
-        features = torch.from_numpy(np.asarray(self.data.features[self.layer][np.sort(rows)], dtype=np.float32))
-        return tokens, features.to(self.device)
+    def batch(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows = np.sort(rows)
+        tokens = torch.from_numpy(self.data.tokens[rows].astype(np.int64)).to(self.device)
+        features = torch.cat([torch.from_numpy(np.asarray(self.data.features[layer][rows], dtype=np.float32))
+                              for layer in self.layers], dim=-1)  # [B, T, layers * H]
+        return tokens, features.to(self.device), torch.from_numpy(self.data.learned(rows)).to(self.device)
 
-    def loss(self, tokens: torch.Tensor, features: torch.Tensor, noise: bool = True, unroll: int | None = None
-             ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Loss over every pair (f_t, x_{t+1}) -> (f_{t+1}, p_{t+1}) of the batch; with
-        `unroll` 2, also over (predicted f_t, x_{t+1}) -> (f_{t+1}, p_{t+1}): the second
-        drafted token, read from the head's own prediction as when it drafts."""
+    def loss(self, tokens: torch.Tensor, features: torch.Tensor, learned: torch.Tensor, noise: bool = True,
+             unroll: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        loss, metrics, _ = self.weighed_loss(tokens, features, learned, noise, unroll)
+        return loss, metrics
+
+    def weighed_loss(self, tokens: torch.Tensor, features: torch.Tensor, learned: torch.Tensor, noise: bool = True,
+                     unroll: int | None = None) -> tuple[torch.Tensor, dict[str, float], dict[str, float]]:
+        """Loss over every pair (f_t, x_{t+1}) -> (f_{t+1}, p_{t+1}) of the batch whose
+        predicted token x_{t+2} is one to learn (`learned`, [B, T] bool per token); with
+        `unroll` n, also over (predicted f_t, x_{t+1}) -> (f_{t+1}, p_{t+1}) at depths 2..n:
+        the later drafted tokens, read from the head's own predictions as when it drafts.
+        Also returns how many learned pairs each depth's metrics average over."""
         unroll = self.settings.unroll if unroll is None else unroll
         length = tokens.shape[1]
-        inputs = features[:, :-1]
+        inputs = self.head.fused(features[:, :-1])
         if noise and self.settings.noise > 0:
             inputs = inputs + torch.randn_like(inputs) * (self.settings.noise * self.feature_rms)
         with torch.no_grad():
             embeddings = self.embed(tokens[:, 1:]).float()
-            goal = features[:, 1:]
+            goal = features[:, 1:, -self.head.config.hidden_size:]  # the final feature
             log_p = F.log_softmax(self.readout.small(goal).float(), dim=-1)
+            # pair t predicts token t + 2; the last pair's token lies past the sequence and
+            # counts as the sequence's last token does
+            weight = torch.cat([learned[:, 2:], learned[:, -1:]], dim=1).float()  # [B, T - 1]
         positions = torch.arange(length - 1, device=tokens.device).expand(tokens.shape[0], -1)
-        loss, metrics = torch.zeros((), device=tokens.device), {}
+        loss, metrics, counts = torch.zeros((), device=tokens.device), {}, {}
         for depth in range(1, unroll + 1):
+            if goal.shape[1] == 0:
+                break
             predicted = self.head(embeddings, inputs, positions)
             log_q = F.log_softmax(self.readout.small(predicted).float(), dim=-1)
-            kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
-            regression = F.smooth_l1_loss(predicted.float(), goal)
+            count = weight.sum().clamp_min(1.0)
+            kl = ((log_p.exp() * (log_p - log_q)).sum(-1) * weight).sum() / count
+            regression = (F.smooth_l1_loss(predicted.float(), goal, reduction="none").mean(-1) * weight).sum() / count
             loss = loss + (kl + self.settings.regression_weight * regression) / unroll
             suffix = "" if depth == 1 else f"@{depth}"
             metrics["kl" + suffix] = float(kl.detach())
-            metrics["top1" + suffix] = float((log_q.argmax(-1) == log_p.argmax(-1)).float().mean())
+            metrics["top1" + suffix] = float(((log_q.argmax(-1) == log_p.argmax(-1)).float() * weight).sum() / count)
+            counts[suffix] = float(weight.sum())
             # The next depth: each pair's feature is the prediction made one position earlier.
             inputs, embeddings, goal, log_p = predicted[:, :-1], embeddings[:, 1:], goal[:, 1:], log_p[:, 1:]
-            positions = positions[:, 1:]
-        return loss, metrics
+            positions, weight = positions[:, 1:], weight[:, 1:]
+        return loss, metrics, counts
 
     def step(self, step: int) -> tuple[torch.Tensor, dict[str, float]]:
         # bf16 autocast on a GPU (the master weights and the loss stay float32); a CPU
@@ -95,22 +118,28 @@ class HeadObjective:
 
     @torch.no_grad()
     def evaluate(self, rows: np.ndarray) -> dict[str, float]:
-        """Mean KL and top-1 agreement on `rows` (held out), without noise."""
+        """KL and top-1 agreement on `rows` (held out), without noise, at the first and the
+        second draft step: means over every learned token, whatever batch it fell in."""
         self.head.eval()
-        totals, batches = {"kl": 0.0, "top1": 0.0, "kl@2": 0.0, "top1@2": 0.0}, 0
+        depths = ("", "@2")
+        sums = {(name, depth): 0.0 for name in ("kl", "top1") for depth in depths}
+        counts = dict.fromkeys(depths, 0.0)
         for first in range(0, len(rows), self.settings.batch_sequences):
-            _, metrics = self.loss(*self.batch(rows[first : first + self.settings.batch_sequences]), noise=False,
-                                   unroll=2)
-            for key in totals:
-                totals[key] += metrics[key]
-            batches += 1
+            _, metrics, weights = self.weighed_loss(*self.batch(rows[first : first + self.settings.batch_sequences]),
+                                                    noise=False, unroll=2)
+            for name, depth in sums:
+                sums[name, depth] += metrics.get(name + depth, 0.0) * weights.get(depth, 0.0)
+            for depth in depths:
+                counts[depth] += weights.get(depth, 0.0)
         self.head.train()
-        return {key: value / max(1, batches) for key, value in totals.items()}
+        return {name + depth: total / max(1.0, counts[depth]) for (name, depth), total in sums.items()}
 
 
-def new_head(target: torch.nn.Module, vocab_ids: torch.Tensor) -> DraftHead:
+def new_head(target: torch.nn.Module, vocab_ids: torch.Tensor, lower_layers: tuple[int, ...] = ()) -> DraftHead:
+    """A head for `target` reading out `vocab_ids`, fed the final feature and the hidden
+    states after `lower_layers` (none: the final feature only)."""
     # float32 master weights whatever torch's default dtype is (a float64 load may leave it changed)
-    head = DraftHead(HeadConfig.for_target(target, int(vocab_ids.numel()))).float()
+    head = DraftHead(HeadConfig.for_target(target, int(vocab_ids.numel()), lower_layers)).float()
     head.vocab_ids = vocab_ids.clone()
     head.init_from_target(target)
     return head

@@ -54,9 +54,7 @@ def predicted_mask(data: FeatureSet, rows: np.ndarray) -> torch.Tensor:
     """[B, T] bool: whether the token each input position predicts (the next one) is one to
     learn; the last position predicts past its sequence and counts as its own token does.
     """
-    if data.answer_mask is None:
-        return torch.ones(len(rows), data.seq_len, dtype=torch.bool)
-    mask = data.answer_mask[rows]
+    mask = data.learned(rows)
     return torch.from_numpy(np.concatenate([mask[:, 1:], mask[:, -1:]], axis=1))
 
 
