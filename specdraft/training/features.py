@@ -127,10 +127,10 @@ def extract_features(target: torch.nn.Module, tokens: np.ndarray, layers: Sequen
             "tokens": _digest(tokens)}
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
-        if _holds(old, meta):  # a folder with more layers of the same tokens serves (and is completed) as it is
+        if _holds(old, meta):  # the same tokens, and all these layers (maybe more): served and completed as it is
             meta["layers"] = layers = old["layers"]
-        elif old != meta:
-            done_path.unlink(missing_ok=True)  # another shape under the same key: start over
+        else:
+            done_path.unlink(missing_ok=True)  # other tokens, another shape or fewer layers: start over
     mode = "r+" if done_path.exists() else "w+"
     arrays = {layer: np.lib.format.open_memmap(folder / f"features-{layer}.npy", mode=mode, dtype=np.float16,
                                                shape=(n, seq_len, hidden)) for layer in layers}
