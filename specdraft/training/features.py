@@ -122,9 +122,7 @@ def extract_features(target: torch.nn.Module, tokens: np.ndarray, layers: Sequen
     hidden = int(target.config.hidden_size)
     meta_path, done_path = folder / "meta.json", folder / "done.json"
     wanted = list(layers)
-    # the tokens' digest too: a --features folder given for other data of the same shape is not reused
-    meta = {"sequences": n, "seq_len": seq_len, "hidden": hidden, "layers": wanted,
-            "tokens": _digest(tokens)}
+    meta = _describe(tokens, wanted, hidden)
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
         if _holds(old, meta):  # the same tokens, and all these layers (maybe more): served and completed as it is
@@ -156,8 +154,11 @@ def extract_features(target: torch.nn.Module, tokens: np.ndarray, layers: Sequen
                                        for layer in wanted})
 
 
-def _digest(tokens: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()[:16]
+def _describe(tokens: np.ndarray, layers: Sequence[int], hidden: int | None) -> dict[str, Any]:
+    """What a features folder's meta.json says it holds. The tokens' digest is part of it: a
+    --features folder given for other data of the same shape is not reused."""
+    return {"sequences": tokens.shape[0], "seq_len": tokens.shape[1], "hidden": hidden, "layers": list(layers),
+            "tokens": hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()[:16]}
 
 
 def _holds(stored: dict[str, Any], wanted: dict[str, Any]) -> bool:
@@ -171,7 +172,5 @@ def finished(folder: Path, tokens: np.ndarray, layers: Sequence[int]) -> bool:
     done, meta = folder / "done.json", folder / "meta.json"
     if not done.exists() or not meta.exists() or json.loads(done.read_text()).get("sequences") != tokens.shape[0]:
         return False
-    wanted = {"sequences": tokens.shape[0], "seq_len": tokens.shape[1], "layers": list(layers),
-              "tokens": _digest(tokens)}
     stored = json.loads(meta.read_text())
-    return _holds(stored, {**wanted, "hidden": stored.get("hidden")})
+    return _holds(stored, _describe(tokens, layers, stored.get("hidden")))
