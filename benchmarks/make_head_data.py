@@ -102,6 +102,47 @@ def stdlib_prompts(count: int) -> list[str]:
     return found[::step][:count]
 
 
+def stdlib_deep_prompts() -> list[str]:
+    """More open code prompts of the same shape (for --extra): public functions of the
+    standard library's packages (email, json, http, ...) and public methods of public
+    classes anywhere in it, tests and private modules left out."""
+    import ast
+    import sysconfig
+
+    root = sysconfig.get_paths()["stdlib"]
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(("_", ".")) and "test" not in d
+                         and d not in ("site-packages", "dist-packages", "idlelib", "turtledemo", "lib2to3"))
+        top = folder == root
+        for name in sorted(files):
+            if not name.endswith(".py") or name.startswith("_") or "test" in name:
+                continue
+            try:
+                tree = ast.parse(open(os.path.join(folder, name), encoding="utf-8").read())
+            except (SyntaxError, UnicodeDecodeError):
+                continue
+            nodes = [] if top else [(None, n) for n in tree.body]  # top-level modules: stdlib_prompts
+            nodes += [(c.name, n) for c in tree.body if isinstance(c, ast.ClassDef) and not c.name.startswith("_")
+                      for n in c.body]
+            for owner, node in nodes:
+                if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+                    continue
+                doc = ast.get_docstring(node) or ""
+                first = re.split(r"(?<=[.!?])\s", " ".join(doc.split()))[0].rstrip(".")
+                args = [a.arg for a in node.args.args if a.arg not in ("self", "cls")]
+                if not 20 <= len(first) <= 200 or (owner is None and not args):
+                    continue
+                what = first[0].lower() + first[1:]
+                if owner is None:
+                    found.append(f"Write a Python function `{node.name}({', '.join(args)})` that does the following: "
+                                 f"{what}.")
+                else:
+                    found.append(f"Write a Python method `{node.name}({', '.join(['self'] + args)})` of a class "
+                                 f"`{owner}` that does the following: {what}.")
+    return list(dict.fromkeys(found))
+
+
 def benchmark_text() -> str:
     """Every file in benchmarks/data but the training prompt lists: what training must not see."""
     text = ""
@@ -118,6 +159,7 @@ def write_extra(folder: str, questions: list[str]) -> None:
     with open(os.path.join(DATA, "head-train-code.txt"), encoding="utf-8") as f:
         code = [line.strip() for line in f if line.strip()]
     code += [p for p in stdlib_prompts(10**6) if p not in code]
+    code += [p for p in stdlib_deep_prompts() if p not in code]
     # a HumanEval task that a benchmark stream holds as a stub stays out of training
     code = [p for p in code if "def " + p.split("`")[1].split("(")[0] + "(" not in held_out]
     # a JSONL file may hold a question with its non-ASCII characters escaped, or not

@@ -364,6 +364,44 @@ def test_a_head_drafting_for_a_packed_target_is_packed_and_drafts_the_same():
         assert [t for r in engine.generate(prompt) for t in r.tokens] == plain_greedy(target, prompt, 32)
 
 
+@pytest.mark.parametrize("packed_target", [False, True])
+def test_the_lean_head_forward_drafts_what_transformers_forward_does(packed_target):
+    """On a CPU a head's layer runs the lean forward over its own KV buffer (packed where the
+    target is); its logits match transformers' one-layer forward with a DynamicCache, through
+    catch-up feeds, drafted steps and rollbacks, with fused lower layers too."""
+    from specdraft.models.packed_linear import pack_linears
+
+    target = tiny_llama(seed=0, layers=3).float()
+    if packed_target:
+        pack_linears(target)
+    ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
+    head = random_head(target, list(range(0, VOCAB, 2)), lower_layers=(1,)).float()
+    slow = HeadDrafter("head", ctx, random_head(target, list(range(0, VOCAB, 2)), lower_layers=(1,)).float(), target,
+                       core="transformers")
+    lean = HeadDrafter("head", ctx, head, target)
+    assert slow.head_cache.lean is None and lean.head_cache.lean is not None
+    features = torch.randn(12, 2 * target.config.hidden_size)
+    context = [5, 9, 11, 3, 7, 5, 9, 2, 8, 4, 6, 1, 3]
+    for drafter in (slow, lean):
+        drafter.head_cache.observe(0, features)
+
+    def close(a, b):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+    caches = slow.head_cache, lean.head_cache
+    close(*(c.consume(context, 6, 5) for c in caches))
+    for token in (4, 10, 2):
+        close(*(c.step(torch.tensor(token)) for c in caches))
+    for cache in caches:  # the drafts are rejected: back to the committed pairs, then more of them
+        cache.crop(6)
+    close(*(c.consume(context, 11, 5) for c in caches))
+    close(*(c.step(torch.tensor(7)) for c in caches))
+    for cache in caches:  # a new prompt
+        cache.reset()
+        cache.observe(0, features.flip(0))
+    close(*(c.consume(context[::-1], 9, 8) for c in caches))
+
+
 def _objective(target, tokens, mask, unroll=1, tmp=None):
     import tempfile
     from pathlib import Path
@@ -525,3 +563,26 @@ def test_a_features_folder_with_more_layers_serves_without_a_target_pass_but_not
     again = extract_features(target, other, [3], folder)
     fresh = extract_features(target, other, [3], tmp_path / "g")
     assert np.array_equal(again.features[3], fresh.features[3])
+
+
+def test_the_feature_pass_runs_packed_and_leaves_the_target_as_it_was(tmp_path):
+    """The feature pass runs the target's linears packed (a CPU build with oneDNN) and keeps
+    no logits but the last: its features are the dense forward's up to float rounding, and
+    the target's own nn.Linear modules are back afterwards (training reads them densely)."""
+    from specdraft.models.packed_linear import PackedLinear, packed_while
+
+    target = tiny_llama(seed=0, layers=2, scale=6.0).float()
+    linears = [m for m in target.modules() if type(m) is torch.nn.Linear]
+    tokens = np.random.default_rng(0).integers(3, VOCAB, size=(3, 16)).astype(np.int32)
+    layers = [1, target.config.num_hidden_layers]
+    with packed_while(target) as packed:
+        assert packed == torch.backends.mkldnn.is_available()
+        assert any(isinstance(m, PackedLinear) for m in target.modules()) == packed
+    data = extract_features(target, tokens, layers, tmp_path / "f")
+    assert [m for m in target.modules() if type(m) is torch.nn.Linear] == linears
+    assert not any(isinstance(m, PackedLinear) for m in target.modules())
+    with torch.inference_mode():
+        dense = target(torch.from_numpy(tokens.astype(np.int64)), output_hidden_states=True).hidden_states
+    for layer in layers:
+        torch.testing.assert_close(torch.from_numpy(np.asarray(data.features[layer], dtype=np.float32)),
+                                   dense[layer].half().float(), rtol=2e-3, atol=2e-3)

@@ -29,26 +29,38 @@ from specdraft.drafters.model import ModelDrafter
 from specdraft.drafters.options import HeadOptions
 from specdraft.errors import ProfileError
 from specdraft.learning.confidence import StopRule
-from specdraft.models.packed_linear import is_packed, pack_linears, packing_problem
+from specdraft.models.lean_decoder import LeanDecoder, lean_stack_choice
+from specdraft.models.packed_linear import PackedLinear, is_packed, pack_linears, packing_problem
 
 
 class HeadCache:
     """The head with its KV cache and the target features it has been handed."""
 
-    def __init__(self, head: DraftHead, target: torch.nn.Module, logits_size: int):
+    def __init__(self, head: DraftHead, target: torch.nn.Module, logits_size: int, core: str = "auto"):
+        """`core`: `[decode] drafter_core`; "auto" runs the head's layer through the lean
+        forward on a CPU (transformers' one-layer forward spent most of a step outside the
+        products there)."""
         self.device = next(target.parameters()).device
         self.clock = device_clock(self.device)
         dtype = next(target.parameters()).dtype
         self.head = head.to(self.device, dtype)
         self.embed = target.get_input_embeddings()
         self.readout = Readout(target, self.head.vocab_ids)
+        self.lean = LeanDecoder(self.head.body, stack=self.head.body) if lean_stack_choice(
+            core, self.head.body, self.device) else None
         # A head drafts on its target's kernels: where the runtime packed the target for
         # oneDNN (`[decode] linear_kernel`), the head's products are a few rows too, and on
         # torch's kernel a step of a SmolLM2-135M head (8192-token draft vocabulary) took
         # 2.2 ms, 13.7% of the packed target's forward, against 0.74 ms packed
         # (benchmarks/draft_cost.py).
         if is_packed(target) and packing_problem(self.head) is None:
-            pack_linears(self.head)
+            if self.lean is not None:  # the lean forward reads its own fused products
+                self.lean.pack()
+                for name in ("fc", "fuse"):
+                    if type(getattr(self.head, name)) is torch.nn.Linear:
+                        setattr(self.head, name, PackedLinear(getattr(self.head, name)))
+            else:
+                pack_linears(self.head)
             self.readout.pack()
         self.logits_size = logits_size
         self.hidden_size = head.config.hidden_size
@@ -58,7 +70,7 @@ class HeadCache:
     def reset(self) -> None:
         from transformers import DynamicCache
 
-        self.cache = DynamicCache(config=self.head.layer_config)
+        self.cache = None if self.lean is not None else DynamicCache(config=self.head.layer_config)
         self.length = 0  # tokens consumed: pairs for tokens 1 .. length - 1 are cached
         # The target's features at positions 0 .. known - 1, in a buffer that doubles when
         # full (a copy per round would grow with the context).
@@ -86,7 +98,8 @@ class HeadCache:
     def crop(self, length: int) -> None:
         if length < self.length:
             pairs_kept = max(0, length - 1)
-            if self.cache.get_seq_length() > pairs_kept:
+            # the lean buffer is overwritten from the next pair on
+            if self.lean is None and self.cache.get_seq_length() > pairs_kept:
                 self.cache.crop(pairs_kept - self.cache.get_seq_length())
             self.length = length
 
@@ -102,9 +115,8 @@ class HeadCache:
             raise ValueError("nothing to consume")
         tokens = torch.tensor(context[first:upto], dtype=torch.long, device=self.device)
         features = self.head.fused(self.features[first - 1 : upto - 1])
-        positions = torch.arange(first - 1, upto - 1, device=self.device).view(1, -1)
-        out = self.head(self.embed(tokens).view(1, -1, self.hidden_size), features.view(1, -1, self.hidden_size),
-                        positions, self.cache)
+        out = self._forward(self.embed(tokens).view(1, -1, self.hidden_size), features.view(1, -1, self.hidden_size),
+                            first - 1)
         self.length = upto
         self.last = out[:, -1:]
         return self.readout.small(out[0, -keep:])
@@ -112,11 +124,18 @@ class HeadCache:
     @torch.inference_mode()
     def step(self, token: torch.Tensor) -> torch.Tensor:
         """Feed a drafted token with the head's own latest prediction: small logits [1, N]."""
-        position = torch.tensor([[self.length - 1]], device=self.device)
-        out = self.head(self.embed(token.view(1, 1).to(self.device)), self.last, position, self.cache)
+        out = self._forward(self.embed(token.view(1, 1).to(self.device)), self.last, self.length - 1)
         self.length += 1
         self.last = out
         return self.readout.small(out[0])
+
+    def _forward(self, embeddings: torch.Tensor, features: torch.Tensor, start: int) -> torch.Tensor:
+        """The head over pairs at positions start.. ([1, n, H] each) after `start` cached
+        ones: the predicted features [1, n, H]."""
+        if self.lean is not None:
+            return self.lean.hidden(self.head.inputs(embeddings, features), start)
+        positions = torch.arange(start, start + embeddings.shape[1], device=self.device).view(1, -1)
+        return self.head(embeddings, features, positions, self.cache)
 
     def widen(self, small: torch.Tensor) -> torch.Tensor:
         return self.readout.widen(small, self.logits_size)
@@ -127,8 +146,8 @@ class HeadDrafter(ModelDrafter):
     draft_alignment_is_score = False  # drafts past the first token use predicted features
 
     def __init__(self, name: str, ctx: DraftContext, head: DraftHead, target: torch.nn.Module,
-                 stop_below: float | None = None):
-        self.head_cache = HeadCache(head, target, ctx.vocab_size)
+                 stop_below: float | None = None, core: str = "auto"):
+        self.head_cache = HeadCache(head, target, ctx.vocab_size, core)
         super().__init__(name, ctx, head, stop_below, lm=self.head_cache)  # type: ignore[arg-type]
         self.target = target
         self.layers_read = tuple(head.config.layers_read)
@@ -141,7 +160,7 @@ class HeadDrafter(ModelDrafter):
             head = load_head(options.path, pool.target.model)
         except HeadFileError as exc:
             raise ProfileError(pool.file, f"{key}.path", str(exc)) from None
-        return cls(name, pool.draft, head, pool.target.model, options.stop_below)
+        return cls(name, pool.draft, head, pool.target.model, options.stop_below, core=pool.drafter_core)
 
     @property
     def feature_layers(self) -> tuple[int, ...]:

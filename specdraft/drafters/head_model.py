@@ -162,7 +162,8 @@ class DraftHead(nn.Module):
         if self.fuse is None:
             return features
         h = self.config.hidden_size
-        features = features.to(self.fuse.weight.dtype)
+        # the norm's dtype, not the fusion's: a packed layer's `.weight` is a fresh dense copy
+        features = features.to(self.body.norm.weight.dtype)
         lower = features[..., :-h].unflatten(-1, (-1, h))  # [..., layers - 1, H]
         lower = lower * torch.rsqrt(lower.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
         return self.fuse(torch.cat([lower.flatten(-2), features[..., -h:]], dim=-1))
@@ -171,10 +172,13 @@ class DraftHead(nn.Module):
                 cache: Any = None) -> torch.Tensor:
         """embeddings, features: [B, T, H] (token x_{t+1}, g_t: `fused` target features or
         the head's own prediction); returns the predicted f_{t+1} [B, T, H]."""
-        fused = self.fc(torch.cat([embeddings, features.to(embeddings.dtype)], dim=-1))
-        out = self.body(inputs_embeds=fused, position_ids=position_ids, past_key_values=cache,
-                        use_cache=cache is not None)
+        out = self.body(inputs_embeds=self.inputs(embeddings, features), position_ids=position_ids,
+                        past_key_values=cache, use_cache=cache is not None)
         return out.last_hidden_state
+
+    def inputs(self, embeddings: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """What the decoder layer reads: fc([embedding of x_{t+1}; g_t]) [B, T, H]."""
+        return self.fc(torch.cat([embeddings, features.to(embeddings.dtype)], dim=-1))
 
     def init_from_target(self, target: nn.Module) -> None:
         """Start the norm where the target's final norm is (the prediction lives in the space

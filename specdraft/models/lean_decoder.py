@@ -56,10 +56,18 @@ def lean_problem(model: nn.Module) -> str | None:
         return f"its MLP activation is {config.hidden_act}"
     if getattr(config, "pretraining_tp", 1) > 1:
         return "it splits its projections (pretraining_tp)"
-    inner = getattr(model, "model", None)
+    return stack_problem(getattr(model, "model", None), model)
+
+
+def stack_problem(inner: nn.Module | None, model: nn.Module | None = None) -> str | None:
+    """Why the lean forward cannot run the decoder stack `inner` (a LlamaModel-like body:
+    layers, rotary module, final norm) of `model` (itself, when it is a bare stack)."""
+    model = inner if model is None else model
     layers = getattr(inner, "layers", None)
     if layers is None or getattr(inner, "rotary_emb", None) is None:
         return "its decoder has no layers or rotary module where Llama's has them"
+    if getattr(inner.config, "hidden_act", "silu") != "silu":
+        return f"its MLP activation is {inner.config.hidden_act}"
     linear = (nn.Linear, Int4Linear, Int8Linear)
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
@@ -131,12 +139,14 @@ def _fuse(parts: Sequence[nn.Module]) -> nn.Module:
 class LeanDecoder:
     """The model's decode forward over a KV buffer of its own (batch 1)."""
 
-    def __init__(self, model: nn.Module):
-        problem = lean_problem(model)
+    def __init__(self, model: nn.Module, stack: nn.Module | None = None):
+        """`model`: a causal LM (its `model` is the stack, its `lm_head` reads it out); or,
+        with `stack` given, a bare decoder stack fed embeddings (`hidden` only: a draft head)."""
+        problem = lean_problem(model) if stack is None else stack_problem(stack)
         if problem is not None:
             raise ValueError(f"the lean forward cannot run this model: {problem}")
         config = model.config
-        self.model, self.inner = model, model.model
+        self.model, self.inner = model, model.model if stack is None else stack
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         # Fused once per model: every lean forward of it (a pool's drafter, a cost probe)
@@ -177,10 +187,37 @@ class LeanDecoder:
         """Feed `ids` [n] after the first `start` cached tokens (what follows them is
         overwritten); logits of the last `keep` positions (all when 0) [keep, V]."""
         n = ids.shape[-1]
+        x = self.layers_over(self.inner.embed_tokens(ids.view(1, n)), start)
+        rows = x[:, -keep:] if keep else x
+        final = self.inner.norm
+        return self.model.lm_head(F.rms_norm(rows, (rows.shape[-1],), final.weight, final.variance_epsilon))[0]
+
+    @torch.inference_mode()
+    def hidden(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """The stack's output (after its final norm) for input embeddings `x` [1, n, H] fed
+        after the first `start` cached positions: [1, n, H]."""
+        x = self.layers_over(x, start)
+        final = self.inner.norm
+        return F.rms_norm(x, (x.shape[-1],), final.weight, final.variance_epsilon)
+
+    def pack(self) -> None:
+        """Run this forward's float products on oneDNN's packed layout (the fused
+        projections included): for a stack whose model the runtime packs."""
+        from specdraft.models.packed_linear import PackedLinear
+
+        def packed(module: nn.Module) -> nn.Module:
+            return PackedLinear(module) if type(module) is nn.Linear else module
+
+        self.layers = [(norm1, packed(qkv), packed(out), norm2, packed(gate_up), packed(down), size)
+                       for norm1, qkv, out, norm2, gate_up, down, size in self.layers]
+
+    def layers_over(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """Every layer over `x` [1, n, H] at positions start.., keys and values kept: the
+        residual stream after the last layer [1, n, H]."""
+        n = x.shape[1]
         end = start + n
         self._reserve(end, start)
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
-        x = self.inner.embed_tokens(ids.view(1, n))
         positions = torch.arange(start, end, device=self.device).view(1, n)
         cos, sin = self.inner.rotary_emb(x, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, n, D]
@@ -203,9 +240,7 @@ class LeanDecoder:
             h = F.rms_norm(x, (x.shape[-1],), norm2.weight, norm2.variance_epsilon)
             gate, up = gate_up(h).split([inner_size, inner_size], dim=-1)
             x = x + down(F.silu(gate) * up)
-        rows = x[:, -keep:] if keep else x
-        final = self.inner.norm
-        return self.model.lm_head(F.rms_norm(rows, (rows.shape[-1],), final.weight, final.variance_epsilon))[0]
+        return x
 
 
 def lean_choice(core: str, model: nn.Module, device: torch.device) -> bool:
@@ -217,4 +252,14 @@ def lean_choice(core: str, model: nn.Module, device: torch.device) -> bool:
     problem = lean_problem(model)
     if problem is not None:
         (log.warning if core == "lean" else log.debug)("%s runs through transformers: %s", type(model).__name__, problem)
+    return problem is None
+
+
+def lean_stack_choice(core: str, stack: nn.Module, device: torch.device) -> bool:
+    """`lean_choice` for a bare decoder stack fed embeddings (a draft head's layer)."""
+    if core == "transformers" or (core == "auto" and device.type != "cpu"):
+        return False
+    problem = stack_problem(stack)
+    if problem is not None:
+        (log.warning if core == "lean" else log.debug)("a draft head runs through transformers: %s", problem)
     return problem is None

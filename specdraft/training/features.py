@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from specdraft.models.packed_linear import packed_while
 from specdraft.training.corpus import Document
 
 FP16_MAX = 65000.0
@@ -137,10 +138,12 @@ def extract_features(target: torch.nn.Module, tokens: np.ndarray, layers: Sequen
     batch = max(1, batch_tokens // seq_len)
     device = next(target.parameters()).device
     started = time.perf_counter()
-    with torch.inference_mode():
+    # Packed linears (on a CPU) and no logits but the last position's: the pass wants hidden
+    # states only, and the head's product over every position was a fifth of its time.
+    with torch.inference_mode(), packed_while(target):
         for first in range(done, n, batch):
             ids = torch.from_numpy(tokens[first : first + batch].astype(np.int64)).to(device)
-            out = target(ids, output_hidden_states=True)
+            out = target(ids, output_hidden_states=True, logits_to_keep=1)
             for layer in layers:
                 states = out.hidden_states[layer].float().clamp_(-FP16_MAX, FP16_MAX)
                 arrays[layer][first : first + ids.shape[0]] = states.cpu().numpy().astype(np.float16)
