@@ -19,8 +19,10 @@ with every GSM8K test answer outside evaluation and stream.jsonl, calculator ann
 removed), and with --stdlib N, N more open code prompts made the same way from the
 standard library's public functions (stdlib-prompts.txt, next to the reference files).
 With --extra DIR it writes larger training prompt sets instead, leaving the files above
-alone: DIR/code-prompts.txt (the HumanEval training prompts and every standard-library
-prompt, but for functions that a file in benchmarks/data defines) and
+alone: DIR/code-prompts.txt (the HumanEval training prompts, every standard-library
+prompt, then the same made from the public functions of the standard library's packages
+and the public methods of its public classes, but for functions that a file in
+benchmarks/data defines) and
 DIR/math-prompts.txt (every GSM8K test question below 1250 that no file in
 benchmarks/data holds, evaluation and benchmark streams included). Standard library only;
 deterministic for a given Python.
