@@ -115,13 +115,17 @@ def pack_linears(model: nn.Module, keep_dense: bool = False) -> int:
     needs it anyway), so `.weight` on it costs nothing."""
     embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     tied = getattr(embedding, "weight", None)
-    replaced = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child.weight.dtype in (torch.float32, torch.bfloat16):
-                setattr(parent, name, PackedLinear(child, keep_dense or child.weight is tied))
-                replaced += 1
-    return replaced
+    linears = _float_linears(model)
+    for parent, name, child in linears:
+        setattr(parent, name, PackedLinear(child, keep_dense or child.weight is tied))
+    return len(linears)
+
+
+def _float_linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+    """(parent, attribute, layer) for every float nn.Linear of `model` (exactly that class:
+    quantized subclasses keep their own kernels): what packing replaces."""
+    return [(parent, name, child) for parent in list(model.modules()) for name, child in list(parent.named_children())
+            if type(child) is nn.Linear and child.weight.dtype in (torch.float32, torch.bfloat16)]
 
 
 @contextlib.contextmanager
@@ -134,9 +138,7 @@ def packed_while(model: nn.Module) -> Iterator[bool]:
     if is_packed(model) or packing_problem(model) is not None:
         yield False
         return
-    originals = [(parent, name, child) for parent in list(model.modules())
-                 for name, child in list(parent.named_children())
-                 if type(child) is nn.Linear and child.weight.dtype in (torch.float32, torch.bfloat16)]
+    originals = _float_linears(model)
     for parent, name, child in originals:
         setattr(parent, name, PackedLinear(child, keep_dense=True))
     try:
