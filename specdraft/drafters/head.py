@@ -29,7 +29,7 @@ from specdraft.drafters.model import ModelDrafter
 from specdraft.drafters.options import HeadOptions
 from specdraft.errors import ProfileError
 from specdraft.learning.confidence import StopRule
-from specdraft.models.lean_decoder import LeanDecoder, lean_stack_choice
+from specdraft.models.lean_decoder import LeanDecoder, lean_choice
 from specdraft.models.packed_linear import PackedLinear, is_packed, pack_linears, packing_problem
 
 
@@ -46,8 +46,8 @@ class HeadCache:
         self.head = head.to(self.device, dtype)
         self.embed = target.get_input_embeddings()
         self.readout = Readout(target, self.head.vocab_ids)
-        self.lean = LeanDecoder(self.head.body, stack=self.head.body) if lean_stack_choice(
-            core, self.head.body, self.device) else None
+        self.lean = LeanDecoder(self.head.body, stack=self.head.body) if lean_choice(
+            core, self.head.body, self.device, stack=True) else None
         # A head drafts on its target's kernels: where the runtime packed the target for
         # oneDNN (`[decode] linear_kernel`), the head's products are a few rows too, and on
         # torch's kernel a step of a SmolLM2-135M head (8192-token draft vocabulary) took

@@ -52,8 +52,6 @@ def lean_problem(model: nn.Module) -> str | None:
     sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ())
     if sliding or (name == "MistralForCausalLM" and getattr(config, "sliding_window", None)):
         return "it has sliding-window attention"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"its MLP activation is {config.hidden_act}"
     if getattr(config, "pretraining_tp", 1) > 1:
         return "it splits its projections (pretraining_tp)"
     return stack_problem(getattr(model, "model", None), model)
@@ -243,23 +241,15 @@ class LeanDecoder:
         return x
 
 
-def lean_choice(core: str, model: nn.Module, device: torch.device) -> bool:
+def lean_choice(core: str, model: nn.Module, device: torch.device, stack: bool = False) -> bool:
     """Whether a drafter's model runs the lean forward under `[decode] drafter_core`: "auto"
     on a CPU when the model allows it, "lean" wherever it does (a model it cannot run says
-    why in the log and runs through transformers), "transformers" never."""
+    why in the log and runs through transformers), "transformers" never. `stack`: `model`
+    is a bare decoder stack fed embeddings (a draft head's layer)."""
     if core == "transformers" or (core == "auto" and device.type != "cpu"):
         return False
-    problem = lean_problem(model)
+    problem = stack_problem(model) if stack else lean_problem(model)
     if problem is not None:
-        (log.warning if core == "lean" else log.debug)("%s runs through transformers: %s", type(model).__name__, problem)
-    return problem is None
-
-
-def lean_stack_choice(core: str, stack: nn.Module, device: torch.device) -> bool:
-    """`lean_choice` for a bare decoder stack fed embeddings (a draft head's layer)."""
-    if core == "transformers" or (core == "auto" and device.type != "cpu"):
-        return False
-    problem = stack_problem(stack)
-    if problem is not None:
-        (log.warning if core == "lean" else log.debug)("a draft head runs through transformers: %s", problem)
+        name = "a draft head" if stack else type(model).__name__
+        (log.warning if core == "lean" else log.debug)("%s runs through transformers: %s", name, problem)
     return problem is None
