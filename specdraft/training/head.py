@@ -86,28 +86,34 @@ class HeadObjective:
         with torch.no_grad():
             embeddings = self.embed(tokens[:, 1:]).float()
             goal = features[:, 1:, -self.head.config.hidden_size:]  # the final feature
-            log_p = F.log_softmax(self.readout.small(goal).float(), dim=-1)
             # pair t predicts token t + 2; the last pair's token lies past the sequence and
             # counts as the sequence's last token does
-            weight = torch.cat([learned[:, 2:], learned[:, -1:]], dim=1).float()  # [B, T - 1]
+            learned_pairs = torch.cat([learned[:, 2:], learned[:, -1:]], dim=1)  # [B, T - 1] bool
+            # Read out only the pairs that count (a chat prompt's are a third of a batch):
+            # the draft-vocabulary products are most of a step. Depth d's pair j stands at
+            # position j + d - 1 of depth 1, so every depth's goals are among depth 1's.
+            log_p = F.log_softmax(self.readout.small(goal[learned_pairs]).float(), dim=-1)
+            column = torch.arange(length - 1, device=tokens.device).expand_as(learned_pairs)
         positions = torch.arange(length - 1, device=tokens.device).expand(tokens.shape[0], -1)
         loss, metrics, counts = torch.zeros((), device=tokens.device), {}, {}
         for depth in range(1, unroll + 1):
             if goal.shape[1] == 0:
                 break
             predicted = self.head(embeddings, inputs, positions)
-            log_q = F.log_softmax(self.readout.small(predicted).float(), dim=-1)
-            count = weight.sum().clamp_min(1.0)
-            kl = ((log_p.exp() * (log_p - log_q)).sum(-1) * weight).sum() / count
-            regression = (F.smooth_l1_loss(predicted.float(), goal, reduction="none").mean(-1) * weight).sum() / count
+            chosen = learned_pairs[:, depth - 1 :]
+            p_rows = log_p[column[learned_pairs] >= depth - 1]
+            log_q = F.log_softmax(self.readout.small(predicted[chosen]).float(), dim=-1)
+            count = max(1, int(chosen.sum()))
+            kl = (p_rows.exp() * (p_rows - log_q)).sum() / count
+            regression = F.smooth_l1_loss(predicted[chosen].float(), goal[chosen], reduction="none").mean(-1).sum() / count
             loss = loss + (kl + self.settings.regression_weight * regression) / unroll
             suffix = "" if depth == 1 else f"@{depth}"
             metrics["kl" + suffix] = float(kl.detach())
-            metrics["top1" + suffix] = float(((log_q.argmax(-1) == log_p.argmax(-1)).float() * weight).sum() / count)
-            counts[suffix] = float(weight.sum())
+            metrics["top1" + suffix] = float((log_q.argmax(-1) == p_rows.argmax(-1)).float().sum() / count)
+            counts[suffix] = float(chosen.sum())
             # The next depth: each pair's feature is the prediction made one position earlier.
-            inputs, embeddings, goal, log_p = predicted[:, :-1], embeddings[:, 1:], goal[:, 1:], log_p[:, 1:]
-            positions, weight = positions[:, 1:], weight[:, 1:]
+            inputs, embeddings, goal = predicted[:, :-1], embeddings[:, 1:], goal[:, 1:]
+            positions = positions[:, 1:]
         return loss, metrics, counts
 
     def step(self, step: int) -> tuple[torch.Tensor, dict[str, float]]:
