@@ -26,10 +26,20 @@ benchmarks/data defines) and
 DIR/math-prompts.txt (every GSM8K test question below 1250 that no file in
 benchmarks/data holds, evaluation and benchmark streams included). Standard library only;
 deterministic for a given Python.
+With --packages DIR it writes DIR/code-prompts-packages.txt instead: function prompts of the
+same shape (module-level functions, no methods) from the Python sources of the packages that
+specdraft's own dependencies install (PROMPT_PACKAGES: torch brings networkx and mpmath,
+transformers numpy, requests and huggingface_hub, typer click, rich and pygments), made by
+the same rules, functions that a file in benchmarks/data defines left out; run it with the
+project's Python, where those packages are (1,976 prompts with the versions of
+`pip install -e '.[gguf,test]'` here). With --eval-all it writes every held-out prompt of each
+task (head-eval.jsonl holds the first 8) to benchmarks/data/head-eval-code.jsonl (41) and
+head-eval-math.jsonl (69), for comparing heads on more prompts.
 
     /work/qwen-parts-venv/bin/python benchmarks/make_head_data.py
     /work/qwen-parts-venv/bin/python benchmarks/make_head_data.py --extra /work/heads
     .venv/bin/python benchmarks/make_head_data.py --packages /work/heads
+    /work/qwen-parts-venv/bin/python benchmarks/make_head_data.py --eval-all
 """
 
 from __future__ import annotations
@@ -248,6 +258,13 @@ def main() -> None:
         rows = [json.loads(line) for line in f]
     questions = [" ".join(row["question"].split()) for row in rows]
     answers = [row["answer"] for row in rows]
+    if "--eval-all" in sys.argv:  # every held-out prompt, not only head-eval.jsonl's 8 per task
+        for task, prompts in (("code", code_eval), ("math", [q + MATH_SUFFIX for q in questions[1250:]])):
+            with open(os.path.join(DATA, f"head-eval-{task}.jsonl"), "w", encoding="utf-8") as f:
+                for k, prompt in enumerate(prompts):
+                    f.write(json.dumps({"id": f"{task}-{k}", "task": task, "prompt": prompt}) + "\n")
+            print(f"{task}: {len(prompts)} held-out prompts")
+        return
     if "--extra" in sys.argv:
         write_extra(sys.argv[sys.argv.index("--extra") + 1], questions)
         return

@@ -140,7 +140,7 @@ def test_a_saved_head_loads_with_the_same_outputs(target, tmp_path):
     assert json.loads((tmp_path / "h" / "head.json").read_text())["trained"] == {"steps": 3}
 
 
-def trained_head(target, tokens, steps, tmp=None, seed=0, lr=3e-3):
+def trained_head(target, tokens, steps, tmp=None, seed=0, lr=3e-3, bf16=False):
     import tempfile
     from pathlib import Path
 
@@ -152,7 +152,7 @@ def trained_head(target, tokens, steps, tmp=None, seed=0, lr=3e-3):
     torch.manual_seed(seed)
     head = new_head(target, draft_vocabulary(tokens, VOCAB, VOCAB))
     rows = np.arange(tokens.shape[0])
-    objective = HeadObjective(head, target, data, layer, HeadTrainingSettings(batch_sequences=4, noise=0.0),
+    objective = HeadObjective(head, target, data, layer, HeadTrainingSettings(batch_sequences=4, noise=0.0, bf16=bf16),
                               rows, torch.device("cpu"))
     before = objective.evaluate(rows)
     train(head, LoopSettings(steps=steps, lr=lr, warmup=5), objective.step, lambda *a: None, folder,
@@ -165,6 +165,20 @@ def test_a_few_training_steps_lower_the_kl():
     rng = np.random.default_rng(0)
     tokens = rng.integers(3, VOCAB, size=(8, 48)).astype(np.int32)
     _, (before, after) = trained_head(target, tokens, steps=40, lr=1e-2)
+    assert after["kl"] < 0.7 * before["kl"]
+
+
+def test_bf16_autocast_training_computes_the_same_loss_and_lowers_the_kl():
+    target = tiny_llama(seed=0, layers=2, scale=6.0).float()
+    tokens = np.random.default_rng(0).integers(3, VOCAB, size=(8, 48)).astype(np.int32)
+    objective = _objective(target, tokens, None, unroll=2)
+    batch = objective.batch(np.arange(4))
+    exact, _ = objective.loss(*batch, noise=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        rounded, _ = objective.loss(*batch, noise=False)
+    assert rounded.dtype == torch.float32  # the loss itself stays float32
+    assert float(rounded) == pytest.approx(float(exact), rel=0.03) and float(rounded) != float(exact)
+    _, (before, after) = trained_head(target, tokens, steps=40, lr=1e-2, bf16=True)
     assert after["kl"] < 0.7 * before["kl"]
 
 
@@ -245,14 +259,20 @@ def test_train_head_command_writes_a_head_that_a_profile_drafts_with(tiny_models
                                 for i in range(5, 40)) + "\n")
     out = tmp_path / "head"
     args = ["train", "head", "--pool", str(base), "--data", str(corpus), "--out", str(out), "--steps", "6",
-            "--seq-len", "64", "--batch", "2", "--draft-vocab", "200", "--features", str(tmp_path / "f")]
+            "--seq-len", "64", "--batch", "2", "--draft-vocab", "200", "--features", str(tmp_path / "f"), "--fp32"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.stderr
     config = json.loads((out / "head.json").read_text())
     assert config["trained"]["steps"] == 6 and "held_out_top1" in config["trained"]
+    assert config["trained"]["bf16"] is False  # --fp32 (below) or a CPU without native bf16 ...
     assert "features" in result.stderr  # says what it is doing
     again = runner.invoke(app, args)  # features cached, training finished: nothing to redo
     assert again.exit_code == 0 and "reusing" in again.stderr
+    bf16_args = [*args[:-1], "--bf16"]
+    bf16_args[bf16_args.index("--out") + 1] = str(tmp_path / "head-bf16")
+    bf16 = runner.invoke(app, bf16_args)
+    assert bf16.exit_code == 0, bf16.stderr
+    assert json.loads((tmp_path / "head-bf16" / "head.json").read_text())["trained"]["bf16"] is True  # ... --bf16
 
     profile = tmp_path / "pool.toml"
     for policy, extra in (("fixed", 'drafter = "head"'), ("normalhedge", "")):

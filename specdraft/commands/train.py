@@ -37,6 +37,7 @@ class TrainHeadOptions:
     batch_sequences: int = 8
     unroll: int = 1
     fuse_layers: Optional[str] = None  # "2,15": lower target layers the head reads besides the final feature
+    bf16: Optional[bool] = None  # autocast the head's products; None: where bf16 is native
     max_tokens: Optional[int] = None
     chat: Optional[bool] = None
     device: str = "auto"
@@ -129,6 +130,7 @@ def run_train_head(opts: TrainHeadOptions, console: Console) -> int:
     import torch
 
     from specdraft.drafters.head_model import save_head
+    from specdraft.drafters.steering import native_bf16
     from specdraft.training.head import HeadObjective, HeadTrainingSettings, draft_vocabulary, new_head
     from specdraft.training.loop import STATE, LoopSettings, train
 
@@ -151,13 +153,15 @@ def run_train_head(opts: TrainHeadOptions, console: Console) -> int:
     vocab_ids = draft_vocabulary(data.tokens[train_rows], opts.draft_vocab, vocab_size, tuple(corpus.eos))
     torch.manual_seed(opts.seed)
     head = new_head(model, vocab_ids, lower).to(device)
-    settings = HeadTrainingSettings(batch_sequences=opts.batch_sequences, unroll=opts.unroll, seed=opts.seed)
+    bf16 = opts.bf16 if opts.bf16 is not None else native_bf16(device)
+    settings = HeadTrainingSettings(batch_sequences=opts.batch_sequences, unroll=opts.unroll, bf16=bf16,
+                                    seed=opts.seed)
     objective = HeadObjective(head, model, data, layer, settings, train_rows, device)
     per_epoch = max(1, len(train_rows) // opts.batch_sequences)
     steps = opts.steps if opts.steps is not None else max(1, int(round(per_epoch * (opts.epochs or 4.0))))
     identity = {"features": corpus.key, "vocab": int(vocab_ids.numel()), "lr": opts.lr, "steps": steps,
                 "batch": opts.batch_sequences, "unroll": opts.unroll, "seed": opts.seed,
-                "loss": "answer tokens", "fuse_layers": list(lower)}
+                "loss": "answer tokens", "fuse_layers": list(lower), "bf16": bf16}
     if opts.restart:
         (out / STATE).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -169,7 +173,7 @@ def run_train_head(opts: TrainHeadOptions, console: Console) -> int:
     def save(step: int, metrics: dict[str, float]) -> None:
         save_head(out, head, {"steps": step, "of_steps": steps, "tokens": int(tokens.size),
                               "data": [str(p) for p in paths][:20], "lr": opts.lr, "seq_len": opts.seq_len,
-                              "chat": chat, "train_metrics": metrics})
+                              "chat": chat, "bf16": bf16, "train_metrics": metrics})
 
     head.train()
     result = train(head, LoopSettings(steps=steps, lr=opts.lr, warmup=min(20, steps // 10 + 1), identity=identity),

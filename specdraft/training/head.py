@@ -27,6 +27,7 @@ class HeadTrainingSettings:
     regression_weight: float = 1.0
     noise: float = 0.05  # std of input-feature noise, relative to the features' RMS
     unroll: int = 1  # n > 1: also train draft steps 2..n on the head's own predictions
+    bf16: bool = False  # autocast the head's products (master weights and the loss stay float32)
     seed: int = 0
 
 
@@ -117,9 +118,7 @@ class HeadObjective:
         return loss, metrics, counts
 
     def step(self, step: int) -> tuple[torch.Tensor, dict[str, float]]:
-        # bf16 autocast on a GPU (the master weights and the loss stay float32); a CPU
-        # trains in float32, where bf16 gained only ~1.3x here.
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.settings.bf16):
             return self.loss(*self.batch(self.batches.next()))
 
     @torch.no_grad()
