@@ -28,8 +28,9 @@ benchmarks/data holds, evaluation and benchmark streams included). Standard libr
 deterministic for a given Python.
 With --packages DIR it writes DIR/code-prompts-packages.txt instead: function prompts of the
 same shape (module-level functions, no methods) from the Python sources of the packages that
-specdraft's own dependencies install (PROMPT_PACKAGES: torch brings networkx and mpmath,
-transformers numpy, requests and huggingface_hub, typer click, rich and pygments), made by
+specdraft's own dependencies install (PROMPT_PACKAGES: torch brings networkx, mpmath and
+jinja2, transformers numpy, requests and huggingface_hub, typer click, rich markdown_it and
+pygments), made by
 the same rules, functions that a file in benchmarks/data defines left out; run it with the
 project's Python, where those packages are (1,976 prompts with the versions of
 `pip install -e '.[gguf,test]'` here). With --eval-all it writes every held-out prompt of each
@@ -121,18 +122,16 @@ PROMPT_PACKAGES = ("networkx", "numpy", "mpmath", "huggingface_hub", "jinja2", "
                    "rich", "pygments")
 
 
-def function_prompts(root: str, top_level: bool = True) -> list[str]:
+def function_prompts(root: str) -> list[str]:
     """'Write a Python function `f(args)` that does the following: <first docstring sentence>.'
     for every public module-level function with arguments under root (tests and private
-    modules left out); top_level=False skips the modules directly in root."""
+    modules left out)."""
     import ast
 
     found = []
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith(("_", ".")) and "test" not in d
                          and d not in ("site-packages", "dist-packages", "idlelib", "turtledemo", "lib2to3"))
-        if folder == root and not top_level:
-            continue
         for name in sorted(files):
             if not name.endswith(".py") or name.startswith("_") or "test" in name:
                 continue

@@ -171,7 +171,7 @@ def train_head(
     batch_sequences: Annotated[int, typer.Option("--batch", help="Sequences per optimizer step.")] = 8,
     unroll: Annotated[int, typer.Option(help="n > 1: also train draft steps 2..n (at most 4) on the head's own predictions (n forwards per step).")] = 1,
     fuse_layers: Annotated[Optional[str], typer.Option("--fuse-layers", help="Also read the target's hidden states after these layers, comma-separated (e.g. 2,15: EAGLE-3's fused features); default: the final feature only.", show_default=False)] = None,
-    bf16: Annotated[Optional[bool], typer.Option("--bf16/--fp32", help="bf16 autocast of the head's forward and readout (default: on CUDA and on CPUs with native bf16).", show_default=False)] = None,
+    bf16: Annotated[Optional[bool], typer.Option("--bf16/--fp32", help="bf16 autocast of the head's forward and readout (default: where bf16 matmuls are native: CUDA GPUs with bf16, CPUs with AVX512-BF16 or AMX).", show_default=False)] = None,
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="Use at most this many tokens of the data.", show_default=False)] = None,
     chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Format prompt/answer pairs in the chat template (default: when the tokenizer has one).", show_default=False)] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda\[:N].")] = "auto",

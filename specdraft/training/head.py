@@ -81,6 +81,8 @@ class HeadObjective:
         Also returns how many learned pairs each depth's metrics average over."""
         unroll = self.settings.unroll if unroll is None else unroll
         length = tokens.shape[1]
+        if length < 2:  # no pair to learn from
+            return torch.zeros((), device=tokens.device), {}, {}
         inputs = self.head.fused(features[:, :-1])
         if noise and self.settings.noise > 0:
             inputs = inputs + torch.randn_like(inputs) * (self.settings.noise * self.feature_rms)
@@ -102,11 +104,12 @@ class HeadObjective:
                 break
             predicted = self.head(embeddings, inputs, positions)
             chosen = learned_pairs[:, depth - 1 :]
-            p_rows = log_p[column[learned_pairs] >= depth - 1]
-            log_q = F.log_softmax(self.readout.small(predicted[chosen]).float(), dim=-1)
+            p_rows = log_p if depth == 1 else log_p[column[learned_pairs] >= depth - 1]
+            counted = predicted[chosen]
+            log_q = F.log_softmax(self.readout.small(counted).float(), dim=-1)
             count = max(1, int(chosen.sum()))
             kl = (p_rows.exp() * (p_rows - log_q)).sum() / count
-            regression = F.smooth_l1_loss(predicted[chosen].float(), goal[chosen], reduction="none").mean(-1).sum() / count
+            regression = F.smooth_l1_loss(counted.float(), goal[chosen], reduction="none").mean(-1).sum() / count
             loss = loss + (kl + self.settings.regression_weight * regression) / unroll
             suffix = "" if depth == 1 else f"@{depth}"
             metrics["kl" + suffix] = float(kl.detach())
