@@ -50,6 +50,7 @@ import importlib.util
 import json
 import os
 import re
+from typing import Any, Iterator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "data")
@@ -104,14 +105,7 @@ def stdlib_prompts(count: int) -> list[str]:
             tree = ast.parse(open(os.path.join(root, name), encoding="utf-8").read())
         except (SyntaxError, UnicodeDecodeError):
             continue
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
-                doc = ast.get_docstring(node) or ""
-                first = re.split(r"(?<=[.!?])\s", " ".join(doc.split()))[0].rstrip(".")
-                if 20 <= len(first) <= 200 and node.args.args:
-                    args = ", ".join(a.arg for a in node.args.args)
-                    found.append(f"Write a Python function `{node.name}({args})` that does the following: "
-                                 f"{first[0].lower() + first[1:]}.")
+        found += [prompt for node in tree.body if (prompt := function_prompt(node))]
     step = max(1, len(found) // count)
     return found[::step][:count]
 
@@ -122,13 +116,33 @@ PROMPT_PACKAGES = ("networkx", "numpy", "mpmath", "huggingface_hub", "jinja2", "
                    "rich", "pygments")
 
 
-def function_prompts(root: str) -> list[str]:
-    """'Write a Python function `f(args)` that does the following: <first docstring sentence>.'
-    for every public module-level function with arguments under root (tests and private
-    modules left out)."""
+def summary(node) -> str | None:
+    """The first sentence of a function's docstring, first letter lowered, when it is 20-200
+    characters long (what a prompt asks for); None otherwise."""
     import ast
 
-    found = []
+    doc = ast.get_docstring(node) or ""
+    first = re.split(r"(?<=[.!?])\s", " ".join(doc.split()))[0].rstrip(".")
+    return first[0].lower() + first[1:] if 20 <= len(first) <= 200 else None
+
+
+def function_prompt(node) -> str | None:
+    """'Write a Python function `f(args)` that does the following: <summary>.' for a public
+    module-level function with arguments and a summary; None for anything else."""
+    import ast
+
+    if not isinstance(node, ast.FunctionDef) or node.name.startswith("_") or not node.args.args:
+        return None
+    what = summary(node)
+    args = ", ".join(a.arg for a in node.args.args)
+    return f"Write a Python function `{node.name}({args})` that does the following: {what}." if what else None
+
+
+def parsed_modules(root: str) -> Iterator[tuple[str, Any]]:
+    """(folder, syntax tree) of every public Python module under root, tests, private and
+    vendored folders left out, in a fixed order."""
+    import ast
+
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith(("_", ".")) and "test" not in d
                          and d not in ("site-packages", "dist-packages", "idlelib", "turtledemo", "lib2to3"))
@@ -136,18 +150,14 @@ def function_prompts(root: str) -> list[str]:
             if not name.endswith(".py") or name.startswith("_") or "test" in name:
                 continue
             try:
-                tree = ast.parse(open(os.path.join(folder, name), encoding="utf-8").read())
+                yield folder, ast.parse(open(os.path.join(folder, name), encoding="utf-8").read())
             except (SyntaxError, UnicodeDecodeError, ValueError):
                 continue
-            for node in tree.body:
-                if not isinstance(node, ast.FunctionDef) or node.name.startswith("_") or not node.args.args:
-                    continue
-                doc = ast.get_docstring(node) or ""
-                first = re.split(r"(?<=[.!?])\s", " ".join(doc.split()))[0].rstrip(".")
-                if 20 <= len(first) <= 200:
-                    args = ", ".join(a.arg for a in node.args.args)
-                    found.append(f"Write a Python function `{node.name}({args})` that does the following: "
-                                 f"{first[0].lower() + first[1:]}.")
+
+
+def function_prompts(root: str) -> list[str]:
+    """`function_prompt` of every module-level function under root (`parsed_modules`)."""
+    found = [prompt for _, tree in parsed_modules(root) for node in tree.body if (prompt := function_prompt(node))]
     return list(dict.fromkeys(found))
 
 
@@ -173,35 +183,23 @@ def stdlib_deep_prompts() -> list[str]:
 
     root = sysconfig.get_paths()["stdlib"]
     found = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(("_", ".")) and "test" not in d
-                         and d not in ("site-packages", "dist-packages", "idlelib", "turtledemo", "lib2to3"))
-        top = folder == root
-        for name in sorted(files):
-            if not name.endswith(".py") or name.startswith("_") or "test" in name:
+    for folder, tree in parsed_modules(root):
+        nodes = [] if folder == root else [(None, n) for n in tree.body]  # top-level modules: stdlib_prompts
+        nodes += [(c.name, n) for c in tree.body if isinstance(c, ast.ClassDef) and not c.name.startswith("_")
+                  for n in c.body]
+        for owner, node in nodes:
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
                 continue
-            try:
-                tree = ast.parse(open(os.path.join(folder, name), encoding="utf-8").read())
-            except (SyntaxError, UnicodeDecodeError):
+            what = summary(node)
+            args = [a.arg for a in node.args.args if a.arg not in ("self", "cls")]
+            if what is None or (owner is None and not args):
                 continue
-            nodes = [] if top else [(None, n) for n in tree.body]  # top-level modules: stdlib_prompts
-            nodes += [(c.name, n) for c in tree.body if isinstance(c, ast.ClassDef) and not c.name.startswith("_")
-                      for n in c.body]
-            for owner, node in nodes:
-                if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
-                    continue
-                doc = ast.get_docstring(node) or ""
-                first = re.split(r"(?<=[.!?])\s", " ".join(doc.split()))[0].rstrip(".")
-                args = [a.arg for a in node.args.args if a.arg not in ("self", "cls")]
-                if not 20 <= len(first) <= 200 or (owner is None and not args):
-                    continue
-                what = first[0].lower() + first[1:]
-                if owner is None:
-                    found.append(f"Write a Python function `{node.name}({', '.join(args)})` that does the following: "
-                                 f"{what}.")
-                else:
-                    found.append(f"Write a Python method `{node.name}({', '.join(['self'] + args)})` of a class "
-                                 f"`{owner}` that does the following: {what}.")
+            if owner is None:
+                found.append(f"Write a Python function `{node.name}({', '.join(args)})` that does the following: "
+                             f"{what}.")
+            else:
+                found.append(f"Write a Python method `{node.name}({', '.join(['self'] + args)})` of a class "
+                             f"`{owner}` that does the following: {what}.")
     return list(dict.fromkeys(found))
 
 
