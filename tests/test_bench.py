@@ -44,6 +44,21 @@ def test_bench_runs_every_config_interleaved_and_reports_no_mismatch(pool_file, 
     assert (tmp_path / "r.csv").read_text().startswith("task,config,prompts,speedup")
 
 
+def test_an_optional_drafter_left_out_is_warned_about_once_per_bench(pool_file, data_file, tmp_path):
+    # bench builds a pool per configuration; the warning is the user's, once
+    pool_file.write_text(pool_file.read_text() + f"""
+[[drafters]]
+name = "gone"
+kind = "head"
+path = "{tmp_path / 'no-head'}"
+optional = true
+""")
+    result = runner.invoke(app, ["bench", "--pool", str(pool_file), "--data", str(data_file), "--policies",
+                                 "normalhedge,fixed:lookup", "--limit", "1", "-n", "4"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr.count('drafter "gone" left out of the pool') == 1
+
+
 def test_plot_draws_a_png(pool_file, data_file, tmp_path):
     png = tmp_path / "p.png"
     result = runner.invoke(app, ["bench", "--pool", str(pool_file), "--data", str(data_file), "--policies",

@@ -57,8 +57,10 @@ def parse_drafter(table: Table, base: Path) -> DrafterConfig:
     return DrafterConfig(name, kind, PARSERS[kind](table, base))
 
 
-def build_pool(configs: Sequence[DrafterConfig], pool: "PoolContext") -> tuple[list["Drafter"], dict[str, str]]:
-    """The drafters that could be built, and {name: why} for optional ones left out."""
+def build_pool(configs: Sequence[DrafterConfig], pool: "PoolContext", warn_absent: bool = True
+               ) -> tuple[list["Drafter"], dict[str, str]]:
+    """The drafters that could be built, and {name: why} for optional ones left out (each
+    logged as a warning unless `warn_absent` is off)."""
     from specdraft.drafters.base import DrafterUnavailable
 
     drafters, absent = [], {}
@@ -66,6 +68,7 @@ def build_pool(configs: Sequence[DrafterConfig], pool: "PoolContext") -> tuple[l
         try:
             drafters.append(kind_class(config.kind).build(config.name, config.options, pool, f"drafters[{i}]"))
         except DrafterUnavailable as exc:
-            log.warning('drafter "%s" left out of the pool: %s', config.name, exc)
+            if warn_absent:
+                log.warning('drafter "%s" left out of the pool: %s', config.name, exc)
             absent[config.name] = str(exc)
     return drafters, absent

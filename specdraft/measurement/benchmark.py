@@ -79,7 +79,9 @@ def policy_configs(profile: Profile, flags: Sequence[str] | None, runtime: Runti
             continue
         seen.add(flag)
         variant = profile.with_overrides(policy=flag)
-        configs.append(_engine_config(flag, build_runtime(variant, runtime.target, models=runtime.models), chat))
+        # the bench's own runtime already warned about any optional drafter left out
+        variant_runtime = build_runtime(variant, runtime.target, models=runtime.models, warn_absent=False)
+        configs.append(_engine_config(flag, variant_runtime, chat))
     return configs
 
 
