@@ -130,7 +130,7 @@ def run_train_head(opts: TrainHeadOptions, console: Console) -> int:
     import torch
 
     from specdraft.drafters.head_model import save_head
-    from specdraft.drafters.steering import native_bf16
+    from specdraft.models.loading import native_bf16
     from specdraft.training.head import HeadObjective, HeadTrainingSettings, draft_vocabulary, new_head
     from specdraft.training.loop import STATE, LoopSettings, train
 

@@ -56,8 +56,8 @@ def run_train_steer(opts: TrainSteerOptions, console: Console) -> int:
     import torch
 
     from specdraft.config.profile import load_profile
-    from specdraft.drafters.steering import default_layers, native_bf16, new_steering, save_steering
-    from specdraft.models.loading import LoadedModel, check_tokenizers, load_model
+    from specdraft.drafters.steering import default_layers, new_steering, save_steering
+    from specdraft.models.loading import LoadedModel, check_tokenizers, load_model, native_bf16
     from specdraft.training.loop import STATE, LoopSettings, train
     from specdraft.training.steer import SteerObjective, SteerTrainingSettings
 

@@ -36,9 +36,10 @@ from specdraft.drafters.base import Draft, DraftContext, DrafterUnavailable, Hid
 from specdraft.drafters.model import ModelDrafter
 from specdraft.drafters.options import SteeredOptions
 from specdraft.drafters.steering import (FIRST_OFFSET, Steering, SteeringFileError, SteeringHooks, load_steering,
-                                         native_bf16, read_steering_config)
+                                         read_steering_config)
 from specdraft.errors import ProfileError
 from specdraft.learning.confidence import StopRule
+from specdraft.models.loading import native_bf16
 
 
 # Committed tokens fed per forward while steering each from its own position: 64 positions

@@ -91,15 +91,6 @@ class Steering(nn.Module):
         return self.w_s(g).unflatten(-1, (self.config.drafter_layers, self.config.intermediate))
 
 
-def native_bf16(device: torch.device) -> bool:
-    """Whether bf16 matmuls run natively on `device` (a CUDA GPU with bf16, a CPU with
-    AVX512-BF16 or AMX)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return device.type == "cpu" and torch.backends.mkldnn.is_available() \
-        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
 class SteeringHooks:
     """Adds `bias[..., l, :]` to the gate projection's output of every MLP of `model`
     (layer l) while a bias is set; nothing while it is None. The bias is [layers, I] for a

@@ -63,6 +63,15 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether bf16 matmuls run natively on `device` (a CUDA GPU with bf16, a CPU with
+    AVX512-BF16 or AMX)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and torch.backends.mkldnn.is_available() \
+        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def resolve_location(spec: ModelSpec, file: str, key: str) -> tuple[str, str | None]:
     """(folder or hub id, gguf file name inside it or None)."""
     if spec.hub:
