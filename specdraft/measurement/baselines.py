@@ -5,11 +5,14 @@ causal LM, on the same prompts in the same run as specdraft.
 `--baseline transformers` runs them on the target's stock linear kernels, as transformers
 runs for its users, even where specdraft packs them. `--baseline transformers-packed` runs
 the same generation over specdraft's packed target: what is left of specdraft's lead there
-is the speculation's, not the kernel's."""
+is the speculation's, not the kernel's. A GGUF target that specdraft runs on the file's own
+quantization is, for transformers, the file dequantized into float32 (what its users get):
+that model is loaded beside it for these baselines."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 
 import torch
@@ -18,7 +21,9 @@ from specdraft.config.profile import Profile
 from specdraft.decoding.stopwatch import device_clock
 from specdraft.measurement.benchmark import Config, Sample
 from specdraft.measurement.datasets import Example
-from specdraft.models.packed_linear import is_packed, stock_kernels
+from specdraft.models.block_linear import runs_on_file_quantization
+from specdraft.models.loading import load_model
+from specdraft.models.packed_linear import is_packed, pack_linears, packing_problem, stock_kernels
 from specdraft.runtime import Runtime
 from specdraft.session.prompt_run import prompt_token_ids
 
@@ -30,24 +35,41 @@ def transformers_configs(profile: Profile, runtime: Runtime, chat: bool | None, 
     """transformers' greedy `generate`, assisted generation with each model drafter, and
     prompt lookup, on the same prompts in the same run; `packed`: over the packed target
     (labels end in " [packed]"), else on the stock kernels."""
-    if packed and not is_packed(runtime.target.model):
+    model = _transformers_model(profile, runtime, packed)
+    if packed and not is_packed(model):
         log.warning("--baseline transformers-packed: this target is not packed (see [decode] linear_kernel), "
                     "so it runs the same kernels as --baseline transformers")
     k = profile.decode.draft_tokens
     suffix = " [packed]" if packed else ""
-    configs = [_hf_config("transformers greedy" + suffix, runtime, {}, chat, packed),
-               _hf_config("transformers prompt-lookup" + suffix, runtime, {"prompt_lookup_num_tokens": k}, chat,
+    configs = [_hf_config("transformers greedy" + suffix, runtime, model, {}, chat, packed),
+               _hf_config("transformers prompt-lookup" + suffix, runtime, model, {"prompt_lookup_num_tokens": k}, chat,
                           packed)]
     for drafter in runtime.drafters:
         if drafter.causal_lm is not None:  # any drafter that drafts with a causal LM can assist generate()
-            configs.append(_hf_config(f"transformers assisted:{drafter.name}{suffix}", runtime,
+            configs.append(_hf_config(f"transformers assisted:{drafter.name}{suffix}", runtime, model,
                                       {"assistant_model": drafter.causal_lm, "num_assistant_tokens": k,
                                        "num_assistant_tokens_schedule": "constant"}, chat, packed))
     return configs
 
 
-def _hf_config(label: str, runtime: Runtime, kwargs: dict, chat: bool | None, packed: bool) -> Config:
-    model, tokenizer = runtime.target.model, runtime.tokenizer
+def _transformers_model(profile: Profile, runtime: Runtime, packed: bool) -> torch.nn.Module:
+    """The target as transformers runs it: specdraft's own, or for a target on its file's
+    quantization the float32 dequantization transformers makes of the file (loaded once)."""
+    model = runtime.target.model
+    if not runs_on_file_quantization(model):
+        return model
+    floats = runtime.models.get("transformers-float")
+    if floats is None:
+        spec = dataclasses.replace(profile.target, quantization="none", dtype="float32")
+        floats = runtime.models["transformers-float"] = load_model(spec, str(profile.file), "target").model
+    if packed and not is_packed(floats) and packing_problem(floats) is None:
+        pack_linears(floats, keep_dense=True)
+    return floats
+
+
+def _hf_config(label: str, runtime: Runtime, model: torch.nn.Module, kwargs: dict, chat: bool | None,
+               packed: bool) -> Config:
+    tokenizer = runtime.tokenizer
     max_new = runtime.profile.decode.max_new_tokens
 
     @torch.inference_mode()

@@ -44,6 +44,12 @@ class Sample:
     draft_lengths: dict[str, int] = field(default_factory=dict)
     ideal_speedup: float | None = None
     drafter_rounds: dict[str, int] = field(default_factory=dict)  # rounds each arm played
+    # A peer engine's run (llama.cpp): other kernels decide near-ties, so its output is
+    # compared as text (`identical`) instead of counted as a mismatch; `failed` says why a
+    # run of it broke off.
+    peer: bool = False
+    identical: bool | None = None
+    failed: str | None = None
     ids: list[int] = field(default_factory=list, repr=False)
 
     @property
@@ -65,6 +71,9 @@ class Config:
     # Forget the text of earlier prompts (a drafter that drafts from them must not see the
     # warm-up's or an earlier repeat's answer to the prompt it is measured on).
     forget: Callable[[], None] = lambda: None
+    # A peer engine's configuration: whether its output ids say the same text as plain
+    # decoding's (None: specdraft's own or transformers', held to token equality).
+    same_text: Callable[[list[int], list[int]], bool] | None = None
 
 
 def policy_configs(profile: Profile, flags: Sequence[str] | None, runtime: Runtime, chat: bool | None) -> list[Config]:
@@ -154,9 +163,13 @@ def run_bench(configs: Sequence[Config], examples: Sequence[Example], repeat: in
                 done[config.label] = sample
                 tick(config.label)
             reference = done[PLAIN].ids
-            for sample in done.values():
-                sample.mismatch = greedy and sample.ids != reference
-                samples.append(sample)
+            for config in order:
+                sample = done[config.label]
+                if config.same_text is not None:
+                    sample.identical = greedy and config.same_text(sample.ids, reference)
+                else:
+                    sample.mismatch = greedy and sample.ids != reference
+            samples.extend(done[config.label] for config in configs)
             on_prompt(list(done.values()))
     return samples
 
@@ -210,7 +223,9 @@ def summarize(samples: Sequence[Sample]) -> list[dict]:
             "tokens_per_s": tokens / elapsed if elapsed else 0.0,
             "best_arm_share": sum(shares) / len(shares) if shares else None,
             "regret": sum(regrets) / len(regrets) if regrets else None,
-            "mismatches": sum(s.mismatch for s in group),
+            "mismatches": None if group[0].peer else sum(s.mismatch for s in group),
+            "identical": sum(bool(s.identical) for s in group) / len(group) if group[0].peer else None,
+            "failed": sum(s.failed is not None for s in group),
             "time_share": {phase: seconds / elapsed for phase, seconds in split.items()} if elapsed else {},
             "draft_lengths": dict(sorted(lengths.items(), key=lambda kv: int(kv[0]))),
             "ideal_speedup": sum(ideals) / len(ideals) if ideals else None,

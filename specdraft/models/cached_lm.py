@@ -26,7 +26,8 @@ class CachedLM:
                  graphs: bool = False, capture: Capture | None = None, lean: bool = False):
         """`static`: a preallocated KV cache; `graphs`: replay small feeds as CUDA graphs
         (needs the static cache; `capture` replaces CUDA's, for tests); `lean`: feed through
-        the lean forward (drafters only: it hands over no hidden states)."""
+        the lean forward over a KV buffer of its own (no transformers cache: a `layers`
+        self-drafter then runs the buffer's first layers through `prefix_logits`)."""
         self.model = model
         self.device = next(model.parameters()).device
         self.clock = device_clock(self.device)  # waits for the GPU: what it reads is real work
@@ -80,9 +81,7 @@ class CachedLM:
         start = self.clock() if self.timed else 0.0
         n = tokens.shape[-1]
         if self.lean is not None:
-            if layers:
-                raise ValueError("the lean forward hands over no hidden states")
-            logits, hidden = self.lean.forward(tokens.to(self.device), self.length, keep), {}
+            logits, hidden = self.lean.forward(tokens.to(self.device), self.length, keep, layers)
         else:
             self.reserve(self.length + n)
             ids = tokens.view(1, n).to(self.device)
@@ -100,9 +99,19 @@ class CachedLM:
         return out.logits[0], {layer: out.hidden_states[layer][0] for layer in layers}
 
     @torch.inference_mode()
+    def prefix_logits(self, tokens: torch.Tensor, start: int, keep: int, depth: int) -> torch.Tensor:
+        """The first `depth` layers (then the final norm and head) over `tokens` [n] fed at
+        `start` >= this model's length, through the lean buffer: logits of the last `keep`
+        positions. Those positions of layers < depth are overwritten by the next feed."""
+        return self._fit(self.lean.forward(tokens.to(self.device), start, keep, (), depth)[0])
+
+    @torch.inference_mode()
     def uncached_logits(self, tokens: Sequence[int]) -> torch.Tensor:
-        """Logits [n, V] at every position of `tokens` in one forward, leaving the cache alone."""
+        """Logits [n, V] at every position of `tokens` in one forward, leaving the cache alone
+        (through the same forward as `feed`: a lean model's own arithmetic, in a buffer of its own)."""
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+        if self.lean is not None:
+            return self._fit(LeanDecoder(self.model).forward(ids[0], 0, 0)[0])
         return self._fit(self.model(ids).logits[0])
 
     def crop(self, length: int) -> None:

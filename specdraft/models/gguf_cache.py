@@ -67,10 +67,12 @@ def entry_folder(gguf: Path, dtype: str = "float32") -> Path:
 
 
 def converted_gguf(gguf: Path, file: str, key: str, load: Callable[[Path, str], tuple[Any, Any]],
-                   dtype: str = "float32") -> Path | None:
+                   dtype: str = "float32", write: Callable[[Any, Path, Path], None] | None = None) -> Path | None:
     """The cache folder holding `gguf` converted to `dtype` (converting it first when needed),
     or None when the cache cannot be written: the caller then loads the GGUF directly.
-    `load(gguf, dtype)` returns (model, tokenizer) read from the GGUF file."""
+    `load(gguf, dtype)` returns (model, tokenizer) read from the GGUF file; `write(model,
+    gguf, folder)` saves the weights (default: model.safetensors; `dtype` then names
+    another flavour of entry, e.g. the file's own quantization)."""
     folder = entry_folder(gguf, dtype)
     problem = verify_entry(folder)
     if problem is None:
@@ -93,7 +95,7 @@ def converted_gguf(gguf: Path, file: str, key: str, load: Callable[[Path, str], 
             log.warning("cached conversion %s is unusable (%s); rebuilding it", folder, problem)
         remove_stale_partials(folder.parent)
         log.info("converting %s to %s once (~%d s), cached at %s", gguf.name, dtype, seconds, folder)
-        _convert(gguf, folder, file, key, lambda path: load(path, dtype))
+        _convert(gguf, folder, file, key, lambda path: load(path, dtype), write or _write_float)
     return folder
 
 
@@ -123,7 +125,12 @@ def verify_entry(folder: Path) -> str | None:
             return f"{name} is {stat.st_size} bytes, expected {expected['size']}"
         if stat.st_mtime_ns != expected["mtime_ns"] and _sha256(path) != expected["sha256"]:
             return f"{name} changed since it was written"
-    return _safetensors_problem(folder / "model.safetensors")
+    for name in files:
+        if name.endswith(".safetensors"):
+            problem = _safetensors_problem(folder / name)
+            if problem is not None:
+                return problem
+    return None
 
 
 def remove_stale_partials(root: Path) -> None:
@@ -158,9 +165,14 @@ def tie_absent_head(model: Any, gguf: Path, file: str, key: str) -> None:
                                       f"(first: {missing[0]})")
 
 
-def _convert(gguf: Path, folder: Path, file: str, key: str, load: Callable[[Path], tuple[Any, Any]]) -> None:
+def _write_float(model: Any, gguf: Path, folder: Path) -> None:
     from safetensors.torch import save_model
 
+    save_model(model, str(folder / "model.safetensors"))  # dedups tied embeddings
+
+
+def _convert(gguf: Path, folder: Path, file: str, key: str, load: Callable[[Path], tuple[Any, Any]],
+             write: Callable[[Any, Path, Path], None]) -> None:
     try:
         model, tokenizer = load(gguf)
     except (OSError, ValueError, KeyError) as exc:
@@ -168,7 +180,7 @@ def _convert(gguf: Path, folder: Path, file: str, key: str, load: Callable[[Path
     tie_absent_head(model, gguf, file, key)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".partial-{_host()}-{os.getpid()}-"))
     try:
-        save_model(model, str(staging / "model.safetensors"))  # dedups tied embeddings
+        write(model, gguf, staging)
         model.config.save_pretrained(staging)
         model.generation_config.save_pretrained(staging)
         tokenizer.save_pretrained(staging)

@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdraft.models.block_linear import BlockLinear
+from specdraft.models.native import causal_attention, rms_norm
 from specdraft.models.quantize import Int4Linear, Int8Linear
 
 log = logging.getLogger("specdraft")
@@ -66,18 +68,22 @@ def stack_problem(inner: nn.Module | None, model: nn.Module | None = None) -> st
         return "its decoder has no layers or rotary module where Llama's has them"
     if getattr(inner.config, "hidden_act", "silu") != "silu":
         return f"its MLP activation is {inner.config.hidden_act}"
-    linear = (nn.Linear, Int4Linear, Int8Linear)
+    linear = (nn.Linear, Int4Linear, Int8Linear, BlockLinear)
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
         parts = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
         if not all(isinstance(p, linear) for p in parts):
             return "some of its projections are not linear layers this forward knows"
-        if len({type(p) for p in parts}) > 1 or (isinstance(attn.q_proj, Int4Linear)
-                                                  and len({p.group for p in parts}) > 1):
-            return "its projections mix weight formats"
-    if any(module._forward_hooks or module._forward_pre_hooks for module in model.modules()):
+    if any(_changing_hooks(module) for module in model.modules()):
         return "forward hooks change its tensors (they would be skipped)"
     return None
+
+
+def _changing_hooks(module: nn.Module) -> list:
+    """The module's forward hooks, less transformers' own output capturing (installed for
+    good by a call with output_hidden_states, it records tensors and changes none)."""
+    hooks = list(module._forward_hooks.values()) + list(module._forward_pre_hooks.values())
+    return [hook for hook in hooks if "output_capturing_hook" not in getattr(hook, "__qualname__", "")]
 
 
 INT4_PACK_ROWS = 64  # torch's CPU int4 packing interleaves blocks of this many output rows
@@ -97,10 +103,15 @@ class _Concatenated(nn.Module):
 def _fuse(parts: Sequence[nn.Module]) -> nn.Module:
     """One layer computing [p(x) for p in parts] concatenated, sharing the parts' weights:
     the big weight tensors are concatenated once and each part is re-pointed at its slice.
-    Packed int4 rows concatenate only at block boundaries; other shapes stay separate."""
+    Packed int4 rows concatenate only at block boundaries; parts in different formats (a
+    GGUF file may store the value projection with more bits than the query's) stay separate."""
     first = parts[0]
-    if isinstance(first, Int4Linear) and any(p.out_features % INT4_PACK_ROWS for p in parts[:-1]):
+    if len({type(p) for p in parts}) > 1 or len({getattr(p, "group", 0) for p in parts}) > 1 \
+            or len({getattr(p, "terms", 1) for p in parts}) > 1 \
+            or (isinstance(first, Int4Linear) and any(p.out_features % INT4_PACK_ROWS for p in parts[:-1])):
         return _Concatenated(parts)
+    if isinstance(first, BlockLinear):
+        return _fuse_blocks(parts)
     some = next((p.bias for p in parts if p.bias is not None), None)
     bias = None if some is None else torch.cat(
         [p.bias.detach() if p.bias is not None else some.new_zeros(p.out_features) for p in parts])
@@ -134,6 +145,20 @@ def _fuse(parts: Sequence[nn.Module]) -> nn.Module:
     return fused
 
 
+def _fuse_blocks(parts: Sequence[BlockLinear]) -> BlockLinear:
+    """BlockLinear parts fused along their output rows (their buffers become slices)."""
+    sizes = [p.out_features for p in parts]
+    tensors = {}
+    for name in ("codes", "scales", "offsets"):
+        tensors[name] = torch.cat([getattr(p, name) for p in parts])
+        for p, piece in zip(parts, tensors[name].split(sizes)):
+            setattr(p, name, piece)
+    some = next((p.bias for p in parts if p.bias is not None), None)
+    bias = None if some is None else torch.cat(
+        [p.bias.detach() if p.bias is not None else some.new_zeros(p.out_features) for p in parts])
+    return BlockLinear(tensors["codes"], tensors["scales"], tensors["offsets"], parts[0].terms, bias)
+
+
 class LeanDecoder:
     """The model's decode forward over a KV buffer of its own (batch 1)."""
 
@@ -158,8 +183,11 @@ class LeanDecoder:
                                     attn.o_proj, layer.post_attention_layernorm, _fuse([mlp.gate_proj, mlp.up_proj]),
                                     mlp.down_proj, mlp.gate_proj.out_features))
             model._specdraft_lean_layers = self.layers
-        weight = self.inner.embed_tokens.weight
-        self.device, self.dtype = weight.device, weight.dtype
+        norm = self.inner.norm.weight  # (the embedding may be a quantized table without one)
+        self.device, self.dtype = norm.device, norm.dtype
+        # Attention on specdraft's kernel where it runs: each query row's result is the same
+        # in a verify block of any width (torch's SDPA only promises that up to rounding).
+        self.invariant = _invariant_attention(self.device, self.dtype, self.head_dim)
         # The buffer holds no length of its own: the caller (CachedLM) says where each feed
         # starts, so a rollback or a new prompt is only a smaller start next time.
         self.capacity = 0
@@ -181,22 +209,31 @@ class LeanDecoder:
         self.keys, self.values, self.capacity = keys, values, capacity
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, start: int, keep: int) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, start: int, keep: int, hidden_layers: Sequence[int] = (),
+                depth: int | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Feed `ids` [n] after the first `start` cached tokens (what follows them is
-        overwritten); logits of the last `keep` positions (all when 0) [keep, V]."""
+        overwritten): logits of the last `keep` positions (all when 0) [keep, V], and the
+        residual stream after each of `hidden_layers` layers at every position ({layer: [n,
+        H]}, as transformers' hidden_states[layer]). `depth`: run only the first `depth`
+        layers, then the final norm and head (a self-drafter over this buffer)."""
         n = ids.shape[-1]
-        x = self.layers_over(self.inner.embed_tokens(ids.view(1, n)), start)
+        x, hidden = self.layers_over(self.inner.embed_tokens(ids.view(1, n)), start, hidden_layers, depth)
         rows = x[:, -keep:] if keep else x
-        final = self.inner.norm
-        return self.model.lm_head(F.rms_norm(rows, (rows.shape[-1],), final.weight, final.variance_epsilon))[0]
+        logits = self.model.lm_head(self._norm(rows.contiguous(), self.inner.norm))[0]
+        return logits, {layer: state[0] for layer, state in hidden.items()}
 
     @torch.inference_mode()
     def hidden(self, x: torch.Tensor, start: int) -> torch.Tensor:
         """The stack's output (after its final norm) for input embeddings `x` [1, n, H] fed
         after the first `start` cached positions: [1, n, H]."""
-        x = self.layers_over(x, start)
+        x = self.layers_over(x, start)[0]
         final = self.inner.norm
         return F.rms_norm(x, (x.shape[-1],), final.weight, final.variance_epsilon)
+
+    def _norm(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        if self.invariant:
+            return rms_norm(x, norm.weight, norm.variance_epsilon)
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
 
     def pack(self) -> None:
         """Run this forward's float products on oneDNN's packed layout (the fused
@@ -209,10 +246,13 @@ class LeanDecoder:
         self.layers = [(norm1, packed(qkv), packed(out), norm2, packed(gate_up), packed(down), size)
                        for norm1, qkv, out, norm2, gate_up, down, size in self.layers]
 
-    def layers_over(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        """Every layer over `x` [1, n, H] at positions start.., keys and values kept: the
-        residual stream after the last layer [1, n, H]."""
+    def layers_over(self, x: torch.Tensor, start: int, hidden_layers: Sequence[int] = (),
+                    depth: int | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """The first `depth` layers (all when None) over `x` [1, n, H] at positions start..,
+        keys and values kept: the residual stream after the last of them [1, n, H], and after
+        each of `hidden_layers` ({layer: [1, n, H]}; layer 0 is the input)."""
         n = x.shape[1]
+        hidden = {0: x} if 0 in hidden_layers else {}
         end = start + n
         self._reserve(end, start)
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
@@ -221,9 +261,9 @@ class LeanDecoder:
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, n, D]
         half = dim // 2
         # One new token attends to everything cached: no mask. A block attends causally.
-        mask = None if n == 1 else torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)
-        for i, (norm1, qkv, out, norm2, gate_up, down, inner_size) in enumerate(self.layers):
-            h = F.rms_norm(x, (x.shape[-1],), norm1.weight, norm1.variance_epsilon)
+        mask = None if n == 1 or self.invariant else torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)
+        for i, (norm1, qkv, out, norm2, gate_up, down, inner_size) in enumerate(self.layers[:depth]):
+            h = self._norm(x, norm1)
             q, k, v = qkv(h).split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
             q = q.view(1, n, heads, dim).transpose(1, 2)
             k = k.view(1, n, kv_heads, dim).transpose(1, 2)
@@ -232,13 +272,26 @@ class LeanDecoder:
             keys, values = self.keys[i], self.values[i]
             keys[:, :, start:end] = k
             values[:, :, start:end] = v.view(1, n, kv_heads, dim).transpose(1, 2)
-            attended = F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=mask,
-                                                      enable_gqa=heads != kv_heads)
-            x = x + out(attended.transpose(1, 2).reshape(1, n, heads * dim))
-            h = F.rms_norm(x, (x.shape[-1],), norm2.weight, norm2.variance_epsilon)
+            if self.invariant:
+                attended = causal_attention(q[0].transpose(0, 1).contiguous(), keys[0], values[0], start)  # [n, heads, D]
+            else:
+                attended = F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=mask,
+                                                          enable_gqa=heads != kv_heads).transpose(1, 2)
+            x = x + out(attended.reshape(1, n, heads * dim))
+            h = self._norm(x, norm2)
             gate, up = gate_up(h).split([inner_size, inner_size], dim=-1)
             x = x + down(F.silu(gate) * up)
-        return x
+            if i + 1 in hidden_layers:
+                hidden[i + 1] = x
+        return x, hidden
+
+
+def _invariant_attention(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    if device.type != "cpu" or dtype != torch.float32 or head_dim % 8 or head_dim > 256:
+        return False
+    from specdraft.models.native import kernel_problem
+
+    return kernel_problem() is None
 
 
 def lean_choice(core: str, model: nn.Module, device: torch.device, stack: bool = False) -> bool:

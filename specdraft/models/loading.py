@@ -72,6 +72,56 @@ def native_bf16(device: torch.device) -> bool:
         and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
+def file_quantization(spec: ModelSpec, device: torch.device, file: str, key: str) -> bool:
+    """Whether a .gguf model runs on its file's own quantization (file_quantization.py):
+    asked for (`quantization = "gguf"`), or by default on a CPU where the kernels run; the
+    float parts then run in float32."""
+    if spec.quantization not in (None, "gguf"):
+        return False
+    where = f"{key}.quantization"
+    if device.type != "cpu":
+        if spec.quantization == "gguf":
+            raise ProfileError(file, where, f'"gguf" runs on CPUs; on {device.type} use "4bit" or "8bit" '
+                                            "(bitsandbytes) or leave it unset (dequantized)")
+        return False
+    if spec.dtype not in ("auto", "float32"):
+        if spec.quantization == "gguf":
+            raise ProfileError(file, f"{key}.dtype", f'quantization = "gguf" runs the float parts in float32, '
+                                                     f'not {spec.dtype}; set quantization = "none" for {spec.dtype}')
+        return False
+    from specdraft.models.native import kernel_problem
+
+    from specdraft.models.file_quantization import ARCHITECTURES
+
+    problem = kernel_problem()
+    if problem is None:
+        architecture = _gguf_architecture(spec, file, key)
+        if architecture is None and spec.quantization is None:
+            return False  # an unreadable file: the float path says what is wrong with it
+        if architecture not in ARCHITECTURES:
+            problem = f"its architecture ({architecture or 'unreadable'}) is not one whose tensors are mapped " \
+                      f"({', '.join(ARCHITECTURES)})"
+    if problem is not None:
+        if spec.quantization == "gguf":
+            raise ProfileError(file, where, f"the file's own quantization cannot run here: {problem}")
+        log.warning("%s runs dequantized to float32: its own quantization cannot run here (%s)",
+                    spec.describe(), problem)
+        return False
+    return True
+
+
+def _gguf_architecture(spec: ModelSpec, file: str, key: str) -> str | None:
+    """The .gguf file's `general.architecture`, or None when its header cannot be read."""
+    location, name = resolve_location(spec, file, key)
+    try:
+        from gguf import GGUFReader
+
+        field = GGUFReader(str(Path(location) / name)).fields["general.architecture"]
+        return bytes(field.parts[field.data[0]]).decode()
+    except Exception:
+        return None
+
+
 def resolve_location(spec: ModelSpec, file: str, key: str) -> tuple[str, str | None]:
     """(folder or hub id, gguf file name inside it or None)."""
     if spec.hub:
@@ -101,7 +151,13 @@ def load_model(spec: ModelSpec, file: str, key: str) -> LoadedModel:
     device = resolve_device(spec.device, file, key)
     dtype = resolve_dtype(spec.dtype, device)
     kwargs: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code}
-    bitsandbytes = spec.quantization is not None and (spec.quantization in ("8bit", "4bit") or device.type != "cpu")
+    if gguf_name and file_quantization(spec, device, file, key):
+        _quiet_transformers()
+        with _default_dtype_kept():
+            tokenizer, model = _load_gguf_quantized(Path(location) / gguf_name, file, key)
+        return LoadedModel(model, tokenizer, spec.describe())
+    requantized = spec.quantization in ("int8", "int4", "8bit", "4bit")
+    bitsandbytes = requantized and (spec.quantization in ("8bit", "4bit") or device.type != "cpu")
     if bitsandbytes:
         kwargs["quantization_config"] = _quantization_config(spec, device, file, key)
         kwargs["device_map"] = {"": device.index or 0}
@@ -110,7 +166,7 @@ def load_model(spec: ModelSpec, file: str, key: str) -> LoadedModel:
         tokenizer, model = _load(spec, location, gguf_name, dtype, kwargs, file, key)
     if not bitsandbytes:
         model = model.to(device)
-        if spec.quantization:
+        if requantized:
             from specdraft.models.quantize import quantize_linears
 
             quantize_linears(model, 4 if spec.quantization == "int4" else 8)
@@ -196,6 +252,35 @@ def _load_gguf(gguf: Path, dtype: torch.dtype, kwargs: dict, file: str, key: str
         except Exception as exc:
             if folder is None:
                 raise ProfileError(file, key, f"cannot read GGUF file {gguf}: {_first_line(exc)}") from None
+            if attempt == 2:
+                raise ProfileError(file, key, f"cannot load the converted {gguf.name} cached at {folder}: "
+                                              f"{_first_line(exc)}") from None
+            log.warning("cached conversion %s failed to load (%s); rebuilding it", folder, _first_line(exc))
+            shutil.rmtree(folder, ignore_errors=True)
+    raise AssertionError("unreachable")
+
+
+def _load_gguf_quantized(gguf: Path, file: str, key: str) -> tuple[Any, Any]:
+    """(tokenizer, model) on the file's own quantization, from the conversion cache (converted
+    once; straight from the file, slowly, when the cache cannot be written)."""
+    from transformers import AutoTokenizer
+
+    from specdraft.models import file_quantization as fq
+
+    def write(model: Any, source: Path, folder: Path) -> None:
+        fq.save_entry(model, fq.read_file_codes(source, model), folder)
+
+    for attempt in (1, 2):
+        folder = gguf_cache.converted_gguf(gguf, file, key, lambda path, _: _read_gguf(path), fq.FORMAT, write)
+        if folder is None:
+            model, tokenizer = _read_gguf(gguf)
+            gguf_cache.tie_absent_head(model, gguf, file, key)
+            return tokenizer, fq.quantized_in_place(model, fq.read_file_codes(gguf, model))
+        try:
+            with _hub_offline(True):
+                tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+            return tokenizer, fq.load_entry(folder)
+        except Exception as exc:
             if attempt == 2:
                 raise ProfileError(file, key, f"cannot load the converted {gguf.name} cached at {folder}: "
                                               f"{_first_line(exc)}") from None

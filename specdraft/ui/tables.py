@@ -22,6 +22,11 @@ def bench_table(rows: Sequence[dict], title: str, simulated: bool = False) -> Ta
     for r in rows:
         accept = "/".join("-" if a is None else f"{a:.0%}" for a in r.get("acceptance_at") or [])
         mismatches = r.get("mismatches")
+        # a peer engine's row: the share of prompts with the same text as plain decoding
+        differ = _num(r.get("identical"), ".0%") + " same" if r.get("identical") is not None else \
+            "-" if mismatches is None else (f"[bold red]{mismatches}[/]" if mismatches else "0")
+        if r.get("failed"):
+            differ += f" [bold red]{r['failed']} failed[/]"
         # "?": a speedup bench.summarize marked noisy or implausible (a warning line says why).
         doubt = "?" if r.get("noisy") or r.get("implausible") else ""
         table.add_row(
@@ -29,7 +34,7 @@ def bench_table(rows: Sequence[dict], title: str, simulated: bool = False) -> Ta
             _num(r.get("mean_accepted"), ".2f"), accept or "-",
             _num(r.get("tokens_per_s"), ".1f") if not simulated else "-",
             _num(r.get("best_arm_share"), ".0%"), _num(r.get("regret"), ".2f"),
-            "-" if mismatches is None else (f"[bold red]{mismatches}[/]" if mismatches else "0"),
+            differ,
             _num(r.get("ideal_speedup"), ".2f") + ("x" if r.get("ideal_speedup") is not None else ""),
             _split(r.get("time_share")), _lengths(r.get("draft_lengths")),
             style="bold" if r["task"] == "all" else None,

@@ -1,0 +1,115 @@
+"""The target's forward at each verify width, on the GGUF file's own quantization (the lean
+forward on specdraft's kernels) and dequantized into float32 (packed for oneDNN), the two
+interleaved on the same tokens; and, over many positions of a greedy continuation, whether
+each row of a verify block gives the one-token step's logits (bit for bit, and the same
+argmax).
+
+    python benchmarks/target_width_cost.py --pool profiles/demo.toml --widths 1,2,3,4,5,6,7,8,9,10,11 \
+        --positions 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+
+import torch
+
+from specdraft.config.profile import load_profile
+from specdraft.models.cached_lm import CachedLM
+from specdraft.models.file_quantization import weight_bytes
+from specdraft.models.loading import load_model
+from specdraft.models.packed_linear import pack_linears, packing_problem
+
+
+def load(profile, quantization: str):
+    spec = dataclasses.replace(profile.target, quantization=quantization)
+    began = time.perf_counter()
+    target = load_model(spec, str(profile.file), "target")
+    seconds = time.perf_counter() - began
+    lean = quantization == "gguf"
+    if not lean and packing_problem(target.model) is None:
+        pack_linears(target.model)
+    print(f"{quantization:5s}: loaded in {seconds:.1f} s, {weight_bytes(target.model) / 1e6:.0f} MB of weights")
+    return target, lean
+
+
+def width_costs(models: dict, widths: list[int], context: int, repeats: int, vocab: int) -> dict:
+    tokens = torch.randint(0, vocab, (context + max(widths),), generator=torch.Generator().manual_seed(0))
+    lms = {name: CachedLM(model, lean=lean) for name, (model, lean) in models.items()}
+    seconds: dict = {}
+    with torch.inference_mode():
+        for lm in lms.values():
+            lm.feed(tokens[:context])
+        for repeat in range(repeats + 1):  # the first pass warms up, untimed
+            for width in widths:
+                for name, lm in lms.items():  # interleaved: the same block back to back
+                    began = time.perf_counter()
+                    lm.feed(tokens[context:context + width], keep=0)
+                    elapsed = time.perf_counter() - began
+                    lm.crop(context)
+                    if repeat:
+                        seconds.setdefault((name, width), []).append(elapsed)
+    return {key: statistics.median(values) for key, values in seconds.items()}
+
+
+def invariance(model, lean: bool, prompt: torch.Tensor, positions: int) -> tuple[int, int]:
+    """(rows bit-for-bit equal, rows with the same argmax) of verify blocks of widths 2..11
+    against one-token steps, along the greedy continuation of `prompt`."""
+    steps = CachedLM(model, lean=lean)
+    logits = steps.feed(prompt)
+    produced, rows = [], []
+    for _ in range(positions):
+        token = int(logits[-1].argmax())
+        produced.append(token)
+        rows.append(logits[-1])
+        logits = steps.feed(torch.tensor([token]))
+    one_token = torch.stack(rows)
+    blocks = CachedLM(model, lean=lean)
+    blocks.feed(prompt[:-1])
+    fed = torch.cat([prompt[-1:], torch.tensor(produced)])
+    equal = same = 0
+    position, width = 0, 2
+    while position < positions:
+        got = blocks.feed(fed[position:position + width], keep=0)
+        count = min(width, positions - position)
+        equal += sum(torch.equal(got[i], one_token[position + i]) for i in range(count))
+        same += int((got[:count].argmax(-1) == one_token[position:position + count].argmax(-1)).sum())
+        position += width
+        width = 2 + (width - 1) % 10
+    return equal, same
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pool", required=True)
+    parser.add_argument("--widths", default="1,2,3,4,5,6,7,8,9,10,11")
+    parser.add_argument("--context", type=int, default=200, help="tokens cached before each timed forward")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--positions", type=int, default=2000, help="positions checked for invariance (0: skip)")
+    args = parser.parse_args()
+    profile = load_profile(args.pool)
+    quantized, lean = load(profile, "gguf")
+    floats, _ = load(profile, "none")
+    models = {"gguf": (quantized.model, lean), "float32": (floats.model, False)}
+    widths = [int(w) for w in args.widths.split(",")]
+    costs = width_costs(models, widths, args.context, args.repeats, int(quantized.model.config.vocab_size))
+    print(f"\nforward ms by width (median of {args.repeats}, after {args.context} cached tokens); x = / width 1")
+    print("width  " + "  ".join(f"{name:>16s}" for name in models))
+    for width in widths:
+        cells = [f"{costs[(name, width)] * 1e3:8.2f} ({costs[(name, width)] / costs[(name, 1)]:4.2f}x)"
+                 for name in models]
+        print(f"{width:5d}  " + "  ".join(f"{cell:>16s}" for cell in cells))
+    if args.positions:
+        prompt = quantized.tokenizer("Complete this Python function:\n\ndef merge_sort(items):\n",
+                                     return_tensors="pt").input_ids[0]
+        for name, (model, is_lean) in models.items():
+            equal, same = invariance(model, is_lean, prompt, args.positions)
+            print(f"{name}: {equal}/{args.positions} verify rows bit-for-bit equal to one-token steps, "
+                  f"{same}/{args.positions} with the same argmax")
+
+
+if __name__ == "__main__":
+    main()

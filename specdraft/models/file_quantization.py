@@ -1,0 +1,269 @@
+"""A GGUF model kept on its file's own quantization (`quantization = "gguf"`, the default for
+a .gguf model on a CPU).
+
+A decode step streams every weight once, so a Q4 file dequantized into float32 costs five
+to eight times its bytes per step. Here every quantized matrix of the file keeps its block
+codes and scales (gguf_blocks.py: exact sums of 4-bit terms for Q4_0/Q4_1/Q4_K/Q5_*/Q8_0,
+int8 rows, as two terms, for the rest) and runs on specdraft's block kernel
+(block_linear.py); norms, biases, the residual stream, attention and the KV cache stay in
+float32. The input embedding keeps the file's own blocks and dequantizes only the rows it
+looks up (or, tied to the head, reads them from the head's codes).
+
+Conversion reads the file twice: transformers dequantizes it (which gives the config, the
+tokenizer, the float tensors and, for every matrix, the reference its codes are checked
+against: a mismatch, e.g. a permutation this module does not know, falls back to int8 rows
+of transformers' weight with a warning), and `gguf` reads the raw blocks. What is cached is
+what runs: the kernel's codes, scales and offsets, the embedding's blocks and the float
+tensors (`save_entry`); later loads build the model around them without allocating float
+weights (`load_entry`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from specdraft.models.block_linear import BlockLinear, kernel_layout
+from specdraft.models.gguf_blocks import GROUP, Int4Terms, Int8Codes, block_terms, int8_rows
+
+log = logging.getLogger("specdraft")
+
+WEIGHTS_FILE = "quantized.safetensors"
+FORMAT = "specdraft-file-quantization-2"
+ARCHITECTURES = ("llama", "qwen2", "mistral")  # whose GGUF tensor names are mapped below
+# GGUF's names of a decoder layer's matrices -> transformers' module paths inside the layer
+_LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                "ffn_down": "mlp.down_proj"}
+_TOLERANCE = 1e-5  # relative to a matrix's largest weight: float32 rounding of the reference, nothing more
+_FLOAT_TYPES = {"F32": np.float32, "F16": np.float16}
+
+
+class TiedEmbedding(nn.Module):
+    """The input embedding of a model whose head is the same matrix: rows are read from the
+    head's codes, so the table is held once."""
+
+    def __init__(self, head: BlockLinear):
+        super().__init__()
+        self.head = head
+        self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head.rows(ids.reshape(-1)).reshape(*ids.shape, self.embedding_dim)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The whole table dequantized (a fresh tensor, for one-off readers)."""
+        return self.head.rows(torch.arange(self.num_embeddings))
+
+
+class QuantizedEmbedding(nn.Module):
+    """An embedding table kept as the file's own blocks ([V, bytes per row] uint8): a lookup
+    dequantizes only the rows it reads, exactly as the file defines them."""
+
+    def __init__(self, blocks: torch.Tensor, type_name: str, dim: int):
+        super().__init__()
+        self.type_name = type_name
+        self.num_embeddings, self.embedding_dim = blocks.shape[0], dim
+        self.register_buffer("blocks", blocks.contiguous())
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.rows(ids.reshape(-1)).reshape(*ids.shape, self.embedding_dim)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Dequantized rows `ids` [n] -> [n, D] float32."""
+        raw = self.blocks.index_select(0, ids.cpu()).numpy()
+        codes = block_terms(self.type_name, raw, (len(raw), self.embedding_dim))
+        values = codes.dense() if codes is not None else raw.view(_FLOAT_TYPES[self.type_name])
+        return torch.from_numpy(np.asarray(values, dtype=np.float32))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The whole table dequantized (a fresh tensor: for one-off readers such as a draft
+        head's signature, not for a step)."""
+        return self.rows(torch.arange(self.num_embeddings))
+
+
+@dataclass
+class FileCodes:
+    """What a GGUF file's quantized matrices run on: kernel terms by module path, and the
+    embedding's raw blocks."""
+
+    matrices: dict[str, Int4Terms] = field(default_factory=dict)
+    embedding: tuple[str, np.ndarray] | None = None  # (GGUF type, [V, bytes per row] uint8)
+    tied: bool = False  # the head multiplies by the embedding's matrix
+
+
+def read_file_codes(gguf: Path, model: nn.Module) -> FileCodes:
+    """The codes of every quantized matrix of `gguf`, in transformers' row order and checked
+    against `model`'s (transformers' dequantized) weights."""
+    from gguf import GGUFReader
+
+    config = model.config
+    modules = dict(model.named_modules())
+    found = FileCodes()
+    for tensor in GGUFReader(str(gguf)).tensors:
+        path = _module_path(tensor.name)
+        if path is None or len(tensor.shape) != 2 or path not in modules:
+            continue
+        shape = (int(tensor.shape[1]), int(tensor.shape[0]))  # GGUF lists dimensions innermost first
+        type_name = tensor.tensor_type.name
+        reference = _weight_of(modules[path])
+        if reference is None or tuple(reference.shape) != shape or shape[1] % GROUP:
+            continue
+        codes = block_terms(type_name, tensor.data, shape)
+        if codes is None:
+            continue  # a float tensor in the file: it stays float
+        if path == "model.embed_tokens":
+            found.embedding = (type_name, np.ascontiguousarray(tensor.data).reshape(shape[0], -1).view(np.uint8))
+        order = _row_order(config, path, shape[0])
+        if order is not None:
+            codes = codes.rows(order)
+        if not _matches(codes, reference):
+            log.warning("%s: the file's %s codes do not reproduce transformers' weight; it runs on int8 rows "
+                        "of that weight instead", path, type_name)
+            codes = int8_rows(reference.float().numpy())
+        found.matrices[path] = codes.as_terms() if isinstance(codes, Int8Codes) else codes
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    found.tied = "lm_head" not in found.matrices and "model.embed_tokens" in found.matrices \
+        and head is not None and head.weight.data_ptr() == embedding.weight.data_ptr()
+    if not found.tied:
+        found.matrices.pop("model.embed_tokens", None)  # looked up from its blocks, never multiplied
+    return found
+
+
+def _module_path(name: str) -> str | None:
+    if name == "token_embd.weight":
+        return "model.embed_tokens"
+    if name == "output.weight":
+        return "lm_head"
+    match = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", name)
+    if match and match.group(2) in _LAYER_NAMES:
+        return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
+    return None
+
+
+def _row_order(config: Any, path: str, rows: int) -> np.ndarray | None:
+    """llama.cpp stores a llama model's query and key rows permuted for its rotary layout;
+    transformers undoes it on load (the same permutation here, applied to row indices)."""
+    if config.model_type != "llama" or not path.endswith(("q_proj", "k_proj")):
+        return None
+    heads = config.num_attention_heads if path.endswith("q_proj") else config.num_key_value_heads
+    half = rows // heads // 2
+    return np.arange(rows).reshape(heads, half, 2).swapaxes(2, 1).reshape(rows)
+
+
+def _weight_of(module: nn.Module) -> torch.Tensor | None:
+    weight = getattr(module, "weight", None)
+    return weight.detach() if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
+
+
+def _matches(codes: Int4Terms | Int8Codes, reference: torch.Tensor, chunk: int = 8192) -> bool:
+    """Whether the codes reproduce `reference` [N, K] to float32 rounding (in row chunks:
+    a large vocabulary's table in float64 would be gigabytes)."""
+    expected = reference.float().numpy()
+    limit = _TOLERANCE * max(float(np.abs(expected).max()), 1e-30)
+    for start in range(0, codes.shape[0], chunk):
+        rows = np.arange(start, min(start + chunk, codes.shape[0]))
+        if np.abs(codes.rows(rows).dense() - expected[rows]).max() > limit:
+            return False
+    return True
+
+
+def quantized_in_place(model: nn.Module, codes: FileCodes) -> nn.Module:
+    """Replace `model`'s matrices (and embedding) by their kernel forms: the model as the
+    cache entry would load it, for a run whose cache cannot be written."""
+    for path, terms in codes.matrices.items():
+        target = "lm_head" if codes.tied and path == "model.embed_tokens" else path
+        bias = getattr(model.get_submodule(target), "bias", None)
+        model.set_submodule(target, BlockLinear.of(terms, None if bias is None else bias.detach()))
+    if codes.tied:
+        model.set_submodule("model.embed_tokens", TiedEmbedding(model.lm_head))
+    elif codes.embedding is not None:
+        type_name, blocks = codes.embedding
+        model.set_submodule("model.embed_tokens",
+                            QuantizedEmbedding(torch.from_numpy(blocks), type_name, model.config.hidden_size))
+    model.config.tie_word_embeddings = False  # two modules now: transformers must not re-tie them
+    return model.float().eval()
+
+
+# ---- the cache entry: what runs, and nothing else ----
+
+def save_entry(model: nn.Module, codes: FileCodes, folder: Path) -> None:
+    """Write the kernel layouts, the embedding's blocks and the model's remaining float
+    tensors to `folder`/WEIGHTS_FILE."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    layout: dict[str, dict] = {}
+    for path, terms in codes.matrices.items():
+        target = "lm_head" if codes.tied and path == "model.embed_tokens" else path
+        kernel_codes, scales, offsets = kernel_layout(terms)
+        tensors[f"{target}.codes"] = torch.from_numpy(kernel_codes)
+        tensors[f"{target}.scales"] = torch.from_numpy(scales)
+        tensors[f"{target}.offsets"] = torch.from_numpy(offsets)
+        layout[target] = {"terms": len(terms.codes)}
+    embedding = None
+    if codes.tied:
+        embedding = {"tied": True}
+    elif codes.embedding is not None:
+        type_name, blocks = codes.embedding
+        tensors["model.embed_tokens.blocks"] = torch.from_numpy(blocks)
+        embedding = {"type": type_name, "dim": int(model.config.hidden_size)}
+    replaced = {f"{path}.weight" for path in layout}
+    if embedding is not None:
+        replaced.add("model.embed_tokens.weight")
+    for name, tensor in model.state_dict().items():
+        if name not in replaced and name not in tensors:
+            tensors[name] = tensor.detach().float().clone()
+    metadata = {"format": FORMAT, "layout": json.dumps(layout), "embedding": json.dumps(embedding)}
+    save_file(tensors, str(folder / WEIGHTS_FILE), metadata=metadata)
+
+
+def load_entry(folder: Path) -> nn.Module:
+    """The model of a cache entry written by `save_entry`, its matrices on their codes."""
+    from accelerate import init_empty_weights
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(folder)
+    config.tie_word_embeddings = False  # two modules: transformers must not tie them
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with safe_open(str(folder / WEIGHTS_FILE), framework="pt") as weights:
+        metadata = weights.metadata() or {}
+        if metadata.get("format") != FORMAT:
+            raise ValueError(f"{WEIGHTS_FILE} is not in {FORMAT}")
+        layout, embedding = json.loads(metadata["layout"]), json.loads(metadata["embedding"])
+        stored = {name: weights.get_tensor(name) for name in weights.keys()}
+    for path, entry in layout.items():
+        model.set_submodule(path, BlockLinear(stored.pop(f"{path}.codes"), stored.pop(f"{path}.scales"),
+                                              stored.pop(f"{path}.offsets"), entry["terms"],
+                                              stored.pop(f"{path}.bias", None)))
+    if embedding is not None and embedding.get("tied"):
+        model.set_submodule("model.embed_tokens", TiedEmbedding(model.lm_head))
+    elif embedding is not None:
+        model.set_submodule("model.embed_tokens", QuantizedEmbedding(stored.pop("model.embed_tokens.blocks"),
+                                                                     embedding["type"], embedding["dim"]))
+    model.load_state_dict(stored, strict=False, assign=True)
+    missing = [name for name, p in list(model.named_parameters()) + list(model.named_buffers()) if p.is_meta]
+    if missing:
+        raise ValueError(f"{len(missing)} tensors were not in the cache entry (first: {missing[0]})")
+    return model.eval()
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of every parameter and buffer the model holds (each storage counted once)."""
+    seen: dict[int, int] = {}
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        storage = tensor.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())

