@@ -18,10 +18,10 @@ from specdraft.drafters import DraftContext, ModelDrafter, NgramDrafter, PlainDe
 from specdraft.drafters.layers import LayersDrafter
 from specdraft.drafters.options import SuffixOptions
 from specdraft.learning.policies import POLICIES, build_policy
-from specdraft.models.block_linear import BlockLinear, kernel_layout, terms_of_layout
+from specdraft.models.block_linear import BlockLinear
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.file_quantization import FileCodes, QuantizedEmbedding, quantized_in_place
-from specdraft.models.gguf_blocks import Int4Terms, block_terms, int8_rows
+from specdraft.models.gguf_blocks import Int8Codes, block_terms, int8_rows
 from specdraft.models.native import causal_attention, kernel_problem, rms_norm
 
 pytestmark = pytest.mark.skipif(kernel_problem() is not None, reason=f"no CPU kernels here: {kernel_problem()}")
@@ -49,26 +49,21 @@ def test_block_codes_reproduce_the_files_weights_exactly(type_name):
         weight = (np.random.default_rng(1).standard_normal((rows, cols)) * 0.05).astype(np.float32)
         data = quantize(weight, GGMLQuantizationType[type_name])
     expected = dequantize(data, GGMLQuantizationType[type_name]).reshape(rows, cols)
-    terms = block_terms(type_name, data, (rows, cols))
-    assert isinstance(terms, Int4Terms)
-    np.testing.assert_array_equal(terms.dense().astype(np.float32), expected)
-    assert len(terms.codes) == (2 if type_name in ("Q5_0", "Q5_1", "Q8_0", "Q5_K") else 1)
+    weights = block_terms(type_name, data, (rows, cols))
+    np.testing.assert_array_equal(weights.dense().astype(np.float32), expected)
+    if type_name == "Q8_0":
+        assert isinstance(weights, Int8Codes)
+    else:
+        assert len(weights.codes) == (2 if type_name in ("Q5_0", "Q5_1", "Q5_K") else 1)
 
 
-def test_formats_without_32_weight_groups_become_int8_rows_as_two_terms():
+def test_formats_without_32_weight_groups_become_int8_rows():
     data = _random_blocks("Q6_K", 16, 512)
     expected = dequantize(data, GGMLQuantizationType.Q6_K).reshape(16, 512)
     codes = block_terms("Q6_K", data, (16, 512))
+    assert isinstance(codes, Int8Codes) and np.all(codes.scales == codes.scales[:, :1])  # one scale a row
     step = np.abs(expected).max(axis=1, keepdims=True) / 127.0
     assert np.all(np.abs(codes.dense() - expected) <= step / 2 * (1 + 1e-5))  # the closest int8 row
-    np.testing.assert_array_equal(codes.as_terms().dense(), codes.dense())
-
-
-def test_the_kernel_layout_round_trips():
-    weight = (np.random.default_rng(2).standard_normal((32, 128)) * 0.1).astype(np.float32)
-    terms = block_terms("Q8_0", quantize(weight, GGMLQuantizationType.Q8_0), (32, 128))
-    back = terms_of_layout(*kernel_layout(terms), terms=2)
-    np.testing.assert_allclose(back.dense(), terms.dense(), rtol=0, atol=1e-7)
 
 
 def _block_linear(rows: int, cols: int, type_name: str = "Q4_1", seed: int = 0, bias: bool = False) -> tuple:
@@ -78,7 +73,7 @@ def _block_linear(rows: int, cols: int, type_name: str = "Q4_1", seed: int = 0, 
     return BlockLinear.of(terms, b), torch.from_numpy(terms.dense()), b
 
 
-@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q5_0", "Q8_0"])
 def test_the_block_kernel_multiplies_by_the_files_weights(type_name):
     layer, dense, bias = _block_linear(96, 256, type_name, bias=True)
     x = torch.randn(7, 256)
@@ -88,7 +83,7 @@ def test_the_block_kernel_multiplies_by_the_files_weights(type_name):
     assert (got - expected).abs().max() < 0.02 * expected.abs().max()
 
 
-@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q5_0", "Q8_0"])
 def test_each_row_of_a_wide_product_equals_its_one_row_product(type_name):
     layer, _, _ = _block_linear(80, 576, type_name, bias=True)
     x = torch.randn(17, 576) * 3
@@ -231,11 +226,12 @@ def test_int8_rows_fall_back_exactly_where_codes_cannot_be_read():
     assert np.abs(rows.dense() - weight).max() <= np.abs(weight).max(axis=1).max() / 127.0
 
 
-def test_a_tied_embedding_reads_the_heads_rows_exactly():
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q5_1", "Q8_0"])
+def test_a_tied_embedding_reads_the_heads_rows_exactly(type_name):
     from specdraft.models.file_quantization import TiedEmbedding
 
     weight = (np.random.default_rng(6).standard_normal((40, 64)) * 0.1).astype(np.float32)
-    terms = block_terms("Q8_0", quantize(weight, GGMLQuantizationType.Q8_0), (40, 64))
+    terms = block_terms(type_name, quantize(weight, GGMLQuantizationType[type_name]), (40, 64))
     embedding = TiedEmbedding(BlockLinear.of(terms))
     ids = torch.tensor([[3, 39, 0, 3]])
     np.testing.assert_array_equal(embedding(ids)[0].numpy(), terms.dense()[[3, 39, 0, 3]].astype(np.float32))

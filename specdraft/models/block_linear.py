@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from specdraft.models.gguf_blocks import GROUP, Int4Terms
+from specdraft.models.gguf_blocks import GROUP, Int4Terms, Int8Codes
 from specdraft.models.native import library
 
 log = logging.getLogger("specdraft")
@@ -36,36 +36,31 @@ def kernel_layout(terms: Int4Terms) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return np.ascontiguousarray(codes), np.ascontiguousarray(scales), np.ascontiguousarray(offsets)
 
 
-def terms_of_layout(codes: np.ndarray, scales: np.ndarray, offsets: np.ndarray, terms: int) -> Int4Terms:
-    """The inverse of `kernel_layout`."""
-    rows = codes.shape[0]
-    grouped = codes.reshape(rows, -1, 16)
-    wide = np.concatenate([grouped & 0x0F, grouped >> 4], axis=-1).reshape(rows, -1)
-    width, groups = wide.shape[1] // terms, scales.shape[1] // terms
-    return Int4Terms([wide[:, t * width:(t + 1) * width] for t in range(terms)],
-                     [scales[:, t * groups:(t + 1) * groups] for t in range(terms)],
-                     [offsets[:, t * groups:(t + 1) * groups] for t in range(terms)])
-
-
 class BlockLinear(nn.Module):
-    """y = x W^T + b on the block kernel; W a sum of `terms` 4-bit group weights over x."""
+    """y = x W^T + b on the block kernel: W a sum of `terms` 4-bit group weights over x
+    (`bits` = 4: codes [N, G * 16], scales and offsets [N, G]), or int8 codes with a scale
+    per group (`bits` = 8: codes [N, K], scales [N, K / 32], no offsets)."""
 
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, terms: int,
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, terms: int = 1,
                  bias: torch.Tensor | None = None):
         super().__init__()
+        self.bits = 4 if offsets is not None else 8
         self.out_features, groups = scales.shape
         self.terms, self.in_features = terms, groups // terms * GROUP
-        self.register_buffer("codes", codes.contiguous())  # [N, G * 16] uint8
-        self.register_buffer("scales", scales.float().contiguous())  # [N, G]
-        self.register_buffer("offsets", offsets.float().contiguous())  # [N, G]
+        self.register_buffer("codes", codes.contiguous())
+        self.register_buffer("scales", scales.float().contiguous())
+        self.register_buffer("offsets", offsets.float().contiguous() if offsets is not None else torch.zeros(0))
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
-        self._matmul = library().block_matmul
+        kernels = library()
+        self._matmul = kernels.block_matmul if self.bits == 4 else kernels.block_matmul8
         self._pointers()
 
     @classmethod
-    def of(cls, terms: Int4Terms, bias: torch.Tensor | None = None) -> "BlockLinear":
-        codes, scales, offsets = kernel_layout(terms)
-        return cls(torch.from_numpy(codes), torch.from_numpy(scales), torch.from_numpy(offsets), len(terms.codes),
+    def of(cls, weights: Int4Terms | Int8Codes, bias: torch.Tensor | None = None) -> "BlockLinear":
+        if isinstance(weights, Int8Codes):
+            return cls(torch.from_numpy(weights.codes), torch.from_numpy(weights.scales), None, 1, bias)
+        codes, scales, offsets = kernel_layout(weights)
+        return cls(torch.from_numpy(codes), torch.from_numpy(scales), torch.from_numpy(offsets), len(weights.codes),
                    bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -73,8 +68,12 @@ class BlockLinear(nn.Module):
             return self.forward(x.float().contiguous()).to(x.dtype)
         rows = x.numel() // self.in_features
         out = torch.empty(*x.shape[:-1], self.out_features)  # [..., N]
-        status = self._matmul(x.data_ptr(), rows, self.in_features, self._codes, self._scales, self._offsets,
-                              self.out_features, self.groups, out.data_ptr(), torch.get_num_threads())
+        if self.bits == 8:
+            status = self._matmul(x.data_ptr(), rows, self.in_features, self._codes, self._scales, self.out_features,
+                                  out.data_ptr(), torch.get_num_threads())
+        else:
+            status = self._matmul(x.data_ptr(), rows, self.in_features, self._codes, self._scales, self._offsets,
+                                  self.out_features, self.groups, out.data_ptr(), torch.get_num_threads())
         if status:
             raise MemoryError("the block kernel could not allocate its scratch memory")
         if self.bias is not None:
@@ -100,13 +99,17 @@ class BlockLinear(nn.Module):
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` [n] of W dequantized [n, K] float32, exactly as the kernel's weights (a
         tied embedding looks its rows up here instead of keeping a second copy)."""
+        if self.bits == 8:
+            codes = self.codes.index_select(0, ids).view(len(ids), -1, GROUP).float()  # [n, G, 32]
+            return (codes * self.scales.index_select(0, ids)[..., None]).view(len(ids), self.in_features)
         packed = self.codes.index_select(0, ids).view(len(ids), -1, 16)  # [n, G, 16]
         codes = torch.cat([packed & 0x0F, packed >> 4], dim=-1).float()  # [n, G, 32]
         values = codes * self.scales.index_select(0, ids)[..., None] + self.offsets.index_select(0, ids)[..., None]
         return values.view(len(ids), self.terms, self.in_features).sum(1)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, terms={self.terms}"
+        form = f"terms={self.terms}" if self.bits == 4 else "int8"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {form}"
 
 
 def runs_on_file_quantization(model: nn.Module) -> bool:

@@ -169,6 +169,76 @@ int block_matmul(const float *x, int M, int K, const uint8_t *codes, const float
     return 0;
 }
 
+/* The same product for weights stored as int8 codes with one scale per group of 32 (GGUF
+ * Q8_0, and the int8 rows other formats become): y[m, n] = sum_g dx[m, g] s[n, g] <w[n, g],
+ * qx[m, g]>, with |w| and sign(qx, w) fed to maddubs. Same invariance as block_matmul. */
+#define GROUP_STEP8(gx_, which)                                                                     \
+    do {                                                                                            \
+        __m256i w = _mm256_loadu_si256((const __m256i *)(cn + (size_t)(gx_) * GROUP));               \
+        __m256i aw = _mm256_sign_epi8(w, w);                                                        \
+        const __m256 s = _mm256_set1_ps(sn[(gx_)]);                                                 \
+        for (int r = 0; r < rows; r++) {                                                            \
+            const int m = m0 + r;                                                                   \
+            __m256i q = _mm256_loadu_si256((const __m256i *)(qx + (size_t)m * K + (gx_) * GROUP));    \
+            __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(q, w)), ones); \
+            const __m256 d = _mm256_mul_ps(_mm256_set1_ps(dx[(size_t)m * groups + (gx_)]), s);        \
+            acc##which[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc##which[r]);            \
+        }                                                                                           \
+    } while (0)
+
+static inline __attribute__((always_inline)) void block8(
+        const int8_t *codes, const float *scale, int groups, const int8_t *qx, const float *dx, int m0,
+        const int rows, int n0, int n1, float *y, int ldy) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int K = groups * GROUP;
+    for (int n = n0; n < n1; n++) {
+        const int8_t *cn = codes + (size_t)n * K;
+        const float *sn = scale + (size_t)n * groups;
+        __m256 acc0[ROWS], acc1[ROWS];
+        for (int r = 0; r < rows; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
+        for (int gx = 0; gx < groups; gx += 2) {
+            GROUP_STEP8(gx, 0);
+            if (gx + 1 < groups) GROUP_STEP8(gx + 1, 1);
+        }
+        for (int r = 0; r < rows; r++) y[(size_t)(m0 + r) * ldy + n] = hsum(_mm256_add_ps(acc0[r], acc1[r]));
+    }
+}
+
+static void block8_any(const int8_t *codes, const float *scale, int groups, const int8_t *qx, const float *dx,
+                       int m0, int rows, int n0, int n1, float *y, int ldy) {
+    switch (rows) {
+    case 1: block8(codes, scale, groups, qx, dx, m0, 1, n0, n1, y, ldy); break;
+    case 2: block8(codes, scale, groups, qx, dx, m0, 2, n0, n1, y, ldy); break;
+    case 3: block8(codes, scale, groups, qx, dx, m0, 3, n0, n1, y, ldy); break;
+    default: block8(codes, scale, groups, qx, dx, m0, 4, n0, n1, y, ldy); break;
+    }
+}
+
+int block_matmul8(const float *x, int M, int K, const int8_t *codes, const float *scale, int N, float *y,
+                  int threads) {
+    const int groups = K / GROUP;
+    int8_t *qx = (int8_t *)malloc((size_t)M * K);
+    float *dx = (float *)malloc(sizeof(float) * (size_t)M * groups);
+    int32_t *sx = (int32_t *)malloc(sizeof(int32_t) * (size_t)M * groups);
+    if (!qx || !dx || !sx) {
+        free(qx); free(dx); free(sx);
+        return -1;
+    }
+    for (int m = 0; m < M; m++)
+        quantize_row(x + (size_t)m * K, groups, qx + (size_t)m * K, dx + (size_t)m * groups, sx + (size_t)m * groups);
+    const int chunks = (N + 15) / 16;
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int chunk = 0; chunk < chunks; chunk++) {
+        const int n0 = chunk * 16, n1 = n0 + 16 < N ? n0 + 16 : N;
+        for (int m0 = 0; m0 < M; m0 += ROWS) {
+            const int rows = M - m0 < ROWS ? M - m0 : ROWS;
+            block8_any(codes, scale, groups, qx, dx, m0, rows, n0, n1, y, N);
+        }
+    }
+    free(qx); free(dx); free(sx);
+    return 0;
+}
+
 /* exp(x) for x <= 0 (Cephes' single-precision polynomial): the same operations for every
  * lane, so a score's weight never depends on its neighbours. */
 static inline __m256 exp_nonpositive(__m256 x) {
@@ -291,4 +361,50 @@ void rms_norm_rows(const float *x, const float *weight, int rows, int dim, float
             _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + d), s), _mm256_loadu_ps(weight + d)));
         for (; d < dim; d++) o[d] = xr[d] * scale * weight[d];
     }
+}
+
+/* x += delta, then out = RMSNorm(x) * weight, row by row (the residual stream's update and
+ * the next layer input's norm in one pass). */
+void add_rms_norm_rows(float *x, const float *delta, const float *weight, int rows, int dim, float eps, float *out) {
+    for (size_t i = 0; i < (size_t)rows * dim; i++) x[i] += delta[i];
+    rms_norm_rows(x, weight, rows, dim, eps, out);
+}
+
+/* gate_up [rows, 2 I] -> out [rows, I] = silu(gate) * up. */
+void swiglu_rows(const float *gate_up, int rows, int inner, float *out) {
+    for (int r = 0; r < rows; r++) {
+        const float *g = gate_up + (size_t)r * 2 * inner, *u = g + inner;
+        float *o = out + (size_t)r * inner;
+        for (int i = 0; i < inner; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+/* Rotary positions on one head vector: v * cos + rotate_half(v) * sin, rotate_half(v) being
+ * [-v[D/2:], v[:D/2]] (transformers' convention). */
+static inline void rope(const float *v, const float *cos, const float *sin, int D, float *out) {
+    const int half = D / 2;
+    for (int d = 0; d < half; d++) out[d] = v[d] * cos[d] - v[d + half] * sin[d];
+    for (int d = half; d < D; d++) out[d] = v[d] * cos[d] + v[d - half] * sin[d];
+}
+
+/* One attention block of the lean forward: qkv [n, (H + 2 KVH) D] as the fused projection
+ * gives it, cos and sin [n, D] for positions start.., keys and values [KVH, capacity, D]
+ * (written here at start..start + n - 1), out [n, H D]. Rotates queries and keys, stores
+ * keys and values, then attends (causal_attention). Every row's arithmetic is its own. */
+int attention_block(const float *qkv, int n, int start, int H, int KVH, int D, const float *cos, const float *sin,
+                    float *keys, float *values, int capacity, float scale, float *out, int threads) {
+    const int width = (H + 2 * KVH) * D;
+    float *q = (float *)malloc(sizeof(float) * (size_t)n * H * D);
+    if (!q) return -1;
+    for (int i = 0; i < n; i++) {
+        const float *row = qkv + (size_t)i * width, *c = cos + (size_t)i * D, *s = sin + (size_t)i * D;
+        for (int h = 0; h < H; h++) rope(row + h * D, c, s, D, q + ((size_t)i * H + h) * D);
+        for (int h = 0; h < KVH; h++) {
+            rope(row + (H + h) * D, c, s, D, keys + ((size_t)h * capacity + start + i) * D);
+            memcpy(values + ((size_t)h * capacity + start + i) * D, row + (H + KVH + h) * D, sizeof(float) * D);
+        }
+    }
+    int status = causal_attention(q, keys, values, n, start, H, KVH, D, capacity, scale, out, threads);
+    free(q);
+    return status;
 }

@@ -3,8 +3,8 @@ a .gguf model on a CPU).
 
 A decode step streams every weight once, so a Q4 file dequantized into float32 costs five
 to eight times its bytes per step. Here every quantized matrix of the file keeps its block
-codes and scales (gguf_blocks.py: exact sums of 4-bit terms for Q4_0/Q4_1/Q4_K/Q5_*/Q8_0,
-int8 rows, as two terms, for the rest) and runs on specdraft's block kernel
+codes and scales (gguf_blocks.py: exact sums of 4-bit terms for Q4_0/Q4_1/Q4_K/Q5_*, int8
+groups for Q8_0, int8 rows for the rest) and runs on specdraft's block kernels
 (block_linear.py); norms, biases, the residual stream, attention and the KV cache stay in
 float32. The input embedding keeps the file's own blocks and dequantizes only the rows it
 looks up (or, tied to the head, reads them from the head's codes).
@@ -37,7 +37,7 @@ from specdraft.models.gguf_blocks import GROUP, Int4Terms, Int8Codes, block_term
 log = logging.getLogger("specdraft")
 
 WEIGHTS_FILE = "quantized.safetensors"
-FORMAT = "specdraft-file-quantization-2"
+FORMAT = "specdraft-file-quantization-3"
 ARCHITECTURES = ("llama", "qwen2", "mistral")  # whose GGUF tensor names are mapped below
 # GGUF's names of a decoder layer's matrices -> transformers' module paths inside the layer
 _LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -97,7 +97,7 @@ class FileCodes:
     """What a GGUF file's quantized matrices run on: kernel terms by module path, and the
     embedding's raw blocks."""
 
-    matrices: dict[str, Int4Terms] = field(default_factory=dict)
+    matrices: dict[str, Int4Terms | Int8Codes] = field(default_factory=dict)
     embedding: tuple[str, np.ndarray] | None = None  # (GGUF type, [V, bytes per row] uint8)
     tied: bool = False  # the head multiplies by the embedding's matrix
 
@@ -131,7 +131,7 @@ def read_file_codes(gguf: Path, model: nn.Module) -> FileCodes:
             log.warning("%s: the file's %s codes do not reproduce transformers' weight; it runs on int8 rows "
                         "of that weight instead", path, type_name)
             codes = int8_rows(reference.float().numpy())
-        found.matrices[path] = codes.as_terms() if isinstance(codes, Int8Codes) else codes
+        found.matrices[path] = codes
     head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
     found.tied = "lm_head" not in found.matrices and "model.embed_tokens" in found.matrices \
         and head is not None and head.weight.data_ptr() == embedding.weight.data_ptr()
@@ -181,10 +181,10 @@ def _matches(codes: Int4Terms | Int8Codes, reference: torch.Tensor, chunk: int =
 def quantized_in_place(model: nn.Module, codes: FileCodes) -> nn.Module:
     """Replace `model`'s matrices (and embedding) by their kernel forms: the model as the
     cache entry would load it, for a run whose cache cannot be written."""
-    for path, terms in codes.matrices.items():
+    for path, weights in codes.matrices.items():
         target = "lm_head" if codes.tied and path == "model.embed_tokens" else path
         bias = getattr(model.get_submodule(target), "bias", None)
-        model.set_submodule(target, BlockLinear.of(terms, None if bias is None else bias.detach()))
+        model.set_submodule(target, BlockLinear.of(weights, None if bias is None else bias.detach()))
     if codes.tied:
         model.set_submodule("model.embed_tokens", TiedEmbedding(model.lm_head))
     elif codes.embedding is not None:
@@ -204,13 +204,18 @@ def save_entry(model: nn.Module, codes: FileCodes, folder: Path) -> None:
 
     tensors: dict[str, torch.Tensor] = {}
     layout: dict[str, dict] = {}
-    for path, terms in codes.matrices.items():
+    for path, weights in codes.matrices.items():
         target = "lm_head" if codes.tied and path == "model.embed_tokens" else path
-        kernel_codes, scales, offsets = kernel_layout(terms)
+        if isinstance(weights, Int8Codes):
+            tensors[f"{target}.codes"] = torch.from_numpy(weights.codes)
+            tensors[f"{target}.scales"] = torch.from_numpy(weights.scales)
+            layout[target] = {"bits": 8}
+            continue
+        kernel_codes, scales, offsets = kernel_layout(weights)
         tensors[f"{target}.codes"] = torch.from_numpy(kernel_codes)
         tensors[f"{target}.scales"] = torch.from_numpy(scales)
         tensors[f"{target}.offsets"] = torch.from_numpy(offsets)
-        layout[target] = {"terms": len(terms.codes)}
+        layout[target] = {"bits": 4, "terms": len(weights.codes)}
     embedding = None
     if codes.tied:
         embedding = {"tied": True}
@@ -245,9 +250,9 @@ def load_entry(folder: Path) -> nn.Module:
         layout, embedding = json.loads(metadata["layout"]), json.loads(metadata["embedding"])
         stored = {name: weights.get_tensor(name) for name in weights.keys()}
     for path, entry in layout.items():
-        model.set_submodule(path, BlockLinear(stored.pop(f"{path}.codes"), stored.pop(f"{path}.scales"),
-                                              stored.pop(f"{path}.offsets"), entry["terms"],
-                                              stored.pop(f"{path}.bias", None)))
+        offsets = stored.pop(f"{path}.offsets") if entry["bits"] == 4 else None
+        model.set_submodule(path, BlockLinear(stored.pop(f"{path}.codes"), stored.pop(f"{path}.scales"), offsets,
+                                              entry.get("terms", 1), stored.pop(f"{path}.bias", None)))
     if embedding is not None and embedding.get("tied"):
         model.set_submodule("model.embed_tokens", TiedEmbedding(model.lm_head))
     elif embedding is not None:

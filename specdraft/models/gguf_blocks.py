@@ -12,12 +12,12 @@ offsets that are exact float32 products of the file's float16 scales and small i
 | Q4_1 | d, m, 4-bit q: d q + m | 1 | 0.5 + scales |
 | Q4_K | super-block d, dmin, 6-bit sc, m: d sc q - dmin m | 1 | 0.5 + scales |
 | Q5_0 / Q5_1 / Q5_K | as above with a fifth bit | 2 (low nibble, high bit) | 1 + scales |
-| Q8_0 | d, 8-bit q: d q | 2 (low and high nibble) | 1 + scales |
 
 A tensor with n terms runs as one kernel call over n x K input columns (the activations
-repeated n times). Formats with scales per 16 weights (Q6_K, Q3_K, Q2_K) and the others
-have no 4-bit-group form: they are dequantized by the `gguf` package and rounded to int8
-per output row (`Int8Codes`), the closest layout torch has a kernel for.
+repeated n times). Q8_0 keeps its int8 codes and block scales (`Int8Codes`, the kernel's
+8-bit form: exact). Formats with scales per 16 weights (Q6_K, Q3_K, Q2_K) and the others
+have neither form: they are dequantized by the `gguf` package and rounded to int8 per
+output row (one scale per row), the closest layout the kernels take.
 
 Codes are [N, K] rows in the order the file stores them; the caller permutes rows where
 transformers does (llama's query and key projections).
@@ -59,33 +59,27 @@ class Int4Terms:
 
 @dataclass
 class Int8Codes:
-    """W = codes * scales[:, None], one symmetric scale per output row."""
+    """W = codes * scales, one scale per group of 32 columns of a row (GGUF Q8_0's blocks, and
+    the int8 rows that formats without 32-weight groups become)."""
 
     codes: np.ndarray  # [N, K] int8
-    scales: np.ndarray  # [N] float32
+    scales: np.ndarray  # [N, K / GROUP] float32
 
     @property
     def shape(self) -> tuple[int, int]:
         return self.codes.shape
 
     def dense(self) -> np.ndarray:
-        return self.codes.astype(np.float64) * self.scales.astype(np.float64)[:, None]
+        return self.codes.astype(np.float64) * np.repeat(self.scales.astype(np.float64), GROUP, axis=1)
 
     def rows(self, order: np.ndarray) -> "Int8Codes":
         return Int8Codes(self.codes[order], self.scales[order])
 
-    def as_terms(self) -> Int4Terms:
-        """The same weights as two 4-bit terms: s q = 16 s high + s low - 128 s with
-        high, low the nibbles of q + 128."""
-        shifted = (self.codes.astype(np.int16) + 128).astype(np.uint8)
-        groups = self.codes.shape[1] // GROUP
-        scale = np.repeat(self.scales[:, None], groups, axis=1).astype(np.float32)
-        return Int4Terms([shifted >> 4, shifted & 0x0F], [16.0 * scale, scale], [-128.0 * scale, np.zeros_like(scale)])
-
 
 def block_terms(type_name: str, data: np.ndarray, shape: tuple[int, int]) -> Int4Terms | Int8Codes | None:
-    """The file's tensor `data` (raw blocks, uint8) of `shape` (rows, columns) as 4-bit terms,
-    or as per-row int8 for formats without a 4-bit-group form; None for float tensors."""
+    """The file's tensor `data` (raw blocks, uint8) of `shape` (rows, columns) as 4-bit terms
+    or int8 groups (Q8_0), or as int8 rows for formats with neither form; None for float
+    tensors."""
     rows, cols = shape
     decoder = _DECODERS.get(type_name)
     if decoder is not None and cols % (256 if type_name.endswith("_K") else GROUP) == 0:
@@ -105,11 +99,12 @@ def dequantized(type_name: str, data: np.ndarray, shape: tuple[int, int]) -> np.
 
 
 def int8_rows(weight: np.ndarray) -> Int8Codes:
-    """Symmetric int8 codes with one scale per row, rounded against the scale as the kernel reads it."""
+    """Symmetric int8 codes with one scale per row (repeated over the row's groups), rounded
+    against the scale as the kernel reads it."""
     weight = weight.astype(np.float32)
-    scales = np.maximum(np.abs(weight).max(axis=1), 1e-12) / 127.0
+    scales = (np.maximum(np.abs(weight).max(axis=1), 1e-12) / 127.0).astype(np.float32)
     codes = np.clip(np.rint(weight / scales[:, None]), -127, 127).astype(np.int8)
-    return Int8Codes(codes, scales.astype(np.float32))
+    return Int8Codes(codes, np.repeat(scales[:, None], weight.shape[1] // GROUP, axis=1))
 
 
 def _f16(blocks: np.ndarray, offset: int) -> np.ndarray:
@@ -162,12 +157,9 @@ def _q5_1(blocks: np.ndarray, rows: int, cols: int) -> Int4Terms:
     return Int4Terms([low, high], [d, 16.0 * d], [m, np.zeros_like(d)])
 
 
-def _q8_0(blocks: np.ndarray, rows: int, cols: int) -> Int4Terms:
+def _q8_0(blocks: np.ndarray, rows: int, cols: int) -> Int8Codes:
     b = _split32(blocks, rows, cols, 34)
-    d = _f16(b, 0)
-    shifted = (b[..., 2:34].view(np.int8).astype(np.int16) + 128).astype(np.uint8).reshape(rows, cols)
-    # d q = d (16 high + low - 128) = [high 16 d - 128 d] + [low d]
-    return Int4Terms([shifted >> 4, shifted & 0x0F], [16.0 * d, d], [-128.0 * d, np.zeros_like(d)])
+    return Int8Codes(b[..., 2:34].view(np.int8).reshape(rows, cols).copy(), _f16(b, 0))
 
 
 def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

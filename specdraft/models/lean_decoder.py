@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdraft.models.block_linear import BlockLinear
-from specdraft.models.native import causal_attention, rms_norm
+from specdraft.models.native import add_rms_norm, attention_block, rms_norm, swiglu
 from specdraft.models.quantize import Int4Linear, Int8Linear
 
 log = logging.getLogger("specdraft")
@@ -107,7 +107,7 @@ def _fuse(parts: Sequence[nn.Module]) -> nn.Module:
     GGUF file may store the value projection with more bits than the query's) stay separate."""
     first = parts[0]
     if len({type(p) for p in parts}) > 1 or len({getattr(p, "group", 0) for p in parts}) > 1 \
-            or len({getattr(p, "terms", 1) for p in parts}) > 1 \
+            or len({(getattr(p, "terms", 1), getattr(p, "bits", 0)) for p in parts}) > 1 \
             or (isinstance(first, Int4Linear) and any(p.out_features % INT4_PACK_ROWS for p in parts[:-1])):
         return _Concatenated(parts)
     if isinstance(first, BlockLinear):
@@ -148,8 +148,8 @@ def _fuse(parts: Sequence[nn.Module]) -> nn.Module:
 def _fuse_blocks(parts: Sequence[BlockLinear]) -> BlockLinear:
     """BlockLinear parts fused along their output rows (their buffers become slices)."""
     sizes = [p.out_features for p in parts]
-    tensors = {}
-    for name in ("codes", "scales", "offsets"):
+    tensors = {"offsets": None}
+    for name in ("codes", "scales", "offsets")[:3 if parts[0].bits == 4 else 2]:
         tensors[name] = torch.cat([getattr(p, name) for p in parts])
         for p, piece in zip(parts, tensors[name].split(sizes)):
             setattr(p, name, piece)
@@ -185,9 +185,12 @@ class LeanDecoder:
             model._specdraft_lean_layers = self.layers
         norm = self.inner.norm.weight  # (the embedding may be a quantized table without one)
         self.device, self.dtype = norm.device, norm.dtype
-        # Attention on specdraft's kernel where it runs: each query row's result is the same
-        # in a verify block of any width (torch's SDPA only promises that up to rounding).
-        self.invariant = _invariant_attention(self.device, self.dtype, self.head_dim)
+        # specdraft's kernels for everything but the products where they run: each row's
+        # result is the same in a verify block of any width (torch's SDPA only promises that
+        # up to rounding).
+        rotary = getattr(self.inner.rotary_emb, "inv_freq", None)
+        self.invariant = rotary is not None and 2 * rotary.numel() == self.head_dim \
+            and _invariant_attention(self.device, self.dtype, self.head_dim)
         # The buffer holds no length of its own: the caller (CachedLM) says where each feed
         # starts, so a rollback or a new prompt is only a smaller start next time.
         self.capacity = 0
@@ -252,18 +255,50 @@ class LeanDecoder:
         keys and values kept: the residual stream after the last of them [1, n, H], and after
         each of `hidden_layers` ({layer: [1, n, H]}; layer 0 is the input)."""
         n = x.shape[1]
-        hidden = {0: x} if 0 in hidden_layers else {}
         end = start + n
         self._reserve(end, start)
-        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         positions = torch.arange(start, end, device=self.device).view(1, n)
-        cos, sin = self.inner.rotary_emb(x, positions)
+        cos, sin = self.inner.rotary_emb(x, positions)  # [1, n, D]
+        layers = self.layers[:depth]
+        if self.invariant:
+            return self._native_layers(x, start, cos[0].contiguous(), sin[0].contiguous(), layers, hidden_layers)
+        return self._torch_layers(x, start, cos, sin, layers, hidden_layers)
+
+    def _native_layers(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor, layers: list,
+                       hidden_layers: Sequence[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """`layers_over` on specdraft's kernels, a handful of calls per layer: each row's
+        arithmetic is its own, so a verify row equals the one-token step bit for bit. The
+        residual stream is updated in place, each update fused with the next norm."""
+        hidden = {0: x} if 0 in hidden_layers else {}
+        x = x[0].contiguous().clone()  # [n, H]: the residual stream, owned here
+        pending = None  # the last MLP's output, not yet added to x
+        for i, (norm1, qkv, out, norm2, gate_up, down, _) in enumerate(layers):
+            h = rms_norm(x, norm1.weight, norm1.variance_epsilon) if pending is None else \
+                add_rms_norm(x, pending, norm1.weight, norm1.variance_epsilon)
+            attended = attention_block(qkv(h), cos, sin, self.keys[i][0], self.values[i][0], start, self.heads)
+            h = add_rms_norm(x, out(attended), norm2.weight, norm2.variance_epsilon)
+            pending = down(swiglu(gate_up(h)))
+            if i + 1 in hidden_layers:
+                x += pending
+                pending = None
+                hidden[i + 1] = x.clone()[None]
+        if pending is not None:
+            x += pending
+        return x[None], hidden
+
+    def _torch_layers(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor, layers: list,
+                      hidden_layers: Sequence[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """`layers_over` in torch ops, SDPA attention (a drafter's forward)."""
+        n = x.shape[1]
+        end = start + n
+        hidden = {0: x} if 0 in hidden_layers else {}
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, n, D]
         half = dim // 2
         # One new token attends to everything cached: no mask. A block attends causally.
-        mask = None if n == 1 or self.invariant else torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)
-        for i, (norm1, qkv, out, norm2, gate_up, down, inner_size) in enumerate(self.layers[:depth]):
-            h = self._norm(x, norm1)
+        mask = None if n == 1 else torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)
+        for i, (norm1, qkv, out, norm2, gate_up, down, inner_size) in enumerate(layers):
+            h = F.rms_norm(x, (x.shape[-1],), norm1.weight, norm1.variance_epsilon)
             q, k, v = qkv(h).split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
             q = q.view(1, n, heads, dim).transpose(1, 2)
             k = k.view(1, n, kv_heads, dim).transpose(1, 2)
@@ -272,13 +307,10 @@ class LeanDecoder:
             keys, values = self.keys[i], self.values[i]
             keys[:, :, start:end] = k
             values[:, :, start:end] = v.view(1, n, kv_heads, dim).transpose(1, 2)
-            if self.invariant:
-                attended = causal_attention(q[0].transpose(0, 1).contiguous(), keys[0], values[0], start)  # [n, heads, D]
-            else:
-                attended = F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=mask,
-                                                          enable_gqa=heads != kv_heads).transpose(1, 2)
-            x = x + out(attended.reshape(1, n, heads * dim))
-            h = self._norm(x, norm2)
+            attended = F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=mask,
+                                                      enable_gqa=heads != kv_heads)
+            x = x + out(attended.transpose(1, 2).reshape(1, n, heads * dim))
+            h = F.rms_norm(x, (x.shape[-1],), norm2.weight, norm2.variance_epsilon)
             gate, up = gate_up(h).split([inner_size, inner_size], dim=-1)
             x = x + down(F.silu(gate) * up)
             if i + 1 in hidden_layers:

@@ -64,11 +64,20 @@ def library() -> ctypes.CDLL:
     loaded.block_matmul.restype = integer
     loaded.block_matmul.argtypes = [pointer, integer, integer, pointer, pointer, pointer, integer, integer, pointer,
                                     integer]
+    loaded.block_matmul8.restype = integer
+    loaded.block_matmul8.argtypes = [pointer, integer, integer, pointer, pointer, integer, pointer, integer]
     loaded.causal_attention.restype = integer
     loaded.causal_attention.argtypes = [pointer, pointer, pointer, integer, integer, integer, integer, integer,
                                         integer, ctypes.c_float, pointer, integer]
     loaded.rms_norm_rows.restype = None
     loaded.rms_norm_rows.argtypes = [pointer, pointer, integer, integer, ctypes.c_float, pointer]
+    loaded.add_rms_norm_rows.restype = None
+    loaded.add_rms_norm_rows.argtypes = [pointer, pointer, pointer, integer, integer, ctypes.c_float, pointer]
+    loaded.swiglu_rows.restype = None
+    loaded.swiglu_rows.argtypes = [pointer, integer, integer, pointer]
+    loaded.attention_block.restype = integer
+    loaded.attention_block.argtypes = [pointer, integer, integer, integer, integer, integer, pointer, pointer,
+                                       pointer, pointer, integer, ctypes.c_float, pointer, integer]
     return loaded
 
 
@@ -103,4 +112,37 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty_like(x)
     dim = x.shape[-1]
     library().rms_norm_rows(x.data_ptr(), weight.data_ptr(), x.numel() // dim, dim, eps, out.data_ptr())
+    return out
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x += delta in place (float32, contiguous, same shape); returns RMSNorm(x) * weight."""
+    out = torch.empty_like(x)
+    dim = x.shape[-1]
+    library().add_rms_norm_rows(x.data_ptr(), delta.data_ptr(), weight.data_ptr(), x.numel() // dim, dim, eps,
+                                out.data_ptr())
+    return out
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """[..., 2 I] -> [..., I]: silu(gate) * up (float32, contiguous)."""
+    inner = gate_up.shape[-1] // 2
+    out = torch.empty(*gate_up.shape[:-1], inner)
+    library().swiglu_rows(gate_up.data_ptr(), gate_up.numel() // (2 * inner), inner, out.data_ptr())
+    return out
+
+
+def attention_block(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
+                    values: torch.Tensor, start: int, heads: int) -> torch.Tensor:
+    """The fused projection's output qkv [n, (H + 2 KVH) D] at positions start.. -> the
+    attended values [n, H D]; rotates queries and keys by cos, sin [n, D] and writes keys and
+    values [KVH, capacity, D] at those positions (cpu_kernels.c)."""
+    n = qkv.shape[0]
+    kv_heads, capacity, dim = keys.shape
+    out = torch.empty(n, heads * dim)
+    status = library().attention_block(qkv.data_ptr(), n, start, heads, kv_heads, dim, cos.data_ptr(),
+                                       sin.data_ptr(), keys.data_ptr(), values.data_ptr(), capacity, dim ** -0.5,
+                                       out.data_ptr(), torch.get_num_threads())
+    if status:
+        raise MemoryError("the attention kernel could not allocate its scratch memory")
     return out
