@@ -235,3 +235,31 @@ def test_a_tied_embedding_reads_the_heads_rows_exactly(type_name):
     embedding = TiedEmbedding(BlockLinear.of(terms))
     ids = torch.tensor([[3, 39, 0, 3]])
     np.testing.assert_array_equal(embedding(ids)[0].numpy(), terms.dense()[[3, 39, 0, 3]].astype(np.float32))
+
+
+def test_a_draft_head_over_the_quantized_target_keeps_plain_decoding(qtarget):
+    from specdraft.drafters.head import HeadDrafter
+    from tiny import random_head
+
+    ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
+    head = random_head(qtarget, list(range(0, VOCAB, 2)), lower_layers=(1,)).float()
+    drafter = HeadDrafter("head", ctx, head, qtarget)
+    policy = build_policy("fixed", {"drafter": "head", "draft_length": "fixed"}, ["head"], seed=0, draft_tokens=4,
+                          horizon=40)
+    engine = SpeculativeEngine(CachedLM(qtarget, lean=True), [drafter], policy, EngineSettings(4, 40, SamplingParams()))
+    records = list(engine.generate(PROMPTS[0]))
+    assert [t for r in records for t in r.tokens] == lean_plain_greedy(qtarget, PROMPTS[0], 40)
+    assert sum(r.drafted for r in records) > 0
+
+
+def test_conversion_checks_exact_codes_exactly_and_int8_rows_to_half_a_step():
+    from specdraft.models.file_quantization import reproduces
+
+    data = _random_blocks("Q6_K", 16, 512)
+    reference = torch.from_numpy(dequantize(data, GGMLQuantizationType.Q6_K).reshape(16, 512).copy())
+    rows = block_terms("Q6_K", data, (16, 512))
+    assert reproduces(rows, reference, exact=False) and not reproduces(rows, reference, exact=True)
+    shuffled = rows.rows(np.roll(np.arange(16), 1))  # a row order the file does not have
+    assert not reproduces(shuffled, reference, exact=False)
+    exact = block_terms("Q4_K", _random_blocks("Q4_K", 16, 512), (16, 512))
+    assert reproduces(exact, torch.from_numpy(exact.dense().astype(np.float32)), exact=True)

@@ -17,7 +17,8 @@ import torch
 from specdraft.config.profile import load_profile
 from specdraft.models.block_linear import BlockLinear, runs_on_file_quantization
 from specdraft.models.cached_lm import CachedLM
-from specdraft.models.file_quantization import WEIGHTS_FILE, TiedEmbedding, weight_bytes
+from specdraft.models.file_quantization import FORMAT, WEIGHTS_FILE, TiedEmbedding, weight_bytes
+from specdraft.models.gguf_cache import entry_folder
 from specdraft.models.loading import load_model, resolve_location
 from specdraft.models.native import kernel_problem
 from specdraft.runtime import build_runtime
@@ -53,8 +54,8 @@ def test_the_target_keeps_the_files_codes_in_memory_and_in_the_cache(demo):
     assert not [name for name, p in model.named_parameters() if p.dim() == 2]  # no float matrix left
     size = gguf_file(profile).stat().st_size
     assert weight_bytes(model) < 1.3 * size
-    entries = [e for e in (Path(os.environ["SPECDRAFT_CACHE_DIR"]) / "gguf").glob("*file-quantization*") if e.is_dir()]
-    assert entries and all((e / WEIGHTS_FILE).stat().st_size < 1.3 * size for e in entries)
+    entry = entry_folder(gguf_file(profile), FORMAT)
+    assert (entry / WEIGHTS_FILE).stat().st_size < 1.3 * size
 
 
 def test_every_verify_row_gives_the_one_token_logits_bit_for_bit(demo):

@@ -19,7 +19,7 @@ import torch
 
 from specdraft.config.profile import Profile
 from specdraft.decoding.stopwatch import device_clock
-from specdraft.measurement.benchmark import Config, Sample
+from specdraft.measurement.benchmark import Config, Sample, same_text_as
 from specdraft.measurement.datasets import Example
 from specdraft.models.block_linear import runs_on_file_quantization
 from specdraft.models.loading import load_model
@@ -71,6 +71,8 @@ def _hf_config(label: str, runtime: Runtime, model: torch.nn.Module, kwargs: dic
                packed: bool) -> Config:
     tokenizer = runtime.tokenizer
     max_new = runtime.profile.decode.max_new_tokens
+    # the file dequantized is another model than the target as run: compared as text, like a peer
+    peer = model is not runtime.target.model
 
     @torch.inference_mode()
     def run(example: Example) -> Sample:
@@ -84,6 +86,6 @@ def _hf_config(label: str, runtime: Runtime, model: torch.nn.Module, kwargs: dic
                                  **kwargs)
             elapsed = clock() - start
         new = out[0, len(ids):].tolist()
-        return Sample(example.id, example.task, label, 0, len(new), 0, elapsed, ids=new)
+        return Sample(example.id, example.task, label, 0, len(new), 0, elapsed, ids=new, peer=peer)
 
-    return Config(label, run)
+    return Config(label, run, same_text=same_text_as(tokenizer) if peer else None)

@@ -76,6 +76,14 @@ class Config:
     same_text: Callable[[list[int], list[int]], bool] | None = None
 
 
+def same_text_as(tokenizer) -> Callable[[list[int], list[int]], bool]:
+    """A peer configuration's comparison: whether two outputs decode to the same text."""
+    def same_text(ids: list[int], reference: list[int]) -> bool:
+        return tokenizer.decode(ids, skip_special_tokens=True) == tokenizer.decode(reference, skip_special_tokens=True)
+
+    return same_text
+
+
 def policy_configs(profile: Profile, flags: Sequence[str] | None, runtime: Runtime, chat: bool | None) -> list[Config]:
     """`--policies ucb,normalhedge,fixed:lookup`; default: the profile's policy and each drafter fixed."""
     if not flags:

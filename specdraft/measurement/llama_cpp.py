@@ -21,7 +21,7 @@ from pathlib import Path
 
 from specdraft.config.profile import Profile
 from specdraft.errors import UsageError
-from specdraft.measurement.benchmark import Config, Sample
+from specdraft.measurement.benchmark import Config, Sample, same_text_as
 from specdraft.measurement.datasets import Example
 from specdraft.models.loading import eos_token_ids, resolve_location
 from specdraft.runtime import Runtime
@@ -89,11 +89,7 @@ def _config(label: str, path: Path, runtime: Runtime, chat: bool | None, draft) 
         elapsed = time.perf_counter() - start
         return Sample(example.id, example.task, label, 0, len(new), 0, elapsed, ids=new, peer=True, failed=failed)
 
-    def same_text(ids: list[int], reference: list[int]) -> bool:
-        decode = runtime.tokenizer.decode
-        return decode(ids, skip_special_tokens=True) == decode(reference, skip_special_tokens=True)
-
-    return Config(label, run, same_text=same_text)
+    return Config(label, run, same_text=same_text_as(runtime.tokenizer))
 
 
 def _context(runtime: Runtime) -> int:

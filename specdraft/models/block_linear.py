@@ -107,6 +107,12 @@ class BlockLinear(nn.Module):
         values = codes * self.scales.index_select(0, ids)[..., None] + self.offsets.index_select(0, ids)[..., None]
         return values.view(len(ids), self.terms, self.in_features).sum(1)
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """W dequantized [N, K] (a fresh tensor, for one-off readers such as a draft head's
+        readout, never for a step)."""
+        return self.rows(torch.arange(self.out_features))
+
     def extra_repr(self) -> str:
         form = f"terms={self.terms}" if self.bits == 4 else "int8"
         return f"in_features={self.in_features}, out_features={self.out_features}, {form}"

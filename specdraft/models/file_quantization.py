@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from specdraft.models.block_linear import BlockLinear, kernel_layout
-from specdraft.models.gguf_blocks import GROUP, Int4Terms, Int8Codes, block_terms, int8_rows
+from specdraft.models.gguf_blocks import EXACT_TYPES, GROUP, Int4Terms, Int8Codes, block_terms, int8_rows
 
 log = logging.getLogger("specdraft")
 
@@ -127,7 +127,7 @@ def read_file_codes(gguf: Path, model: nn.Module) -> FileCodes:
         order = _row_order(config, path, shape[0])
         if order is not None:
             codes = codes.rows(order)
-        if not _matches(codes, reference):
+        if not reproduces(codes, reference, exact=type_name in EXACT_TYPES):
             log.warning("%s: the file's %s codes do not reproduce transformers' weight; it runs on int8 rows "
                         "of that weight instead", path, type_name)
             codes = int8_rows(reference.float().numpy())
@@ -166,14 +166,18 @@ def _weight_of(module: nn.Module) -> torch.Tensor | None:
     return weight.detach() if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
 
 
-def _matches(codes: Int4Terms | Int8Codes, reference: torch.Tensor, chunk: int = 8192) -> bool:
-    """Whether the codes reproduce `reference` [N, K] to float32 rounding (in row chunks:
-    a large vocabulary's table in float64 would be gigabytes)."""
+def reproduces(codes: Int4Terms | Int8Codes, reference: torch.Tensor, exact: bool, chunk: int = 8192) -> bool:
+    """Whether the codes reproduce `reference` [N, K]: to float32 rounding when they were
+    read exactly, within half an int8 step of each row when they were rounded to int8 rows
+    (in row chunks: a large vocabulary's table in float64 would be gigabytes)."""
     expected = reference.float().numpy()
-    limit = _TOLERANCE * max(float(np.abs(expected).max()), 1e-30)
     for start in range(0, codes.shape[0], chunk):
         rows = np.arange(start, min(start + chunk, codes.shape[0]))
-        if np.abs(codes.rows(rows).dense() - expected[rows]).max() > limit:
+        error = np.abs(codes.rows(rows).dense() - expected[rows])
+        largest = np.abs(expected[rows]).max(axis=1, keepdims=True)
+        if exact and error.max() > _TOLERANCE * max(float(largest.max()), 1e-30):
+            return False
+        if not exact and np.any(error > largest / 254.0 * (1 + _TOLERANCE) + 1e-30):
             return False
     return True
 
@@ -190,7 +194,7 @@ def quantized_in_place(model: nn.Module, codes: FileCodes) -> nn.Module:
     elif codes.embedding is not None:
         type_name, blocks = codes.embedding
         model.set_submodule("model.embed_tokens",
-                            QuantizedEmbedding(torch.from_numpy(blocks), type_name, model.config.hidden_size))
+                            QuantizedEmbedding(torch.from_numpy(blocks.copy()), type_name, model.config.hidden_size))
     model.config.tie_word_embeddings = False  # two modules now: transformers must not re-tie them
     return model.float().eval()
 
@@ -221,7 +225,7 @@ def save_entry(model: nn.Module, codes: FileCodes, folder: Path) -> None:
         embedding = {"tied": True}
     elif codes.embedding is not None:
         type_name, blocks = codes.embedding
-        tensors["model.embed_tokens.blocks"] = torch.from_numpy(blocks)
+        tensors["model.embed_tokens.blocks"] = torch.from_numpy(blocks.copy())  # the reader's memory map is read-only
         embedding = {"type": type_name, "dim": int(model.config.hidden_size)}
     replaced = {f"{path}.weight" for path in layout}
     if embedding is not None:

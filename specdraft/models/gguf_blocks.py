@@ -200,3 +200,4 @@ def _q5_k(blocks: np.ndarray, rows: int, cols: int) -> Int4Terms:
 
 
 _DECODERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q8_0": _q8_0, "Q4_K": _q4_k, "Q5_K": _q5_k}
+EXACT_TYPES = frozenset(_DECODERS)  # read exactly; every other quantized type becomes int8 rows
