@@ -121,3 +121,27 @@ def test_bench_runs_llama_cpp_on_the_same_file(tmp_path):
     assert llama["tokens_per_s"] > 0 and llama["mismatches"] is None and 0.0 <= llama["identical"] <= 1.0
     assert ("all", "llama.cpp prompt-lookup") in rows
     assert plain["mismatches"] == 0 and rows[("all", "fixed:lookup")]["mismatches"] == 0
+
+
+def test_who_runs_on_the_files_codes_and_what_is_said_when_it_cannot(demo, monkeypatch, caplog):
+    import specdraft.models.file_quantization as fq
+    from specdraft.errors import ProfileError
+
+    profile, _ = demo
+    path, cpu = gguf_file(profile), torch.device("cpu")
+    spec = profile.target
+    assert fq.runs_on_file_codes(spec, path, cpu, "p.toml", "target")
+    assert not fq.runs_on_file_codes(dataclasses.replace(spec, quantization="none"), path, cpu, "p.toml", "target")
+    assert not fq.runs_on_file_codes(dataclasses.replace(spec, dtype="bfloat16"), path, cpu, "p.toml", "target")
+    with pytest.raises(ProfileError, match="float32"):
+        fq.runs_on_file_codes(dataclasses.replace(spec, quantization="gguf", dtype="bfloat16"), path, cpu, "p.toml",
+                              "target")
+    with pytest.raises(ProfileError, match="runs on CPUs"):
+        fq.runs_on_file_codes(dataclasses.replace(spec, quantization="gguf"), path, torch.device("cuda"), "p.toml",
+                              "target")
+    monkeypatch.setattr(fq, "kernel_problem", lambda: "no C compiler (cc or gcc) is installed to build it")
+    with caplog.at_level("WARNING", logger="specdraft"):
+        assert not fq.runs_on_file_codes(spec, path, cpu, "p.toml", "target")
+    assert "runs dequantized to float32" in caplog.text and "no C compiler" in caplog.text
+    with pytest.raises(ProfileError, match="no C compiler"):
+        fq.runs_on_file_codes(dataclasses.replace(spec, quantization="gguf"), path, cpu, "p.toml", "target")

@@ -31,8 +31,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from specdraft.config.model_spec import ModelSpec
+from specdraft.errors import ProfileError
 from specdraft.models.block_linear import BlockLinear, kernel_layout
 from specdraft.models.gguf_blocks import EXACT_TYPES, GROUP, Int4Terms, Int8Codes, block_terms, int8_rows
+from specdraft.models.native import kernel_problem
 
 log = logging.getLogger("specdraft")
 
@@ -100,6 +103,52 @@ class FileCodes:
     matrices: dict[str, Int4Terms | Int8Codes] = field(default_factory=dict)
     embedding: tuple[str, np.ndarray] | None = None  # (GGUF type, [V, bytes per row] uint8)
     tied: bool = False  # the head multiplies by the embedding's matrix
+
+
+def runs_on_file_codes(spec: ModelSpec, gguf: Path, device: torch.device, file: str, key: str) -> bool:
+    """Whether the .gguf model `gguf` runs on its file's own codes: asked for (`quantization
+    = "gguf"`: refused with a ProfileError where it cannot), or by default on a CPU where
+    the kernels run and the architecture is mapped (else a warning says why it is
+    dequantized instead); the float parts then run in float32."""
+    if spec.quantization not in (None, "gguf"):
+        return False
+    where = f"{key}.quantization"
+    if device.type != "cpu":
+        if spec.quantization == "gguf":
+            raise ProfileError(file, where, f'"gguf" runs on CPUs; on {device.type} use "4bit" or "8bit" '
+                                            "(bitsandbytes) or leave it unset (dequantized)")
+        return False
+    if spec.dtype not in ("auto", "float32"):
+        if spec.quantization == "gguf":
+            raise ProfileError(file, f"{key}.dtype", f'quantization = "gguf" runs the float parts in float32, '
+                                                     f'not {spec.dtype}; set quantization = "none" for {spec.dtype}')
+        return False
+    problem = kernel_problem()
+    if problem is None:
+        architecture = _gguf_architecture(gguf)
+        if architecture is None and spec.quantization is None:
+            return False  # an unreadable file: the float path says what is wrong with it
+        if architecture not in ARCHITECTURES:
+            problem = f"its architecture ({architecture or 'unreadable'}) is not one whose tensors are mapped " \
+                      f"({', '.join(ARCHITECTURES)})"
+    if problem is not None:
+        if spec.quantization == "gguf":
+            raise ProfileError(file, where, f"the file's own quantization cannot run here: {problem}")
+        log.warning("%s runs dequantized to float32: its own quantization cannot run here (%s)",
+                    spec.describe(), problem)
+        return False
+    return True
+
+
+def _gguf_architecture(gguf: Path) -> str | None:
+    """The .gguf file's `general.architecture`, or None when its header cannot be read."""
+    try:
+        from gguf import GGUFReader
+
+        field = GGUFReader(str(gguf)).fields["general.architecture"]
+        return bytes(field.parts[field.data[0]]).decode()
+    except Exception:
+        return None
 
 
 def read_file_codes(gguf: Path, model: nn.Module) -> FileCodes:

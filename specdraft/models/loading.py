@@ -72,56 +72,6 @@ def native_bf16(device: torch.device) -> bool:
         and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def file_quantization(spec: ModelSpec, device: torch.device, file: str, key: str) -> bool:
-    """Whether a .gguf model runs on its file's own quantization (file_quantization.py):
-    asked for (`quantization = "gguf"`), or by default on a CPU where the kernels run; the
-    float parts then run in float32."""
-    if spec.quantization not in (None, "gguf"):
-        return False
-    where = f"{key}.quantization"
-    if device.type != "cpu":
-        if spec.quantization == "gguf":
-            raise ProfileError(file, where, f'"gguf" runs on CPUs; on {device.type} use "4bit" or "8bit" '
-                                            "(bitsandbytes) or leave it unset (dequantized)")
-        return False
-    if spec.dtype not in ("auto", "float32"):
-        if spec.quantization == "gguf":
-            raise ProfileError(file, f"{key}.dtype", f'quantization = "gguf" runs the float parts in float32, '
-                                                     f'not {spec.dtype}; set quantization = "none" for {spec.dtype}')
-        return False
-    from specdraft.models.native import kernel_problem
-
-    from specdraft.models.file_quantization import ARCHITECTURES
-
-    problem = kernel_problem()
-    if problem is None:
-        architecture = _gguf_architecture(spec, file, key)
-        if architecture is None and spec.quantization is None:
-            return False  # an unreadable file: the float path says what is wrong with it
-        if architecture not in ARCHITECTURES:
-            problem = f"its architecture ({architecture or 'unreadable'}) is not one whose tensors are mapped " \
-                      f"({', '.join(ARCHITECTURES)})"
-    if problem is not None:
-        if spec.quantization == "gguf":
-            raise ProfileError(file, where, f"the file's own quantization cannot run here: {problem}")
-        log.warning("%s runs dequantized to float32: its own quantization cannot run here (%s)",
-                    spec.describe(), problem)
-        return False
-    return True
-
-
-def _gguf_architecture(spec: ModelSpec, file: str, key: str) -> str | None:
-    """The .gguf file's `general.architecture`, or None when its header cannot be read."""
-    location, name = resolve_location(spec, file, key)
-    try:
-        from gguf import GGUFReader
-
-        field = GGUFReader(str(Path(location) / name)).fields["general.architecture"]
-        return bytes(field.parts[field.data[0]]).decode()
-    except Exception:
-        return None
-
-
 def resolve_location(spec: ModelSpec, file: str, key: str) -> tuple[str, str | None]:
     """(folder or hub id, gguf file name inside it or None)."""
     if spec.hub:
@@ -151,7 +101,9 @@ def load_model(spec: ModelSpec, file: str, key: str) -> LoadedModel:
     device = resolve_device(spec.device, file, key)
     dtype = resolve_dtype(spec.dtype, device)
     kwargs: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code}
-    if gguf_name and file_quantization(spec, device, file, key):
+    from specdraft.models.file_quantization import runs_on_file_codes
+
+    if gguf_name and runs_on_file_codes(spec, Path(location) / gguf_name, device, file, key):
         _quiet_transformers()
         with _default_dtype_kept():
             tokenizer, model = _load_gguf_quantized(Path(location) / gguf_name, file, key)
