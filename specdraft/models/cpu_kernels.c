@@ -138,34 +138,52 @@ static void block_any(const uint8_t *codes, const float *scale, const float *off
     }
 }
 
-/* x [M, K] float32 -> y [M, N] float32 for a weight of `groups` groups per row (K / 32 per
- * term). Returns 0, or -1 when scratch memory cannot be had. */
-int block_matmul(const float *x, int M, int K, const uint8_t *codes, const float *scale, const float *offset,
-                 int N, int groups, float *y, int threads) {
-    const int xgroups = K / GROUP;
-    int8_t *qx = (int8_t *)malloc((size_t)M * K);
-    float *dx = (float *)malloc(sizeof(float) * (size_t)M * xgroups);
-    int32_t *sx = (int32_t *)malloc(sizeof(int32_t) * (size_t)M * xgroups);
-    float *ax = (float *)malloc(sizeof(float) * (size_t)M * xgroups);
-    if (!qx || !dx || !sx || !ax) {
-        free(qx); free(dx); free(sx); free(ax);
+/* Activations quantized for the products: per row and group of 32, int8 codes qx, scale dx,
+ * code sum sx and ax = dx * sx (the offsets' weight). */
+typedef struct {
+    int8_t *qx;
+    float *dx, *ax;
+    int32_t *sx;
+} Activations;
+
+static void free_activations(Activations *a) {
+    free(a->qx); free(a->dx); free(a->sx); free(a->ax);
+}
+
+/* Returns 0, or -1 when memory cannot be had (then nothing is left allocated). */
+static int quantize_activations(const float *x, int M, int K, Activations *a) {
+    const int groups = K / GROUP;
+    a->qx = (int8_t *)malloc((size_t)M * K);
+    a->dx = (float *)malloc(sizeof(float) * (size_t)M * groups);
+    a->sx = (int32_t *)malloc(sizeof(int32_t) * (size_t)M * groups);
+    a->ax = (float *)malloc(sizeof(float) * (size_t)M * groups);
+    if (!a->qx || !a->dx || !a->sx || !a->ax) {
+        free_activations(a);
         return -1;
     }
     for (int m = 0; m < M; m++)
-        quantize_row(x + (size_t)m * K, xgroups, qx + (size_t)m * K, dx + (size_t)m * xgroups,
-                     sx + (size_t)m * xgroups);
-    for (size_t i = 0; i < (size_t)M * xgroups; i++) ax[i] = dx[i] * (float)sx[i];
-    /* Columns split evenly between threads in chunks of 16; rows in blocks of ROWS. */
+        quantize_row(x + (size_t)m * K, groups, a->qx + (size_t)m * K, a->dx + (size_t)m * groups,
+                     a->sx + (size_t)m * groups);
+    for (size_t i = 0; i < (size_t)M * groups; i++) a->ax[i] = a->dx[i] * (float)a->sx[i];
+    return 0;
+}
+
+/* x [M, K] float32 -> y [M, N] float32 for a weight of `groups` groups per row (K / 32 per
+ * term). Columns are split evenly between threads in chunks of 16, rows go in blocks of ROWS.
+ * Returns 0, or -1 when scratch memory cannot be had. */
+int block_matmul(const float *x, int M, int K, const uint8_t *codes, const float *scale, const float *offset,
+                 int N, int groups, float *y, int threads) {
+    Activations a;
+    if (quantize_activations(x, M, K, &a)) return -1;
     const int chunks = (N + 15) / 16;
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int chunk = 0; chunk < chunks; chunk++) {
         const int n0 = chunk * 16, n1 = n0 + 16 < N ? n0 + 16 : N;
-        for (int m0 = 0; m0 < M; m0 += ROWS) {
-            const int rows = M - m0 < ROWS ? M - m0 : ROWS;
-            block_any(codes, scale, offset, groups, xgroups, qx, dx, ax, m0, rows, n0, n1, y, N);
-        }
+        for (int m0 = 0; m0 < M; m0 += ROWS)
+            block_any(codes, scale, offset, groups, K / GROUP, a.qx, a.dx, a.ax, m0, M - m0 < ROWS ? M - m0 : ROWS,
+                      n0, n1, y, N);
     }
-    free(qx); free(dx); free(sx); free(ax);
+    free_activations(&a);
     return 0;
 }
 
@@ -216,26 +234,16 @@ static void block8_any(const int8_t *codes, const float *scale, int groups, cons
 
 int block_matmul8(const float *x, int M, int K, const int8_t *codes, const float *scale, int N, float *y,
                   int threads) {
-    const int groups = K / GROUP;
-    int8_t *qx = (int8_t *)malloc((size_t)M * K);
-    float *dx = (float *)malloc(sizeof(float) * (size_t)M * groups);
-    int32_t *sx = (int32_t *)malloc(sizeof(int32_t) * (size_t)M * groups);
-    if (!qx || !dx || !sx) {
-        free(qx); free(dx); free(sx);
-        return -1;
-    }
-    for (int m = 0; m < M; m++)
-        quantize_row(x + (size_t)m * K, groups, qx + (size_t)m * K, dx + (size_t)m * groups, sx + (size_t)m * groups);
+    Activations a;
+    if (quantize_activations(x, M, K, &a)) return -1;
     const int chunks = (N + 15) / 16;
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int chunk = 0; chunk < chunks; chunk++) {
         const int n0 = chunk * 16, n1 = n0 + 16 < N ? n0 + 16 : N;
-        for (int m0 = 0; m0 < M; m0 += ROWS) {
-            const int rows = M - m0 < ROWS ? M - m0 : ROWS;
-            block8_any(codes, scale, groups, qx, dx, m0, rows, n0, n1, y, N);
-        }
+        for (int m0 = 0; m0 < M; m0 += ROWS)
+            block8_any(codes, scale, K / GROUP, a.qx, a.dx, m0, M - m0 < ROWS ? M - m0 : ROWS, n0, n1, y, N);
     }
-    free(qx); free(dx); free(sx);
+    free_activations(&a);
     return 0;
 }
 
