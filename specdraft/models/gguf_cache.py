@@ -1,10 +1,11 @@
-"""The GGUF conversion cache: a GGUF model dequantized once and saved as safetensors +
-config + tokenizer under SPECDRAFT_CACHE_DIR/gguf/<stem>[-<dtype>]-<fingerprint>/, so later
-loads take about a second instead of tens of seconds.
+"""The GGUF conversion cache: a GGUF model converted once and saved as safetensors +
+config + tokenizer under SPECDRAFT_CACHE_DIR/gguf/<stem>[-<flavour>]-<fingerprint>/, so
+later loads take seconds instead of tens of seconds.
 
-- An entry holds the weights in the dtype the model will run in (float32 entries keep the
-  name they always had): a bfloat16 run caches half the bytes of a float32 one, and loading
-  it casts nothing.
+- An entry holds what the model will run on: its block codes (the flavour named by
+  file_quantization.FORMAT, written by that module), or the weights dequantized into the
+  dtype the model runs in (float32 entries keep the name they always had: a bfloat16 run
+  caches half the bytes of a float32 one, and loading it casts nothing).
 
 - An entry is written into a `.partial-<host>-<pid>-*` sibling and renamed into place, so
   a published entry is always whole; partial folders left by a killed process are removed

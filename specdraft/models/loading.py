@@ -2,7 +2,8 @@
 
 Sources: a hub id (from the local Hugging Face cache only, unless the spec says
 `allow_download = true`), a local folder, a `.gguf` file, or a file shipped inside an
-installed Python package. GGUF files are converted once and cached (gguf_cache.py).
+installed Python package. GGUF files are converted once and cached (gguf_cache.py): on a
+CPU onto their own block codes by default (file_quantization.py), else dequantized.
 transformers is imported here, when a model loads, never earlier: a command that stops
 at a profile error must not pay seconds for it.
 """
