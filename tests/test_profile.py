@@ -141,3 +141,20 @@ def test_policy_flags_take_options_and_bench_lists_split_outside_them(tmp_path):
         profile.with_overrides(policy="ucb(beta)")
     with pytest.raises(UsageError, match="parentheses"):
         profile.with_overrides(policy="ucb(beta=1")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_numbers_are_finite_in_profiles_and_policy_flags(tmp_path, value):
+    from specdraft.errors import UsageError
+
+    (tmp_path / "t").mkdir()
+    base = '[target]\npath = "t"\n[policy]\nname = "normalhedge"\n'
+    suffix = f'[[drafters]]\nname = "s"\nkind = "suffix"\nspec_factor = {value}\n'
+    assert "drafters[0].spec_factor" in error_of(base + suffix, tmp_path) and "finite" in error_of(base + suffix,
+                                                                                                   tmp_path)
+    assert "policy.c" in error_of(base.replace('"normalhedge"\n', f'"halving"\nc = {value}\n')
+                                  + '[[drafters]]\nname = "lookup"\nkind = "ngram"\n', tmp_path)
+    file = tmp_path / "p.toml"
+    file.write_text(base + '[[drafters]]\nname = "lookup"\nkind = "ngram"\n')
+    with pytest.raises((ProfileError, UsageError), match="finite"):
+        load_profile(file).with_overrides(policy=f"hedge(eta={value})")

@@ -8,6 +8,7 @@ keys nobody read are reported as unknown.
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Any
 
 from specdraft.errors import ProfileError
@@ -39,6 +40,8 @@ class Table:
             raise self.error(name, f"expected {_names(types)}, got {type_name(value)}")
         if float in _as_tuple(types) and isinstance(value, int):
             value = float(value)
+        if isinstance(value, float) and not math.isfinite(value):  # TOML spells them inf and nan
+            raise self.error(name, f"must be a finite number, not {value}")
         return value
 
     def choice(self, name: str, choices: tuple[str, ...], default: str | None) -> str | None:

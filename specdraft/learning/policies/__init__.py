@@ -3,6 +3,7 @@ that return problems (the profile turns them into key-path errors), and construc
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping, Sequence
 
 from specdraft.learning.feedback import RoundFeedback
@@ -29,7 +30,9 @@ def check_policy(name: str, options: Mapping[str, Any], drafters: Sequence[str])
     cls = POLICIES.get(name)
     if cls is None:
         return [("name", f'unknown policy "{name}"; expected one of {", ".join(POLICIES)}')]
-    return cls.check_options(options, drafters)
+    infinite = [(key, f"must be a finite number, not {value}") for key, value in options.items()
+                if isinstance(value, float) and not math.isfinite(value)]
+    return infinite or cls.check_options(options, drafters)
 
 
 def option_value(name: str, options: Mapping[str, Any], option: str) -> Any:
