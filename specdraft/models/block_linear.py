@@ -13,8 +13,6 @@ speculation on the quantized target needs. native.py builds and loads it.
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import torch
 from torch import nn
@@ -22,7 +20,6 @@ from torch import nn
 from specdraft.models.gguf_blocks import GROUP, Int4Terms, Int8Codes
 from specdraft.models.native import library
 
-log = logging.getLogger("specdraft")
 
 def kernel_layout(terms: Int4Terms) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(codes [N, G * 16] uint8, scales [N, G], offsets [N, G] float32) as the kernel reads
