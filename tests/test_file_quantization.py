@@ -263,3 +263,23 @@ def test_conversion_checks_exact_codes_exactly_and_int8_rows_to_half_a_step():
     assert not reproduces(shuffled, reference, exact=False)
     exact = block_terms("Q4_K", _random_blocks("Q4_K", 16, 512), (16, 512))
     assert reproduces(exact, torch.from_numpy(exact.dense().astype(np.float32)), exact=True)
+
+
+def test_the_architecture_is_read_from_the_header_alone(tmp_path):
+    from gguf import GGUFWriter
+
+    from specdraft.models.file_quantization import gguf_architecture
+
+    path = tmp_path / "m.gguf"
+    writer = GGUFWriter(str(path), "qwen2")
+    writer.add_array("tokenizer.ggml.tokens", ["a", "bc", "def"])
+    writer.add_uint32("qwen2.block_count", 2)
+    writer.add_tensor("t", np.zeros((4, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert gguf_architecture(path) == "qwen2"
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF\x03\x00")
+    assert gguf_architecture(tmp_path / "bad.gguf") is None
+    assert gguf_architecture(tmp_path / "missing.gguf") is None

@@ -125,7 +125,7 @@ def runs_on_file_codes(spec: ModelSpec, gguf: Path, device: torch.device, file: 
         return False
     problem = kernel_problem()
     if problem is None:
-        architecture = _gguf_architecture(gguf)
+        architecture = gguf_architecture(gguf)
         if architecture is None and spec.quantization is None:
             return False  # an unreadable file: the float path says what is wrong with it
         if architecture not in ARCHITECTURES:
@@ -140,15 +140,43 @@ def runs_on_file_codes(spec: ModelSpec, gguf: Path, device: torch.device, file: 
     return True
 
 
-def _gguf_architecture(gguf: Path) -> str | None:
-    """The .gguf file's `general.architecture`, or None when its header cannot be read."""
-    try:
-        from gguf import GGUFReader
+_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUF value types
+_STRING, _ARRAY = 8, 9
 
-        field = GGUFReader(str(gguf)).fields["general.architecture"]
-        return bytes(field.parts[field.data[0]]).decode()
-    except Exception:
+
+def gguf_architecture(gguf: Path) -> str | None:
+    """The file's `general.architecture`, or None when its header cannot be read. Reads the
+    header's key-value pairs only up to that key (llama.cpp writes it first): the `gguf`
+    package's reader parses the whole tokenizer vocabulary, seconds on every load."""
+    import struct
+
+    def skip(fh, kind: int) -> None:
+        if kind == _STRING:
+            fh.seek(struct.unpack("<Q", fh.read(8))[0], 1)
+        elif kind == _ARRAY:
+            element, count = struct.unpack("<IQ", fh.read(12))
+            if element in _SCALAR_SIZES:
+                fh.seek(_SCALAR_SIZES[element] * count, 1)
+            else:
+                for _ in range(count):
+                    skip(fh, element)
+        else:
+            fh.seek(_SCALAR_SIZES[kind], 1)
+
+    try:
+        with open(gguf, "rb") as fh:
+            magic, version, _, pairs = struct.unpack("<4sIQQ", fh.read(24))
+            if magic != b"GGUF" or version < 2:
+                return None
+            for _ in range(pairs):
+                key = fh.read(struct.unpack("<Q", fh.read(8))[0]).decode("utf-8")
+                (kind,) = struct.unpack("<I", fh.read(4))
+                if key == "general.architecture" and kind == _STRING:
+                    return fh.read(struct.unpack("<Q", fh.read(8))[0]).decode("utf-8")
+                skip(fh, kind)
+    except (OSError, KeyError, UnicodeDecodeError, struct.error):
         return None
+    return None
 
 
 def read_file_codes(gguf: Path, model: nn.Module) -> FileCodes:
