@@ -178,25 +178,28 @@ def _k_nibbles(qs: np.ndarray) -> np.ndarray:
     return np.stack([chunks & 0x0F, chunks >> 4], axis=-2).reshape(*qs.shape[:-1], 256)
 
 
-def _q4_k(blocks: np.ndarray, rows: int, cols: int) -> Int4Terms:
-    b = blocks.reshape(rows, cols // 256, 144)
+def _k_header(b: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K super-blocks [rows, blocks, bytes]: each sub-block's scale d sc and offset
+    -dmin m, [rows, groups] each (w = q d sc - dmin m)."""
     d, dmin = _f16(b, 0)[..., None], _f16(b, 2)[..., None]
     sc, m = _k_scales(b[..., 4:16])
-    scale = (d * sc).reshape(rows, -1)
-    codes = _k_nibbles(b[..., 16:144]).reshape(rows, cols)
-    return Int4Terms([codes], [scale], [-(dmin * m).reshape(rows, -1)])
+    return (d * sc).reshape(rows, -1), -(dmin * m).reshape(rows, -1)
+
+
+def _q4_k(blocks: np.ndarray, rows: int, cols: int) -> Int4Terms:
+    b = blocks.reshape(rows, cols // 256, 144)
+    scale, offset = _k_header(b, rows)
+    return Int4Terms([_k_nibbles(b[..., 16:144]).reshape(rows, cols)], [scale], [offset])
 
 
 def _q5_k(blocks: np.ndarray, rows: int, cols: int) -> Int4Terms:
     b = blocks.reshape(rows, cols // 256, 176)
-    d, dmin = _f16(b, 0)[..., None], _f16(b, 2)[..., None]
-    sc, m = _k_scales(b[..., 4:16])
-    scale = (d * sc).reshape(rows, -1)
+    scale, offset = _k_header(b, rows)
     low = _k_nibbles(b[..., 48:176]).reshape(rows, cols)
     # qh[l] bit s is the fifth bit of weight l of sub-block s
     qh = b[..., 16:48]
     high = np.stack([(qh >> s) & 1 for s in range(8)], axis=-2).reshape(rows, cols)
-    return Int4Terms([low, high], [scale, 16.0 * scale], [-(dmin * m).reshape(rows, -1), np.zeros_like(scale)])
+    return Int4Terms([low, high], [scale, 16.0 * scale], [offset, np.zeros_like(scale)])
 
 
 _DECODERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q8_0": _q8_0, "Q4_K": _q4_k, "Q5_K": _q5_k}

@@ -24,8 +24,10 @@ SOURCE = Path(__file__).with_name("cpu_kernels.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 
 
+@functools.lru_cache(maxsize=1)
 def kernel_problem() -> str | None:
-    """Why the kernels cannot run here, or None when they can."""
+    """Why the kernels cannot run here, or None when they can (asked once per process: a
+    failed build is not retried by every model load and lean forward)."""
     try:
         library()
     except RuntimeError as exc:
