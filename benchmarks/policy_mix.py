@@ -2,7 +2,8 @@
 generation (a self-drafter should win), on the demo model with two self-drafter depths.
 
 For every prompt and configuration: mean accepted tokens, tokens/s, the hindsight-best
-drafter (by expected accepted length, HedgeSpec Theorem 3) and its margin over the
+drafter (in the policy's objective: expected accepted length, HedgeSpec Theorem 3, or
+tokens per second under goodput) and its margin over the
 runner-up, the share of rounds after the first 10 that used it, regret, and the wall-time
 shares of full-information evaluation and of the policy step. Configurations run
 interleaved. Usage:
@@ -120,7 +121,12 @@ def summarize(task, label, run, records, elapsed) -> dict:
         row |= {"best_drafter": stats.drafter_names[best], "best_margin": totals[0] / totals[1] - 1 if totals[1] else None,
                 "best_share_after_10": after.count(best) / len(after) if after else None,
                 "best_arm_share": tracker.best_arm_share, "regret": tracker.regret,
-                "eal_totals": dict(zip(stats.drafter_names, tracker.totals))}
+                # in the policy's objective: "tokens" (EAL) or "tok/s"; each arm's total over
+                # the rounds it was scored in (see RegretTracker)
+                "regret_unit": tracker.unit, "totals": dict(zip(stats.drafter_names, tracker.totals)),
+                "scored_rounds": dict(zip(stats.drafter_names, tracker.scored))}
+        if tracker.unit == "tokens":  # the older name, kept where it still says what it holds
+            row["eal_totals"] = row["totals"]
     return row
 
 
@@ -133,7 +139,7 @@ def print_table(results) -> None:
         base = plain[r["task"]]
         best = f"{r['best_drafter']} (+{r['best_margin']:.0%})" if r.get("best_drafter") else "-"
         share = f"{r['best_share_after_10']:.0%}" if r.get("best_share_after_10") is not None else "-"
-        regret = f"{r['regret']:.2f}" if r.get("regret") is not None else "-"
+        regret = f"{r['regret']:.2f} {r.get('regret_unit', '')}".strip() if r.get("regret") is not None else "-"
         print(f"| {r['task']} | {r['config']} | {r['mean_accepted']:.2f} | {r['tokens_per_s']:.1f} | "
               f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x | {best} | {share} | {regret} | "
               f"{r['evaluate_share']:.0%} | {'yes' if r['text_ids'] == base['text_ids'] else 'NO'} |")

@@ -7,6 +7,7 @@ is written `\\[` (tests/test_cli.py checks every help string renders what it say
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 from typing import Annotated, Optional
@@ -14,7 +15,7 @@ from typing import Annotated, Optional
 import typer
 
 from specdraft import __version__
-from specdraft.commands.io import CommandExit, err_console, exit_codes, quiet_libraries
+from specdraft.commands.io import CommandExit, err_console, exit_codes, quiet_libraries, sigterm_interrupts
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -187,7 +188,7 @@ def train_head(
     console = err_console()
     data = [*data, *(more or [])]  # `--data a b c` reads as --data a plus arguments b c
     options = _options(TrainHeadOptions, locals())
-    _run(console, verbose, lambda: run_train_head(options, console))
+    _run(console, verbose, lambda: run_train_head(options, console), sigterm=True)
 
 
 @train_app.command("steer")
@@ -224,7 +225,7 @@ def train_steer(
     console = err_console()
     data = [*data, *(more or [])]
     options = _options(TrainSteerOptions, locals())
-    _run(console, verbose, lambda: run_train_steer(options, console))
+    _run(console, verbose, lambda: run_train_steer(options, console), sigterm=True)
 
 
 def _options(cls, values: dict):
@@ -233,9 +234,11 @@ def _options(cls, values: dict):
     return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
 
 
-def _run(console, verbose: bool, body) -> None:
+def _run(console, verbose: bool, body, sigterm: bool = False) -> None:
+    """`sigterm`: SIGTERM stops the command as Ctrl-C does (a training run saves its
+    checkpoint first) and exits 143."""
     try:
-        with exit_codes(console):
+        with exit_codes(console), sigterm_interrupts() if sigterm else contextlib.nullcontext():
             quiet_libraries(verbose, console)
             code = body()
     except CommandExit as done:

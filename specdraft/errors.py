@@ -2,6 +2,7 @@
 
 ProfileError and UsageError exit 2 (the user must fix an input); SpecdraftError exits 1
 (something failed while running). Nothing else should reach the user as a traceback.
+Terminated is SIGTERM raised as an interrupt (see commands/io.py `sigterm_interrupts`).
 """
 
 from __future__ import annotations
@@ -26,3 +27,8 @@ class ProfileError(UsageError):
         self.file, self.key = file, key
         where = ": ".join(part for part in (file, key) if part)
         super().__init__(f"{where}: {message}" if where else message)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt, so that code which saves its
+    work on Ctrl-C (the training loop) does the same on SIGTERM; exits 143 (128 + SIGTERM)."""

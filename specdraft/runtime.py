@@ -52,14 +52,17 @@ def sampling_params(profile: Profile) -> SamplingParams:
 
 
 def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bool = False,
-                  models: dict | None = None, keep_dense: bool = False, warn_absent: bool = True) -> Runtime:
+                  models: dict | None = None, keep_dense: bool = False, warn_absent: bool = True,
+                  record: bool = True) -> Runtime:
     """`target` may be passed in when the caller already loaded it (tests, bench), and
     `models` (another runtime's `.models`) to share the drafters' weights with it.
     `plain=True` builds the baseline: the same engine with only the no-draft arm.
     `keep_dense`: a target whose linear layers get packed keeps its dense weights too, so
     that transformers' own generation can run on the stock kernels (packed_linear.py).
     `warn_absent=False`: an optional drafter left out is not warned about again (a runtime
-    built beside one that already said so)."""
+    built beside one that already said so).
+    `record=False`: drafters read what earlier runs taught them but write nothing (bench,
+    trace: a measurement must not teach the next one)."""
     file = str(profile.file)
     models = {} if models is None else models
     target = target or load_model(profile.target, file, "target")
@@ -81,7 +84,7 @@ def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bo
     policy_config = PolicyConfig("fixed") if plain else profile.policy
     drafters, absent = ([PlainDecoding(ctx)], {}) if plain else build_pool(
         profile.drafters, PoolContext(ctx, target, target_lm, file, seed, models, decode.kv_cache, decode.cuda_graphs,
-                                         decode.drafter_core), warn_absent)
+                                         decode.drafter_core, record), warn_absent)
     chosen = policy_config.options.get("drafter") if policy_config.name == "fixed" else None
     if chosen in absent:
         raise ProfileError(file, "policy.drafter", f'the fixed policy drafts with "{chosen}", which is not '

@@ -76,3 +76,30 @@ def test_regret_tracker():
     tracker.add(0, [1.0, 3.0])
     tracker.add(1, [2.0, 3.0])
     assert tracker.best == 1 and tracker.regret == pytest.approx(6.0 - 4.0) and tracker.best_arm_share == 0.5
+
+
+def test_an_arm_skipped_in_most_rounds_is_not_named_best_on_credit_it_never_earned():
+    """Issue 38: a drafter the evaluation skipped (gammas None) used to be credited with the
+    chosen arm's value, so one good scored round made it "best" over a drafter that earned
+    every round. Now it earns only the rounds it was scored in."""
+    tracker = RegretTracker(["lookup", "early-exit-24", "small"])
+    chosen, rare, steady = [1.0, 0.0], [1.0, 1.0, 0.0], [0.8, 0.0]  # EAL 2.0, 3.0, 1.8
+    for t in range(10):
+        tracker.add_round(0, [chosen, rare if t == 3 else None, steady], 4)
+    assert tracker.scored == [10, 1, 10]
+    assert tracker.totals == pytest.approx([20.0, 3.0, 18.0])
+    assert tracker.best == 0 and tracker.regret == pytest.approx(0.0) and tracker.best_arm_share == 1.0
+    assert tracker.unit == "tokens" and tracker.rounds == 10
+
+
+def test_regret_is_zero_when_the_learner_played_the_best_arm_and_exact_when_all_are_scored():
+    tracker = RegretTracker(["a", "b"], unit="tok/s")
+    for a, b in [(200.0, 150.0), (120.0, 119.0), (90.0, None), (300.0, 10.0)]:
+        tracker.add(0, [a, b])
+    assert tracker.best == 0 and tracker.regret == 0.0
+    full = RegretTracker(["a", "b"], unit="tok/s")
+    for a, b in [(200.0, 210.0), (120.0, 130.0), (90.0, 100.0)]:
+        full.add(0, [a, b])
+    assert full.best == 1 and full.regret == pytest.approx(440.0 - 410.0)  # the usual regret
+    full.add(1, [50.0, None])  # the chosen arm unpriced: nothing to compare with, not tracked
+    assert full.rounds == 3

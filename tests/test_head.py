@@ -628,6 +628,26 @@ def test_a_features_folder_with_more_layers_serves_without_a_target_pass_but_not
     assert np.array_equal(again.features[3], fresh.features[3])
 
 
+@pytest.mark.parametrize("damage", ["done", "meta", "array"])
+def test_a_damaged_features_cache_starts_over_instead_of_failing(target, tmp_path, damage):
+    """A cache left by a kill or a full disk (a truncated done.json or meta.json, a missing
+    array) used to make every later `train head` exit 1 until the folder was deleted."""
+    from specdraft.training.features import finished
+
+    tokens = np.random.default_rng(5).integers(3, VOCAB, size=(3, 10)).astype(np.int32)
+    fresh = extract_features(target, tokens, [2], tmp_path / "fresh")
+    folder = tmp_path / "f"
+    extract_features(target, tokens, [2], folder)
+    if damage == "array":
+        (folder / "features-2.npy").unlink()
+    else:
+        path = folder / f"{damage}.json"
+        path.write_text(path.read_text()[:5])
+    assert not finished(folder, tokens, [2])
+    again = extract_features(target, tokens, [2], folder)
+    assert np.array_equal(again.features[2], fresh.features[2]) and finished(folder, tokens, [2])
+
+
 def test_the_feature_pass_runs_packed_and_leaves_the_target_as_it_was(tmp_path):
     """The feature pass runs the target's linears packed (a CPU build with oneDNN) and keeps
     no logits but the last: its features are the dense forward's up to float rounding, and
@@ -649,3 +669,150 @@ def test_the_feature_pass_runs_packed_and_leaves_the_target_as_it_was(tmp_path):
     for layer in layers:
         torch.testing.assert_close(torch.from_numpy(np.asarray(data.features[layer], dtype=np.float32)),
                                    dense[layer].half().float(), rtol=2e-3, atol=2e-3)
+
+
+def _no_model_loads(monkeypatch):
+    """Every option below must be refused before a model loads."""
+    import specdraft.models.loading as loading
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the options were checked")
+
+    monkeypatch.setattr(loading, "load_model", refuse)
+
+
+def test_train_head_refuses_folders_it_did_not_write_before_loading(tiny_models, tmp_path, monkeypatch):
+    _no_model_loads(monkeypatch)
+    runner = CliRunner()
+    base = tmp_path / "base.toml"
+    base.write_text(BASE.format(root=tiny_models))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("some text " * 200)
+    papers = tmp_path / "papers"
+    papers.mkdir()
+    (papers / "notes.txt").write_text("mine")
+    foreign_meta = tmp_path / "other-tool"
+    foreign_meta.mkdir()
+    (foreign_meta / "meta.json").write_text('{"author": "someone else"}')
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for extra, message in ((["--out", str(papers)], "is not a draft head's folder"),
+                           (["--out", str(tmp_path / "h"), "--features", str(papers)], "is not a features cache"),
+                           (["--out", str(tmp_path / "h"), "--features", str(foreign_meta)], "meta.json is not"),
+                           (["--out", str(tmp_path / "h"), "--features", str(a_file)], "is a file"),
+                           (["--out", str(a_file)], "is a file"),
+                           (["--out", str(tmp_path / "h"), "--features", str(tmp_path / "h")], "the same folder"),
+                           (["--out", "/proc/specdraft-test-head"], "cannot write in /proc"),
+                           (["--out", str(tmp_path / "h"), "--features", "/proc/specdraft-test-f"],
+                            "cannot write in /proc")):
+        result = runner.invoke(app, ["train", "head", "--pool", str(base), "--data", str(corpus), *extra])
+        assert result.exit_code == 2, (extra, result.stderr)
+        assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, (extra, result.stderr)
+    assert sorted(p.name for p in papers.iterdir()) == ["notes.txt"]  # nothing written into them
+    assert (foreign_meta / "meta.json").read_text() == '{"author": "someone else"}'
+    assert not (tmp_path / "h").exists()
+
+
+def test_train_head_numbers_are_finite_and_in_range_before_loading(tiny_models, tmp_path, monkeypatch):
+    _no_model_loads(monkeypatch)
+    runner = CliRunner()
+    base = tmp_path / "base.toml"
+    base.write_text(BASE.format(root=tiny_models))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("some text " * 200)
+    for extra, message in ((["--epochs", "nan"], "--epochs"), (["--epochs", "inf"], "--epochs"),
+                           (["--epochs", "1e300"], "--epochs"), (["--lr", "inf"], "--lr"), (["--lr", "nan"], "--lr"),
+                           (["--lr", "-inf"], "--lr"), (["--seq-len", "4"], "--seq-len"), (["--batch", "0"], "--batch"),
+                           (["--steps", "0"], "--steps"), (["--draft-vocab", "1"], "--draft-vocab"),
+                           # the tokens --max-tokens keeps, not the whole stream's count
+                           (["--max-tokens", "1", "--seq-len", "64"], "--max-tokens 1: makes fewer than 2 sequences")):
+        result = runner.invoke(app, ["train", "head", "--pool", str(base), "--data", str(corpus),
+                                     "--out", str(tmp_path / "h"), *extra])
+        assert result.exit_code == 2, (extra, result.stderr)
+        assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, (extra, result.stderr)
+
+
+def test_a_diverging_run_stops_with_exit_1_and_keeps_the_last_good_checkpoint(tmp_path):
+    from rich.console import Console
+
+    from specdraft.training.loop import TrainingDiverged
+
+    console = Console(stderr=True, quiet=True)
+    head = torch.nn.Linear(2, 1)
+    saved = []
+
+    def save(step, metrics):
+        assert all(torch.isfinite(p).all() for p in head.parameters())
+        saved.append(step)
+
+    def nan_at_step_4(step):
+        loss = (head(torch.ones(1, 2)) ** 2).sum()
+        return (loss * float("nan") if step == 4 else loss), {}
+
+    settings = LoopSettings(steps=8, lr=1e-2, warmup=1, checkpoint_seconds=0.0, identity={"data": "x"})
+    with pytest.raises(TrainingDiverged, match="the loss became nan at step 5 .*keeps the checkpoint of step 4") as err:
+        train(head, settings, nan_at_step_4, save, tmp_path, console)
+    assert err.value.exit_code == 1 and saved == [1, 2, 3, 4]
+    assert torch.load(tmp_path / STATE, weights_only=False)["step"] == 4
+
+    # --lr inf: the first update makes the weights nan; the final save is refused
+    other = torch.nn.Linear(2, 1)
+    saved.clear()
+    inf_lr = LoopSettings(steps=1, lr=float("inf"), warmup=1, identity={"data": "y"})
+    with pytest.raises(TrainingDiverged, match="nothing was saved"):
+        train(other, inf_lr, lambda step: ((other(torch.ones(1, 2)) ** 2).sum(), {}), save, tmp_path / "o", console)
+    assert saved == [] and not (tmp_path / "o" / STATE).exists()
+
+
+def test_a_head_with_non_finite_weights_is_refused_when_loaded(target, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    save_head(tmp_path / "h", random_head(target))
+    weights = tmp_path / "h" / "head.safetensors"
+    state = load_file(str(weights))
+    name = next(k for k, v in state.items() if v.is_floating_point())
+    state[name][0] = float("nan")
+    save_file(state, str(weights))
+    with pytest.raises(HeadFileError, match=f"{name} holds nan or infinite values"):
+        load_head(tmp_path / "h", target)
+
+
+def test_sigterm_saves_the_head_as_ctrl_c_does_and_exits_143(tiny_models, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from specdraft.training.head import HeadObjective as Objective
+
+    original = Objective.step
+
+    def step(self, at):
+        if at == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, at)
+
+    monkeypatch.setattr(Objective, "step", step)
+    # Without a handler of the command's, SIGTERM would end the test run: record it instead.
+    received = []
+
+    def record(signum, frame):
+        received.append(signum)
+
+    previous = signal.signal(signal.SIGTERM, record)
+    try:
+        base = tmp_path / "base.toml"
+        base.write_text(BASE.format(root=tiny_models))
+        corpus = tmp_path / "corpus.jsonl"
+        corpus.write_text("\n".join(json.dumps({"prompt": f"count to {i}", "text": " ".join(map(str, range(i)))})
+                                    for i in range(5, 30)) + "\n")
+        out = tmp_path / "head"
+        result = CliRunner().invoke(app, ["train", "head", "--pool", str(base), "--data", str(corpus), "--out",
+                                          str(out), "--steps", "6", "--seq-len", "64", "--batch", "2",
+                                          "--draft-vocab", "200", "--features", str(tmp_path / "f"), "--fp32"])
+        restored = signal.getsignal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert received == [] and result.exit_code == 143, result.stderr
+    assert "terminated (SIGTERM) at step 2/6" in result.stderr
+    assert json.loads((out / "head.json").read_text())["trained"]["steps"] == 2
+    assert torch.load(out / STATE, weights_only=False)["step"] == 2
+    assert restored is record  # the command's handler is gone with the command

@@ -406,3 +406,48 @@ def test_prompt_lookup_knows_where_it_would_propose():
     assert lookup.proposes_at(context, 7)  # "1 2" occurred before, followed by 3
     assert not lookup.proposes_at(context, 5)  # "9" never occurred before
     assert lookup.proposes_at(context, 6)  # "1" did (followed by 2): asking again from earlier works
+
+
+@pytest.mark.parametrize("honour_skips", [True, False])
+def test_under_goodput_the_best_drafter_is_the_fastest_not_the_most_accepted(honour_skips):
+    """Issue 38: arm 1 accepts a little more than arm 0 but every draft token costs most of a
+    verify (a deep self-drafter on a CPU); arm 0 drafts for almost nothing (lookup). By
+    accepted length arm 1 is "best"; in tokens per second, which the policy optimises and
+    the regret now counts in, arm 0 is, whether or not evaluation skips arm 1."""
+    from specdraft.learning.driver import PolicyDriver, RoundOutcome
+
+    from specdraft.learning.policies.objective import value_unit
+
+    policy = make("normalhedge", n=2, objective="goodput", draft_length="goodput")
+    assert value_unit(policy) == "tok/s" and value_unit(make("normalhedge", n=2)) == "tokens"
+    arms = Arms([0.75, 0.85], cost=[5e-4, 0.04], noise=0.0)  # 1e-4 vs 8e-3 s a token, verify 0.01 s
+    driver = PolicyDriver(policy, K, 10_000)
+    skips = []
+
+    def evaluator(rounds, skip=()):
+        skips.append(any(skip))
+        return [[None if honour_skips and skip and skip[i] else [arms.gamma(i) for _ in range(r.count)]
+                 for i in range(2)] for r in rounds]
+
+    driver.start_prompt(evaluator)
+    speed, length = RegretTracker(policy.arms, value_unit(policy)), RegretTracker(policy.arms)
+    for t in range(300):
+        plan = driver.choose(t)
+        fb = arms.play(plan.arm)
+        learned = driver.finish_round(RoundOutcome(fb, t, fb.accepted + 1), last=False)
+        for (chosen, gammas), values in zip(learned.evaluated, learned.values, strict=True):
+            speed.add(chosen, values)
+            # What the tracker counted before: EAL, a skipped arm credited as the chosen one.
+            eal = [None if g is None else expected_accept_length(g[:K]) for g in gammas]
+            length.add(chosen, [eal[chosen] if e is None else e for e in eal])
+    assert any(skips)  # arm 1 cannot beat arm 0's speed even if all its tokens were accepted
+    assert length.best == 1  # more accepted tokens ...
+    assert speed.best == 0 and speed.unit == "tok/s"  # ... but fewer tokens per second
+    assert speed.scored[0] == speed.rounds
+    # Skipped: scored in few rounds. Not skipped: in all but the first (before it drafted
+    # once, the cost model could not price it).
+    assert speed.scored[1] < speed.rounds / 2 if honour_skips else speed.scored[1] == speed.rounds - 1
+    mean = [total / n for total, n in zip(speed.totals, speed.scored)]
+    assert mean[0] > 1.5 * mean[1]  # in the cost model's tokens per second
+    # The learner played arm 0 but for arm 1's cost probe: a small regret, in tokens/s.
+    assert 0.0 <= speed.regret < 0.1 * speed.totals[0] and speed.best_arm_share > 0.9

@@ -90,6 +90,34 @@ def test_fixed_policy_panel_claims_no_unknown_regret():
     assert "unknown (bandit feedback)" in console.file.getvalue()
 
 
+def test_regret_says_its_unit_in_the_panel_and_the_json():
+    """Issue 38: a regret in tokens per second (goodput) and one in accepted tokens read the
+    same without their unit; the panel, --json and bench say which."""
+    from specdraft.decoding.engine import RoundRecord
+
+    def record(values, unit):
+        return RoundRecord(arm=0, drafter="lookup", drafted=2, accepted=1, tokens=[5, 6], alphas=[1.0, 0.0],
+                           draft_s=0.001, verify_s=0.01, overhead_s=0.0, evaluated=[(0, [[1.0, 0.0], None])],
+                           values=[values], value_unit=unit)
+
+    for unit, phrase in (("tok/s", "tok/s summed over 2 rounds"), ("tokens", "tokens over 2 rounds")):
+        stats = GenerationStats(["lookup", "early-exit-24"], 4)
+        stats.add(record([190.0, None], unit))  # early-exit-24 skipped: it earns nothing
+        stats.add(record([180.0, 200.0], unit))
+        assert stats.best_drafter == "lookup" and stats.regret == 0.0
+        out = stats.as_dict()
+        assert out["regret_unit"] == unit and out["regret_rounds"] == 2 and out["best_drafter"] == "lookup"
+        console = Console(file=io.StringIO(), width=300)
+        console.print(stats_panel(stats, "normalhedge"))
+        assert f"regret 0.00 {phrase} (best lookup)" in console.file.getvalue()
+    unpriced = GenerationStats(["lookup", "early-exit-24"], 4)
+    unpriced.add(record([None, 120.0], "tok/s"))  # the chosen drafter's cost not known yet
+    assert unpriced.regret is None and unpriced.as_dict()["regret_unit"] is None
+    console = Console(file=io.StringIO(), width=300)
+    console.print(stats_panel(unpriced, "normalhedge"))
+    assert "regret not yet known" in console.file.getvalue()
+
+
 # -- 5: the context length ----------------------------------------------------------------
 
 
@@ -189,6 +217,24 @@ def test_policy_state_garbage_fields_exit_2(pool_file, tmp_path):
     state.write_text(json.dumps(saved))
     assert f"--policy-state {state}" in one_line_error(invoke("--pool", pool_file, "--policy", "ucb", "--policy-state",
                                                                state, "hi"))
+
+
+def test_policy_state_of_another_k_or_policy_is_refused_before_the_models_load(pool_file, tmp_path, monkeypatch):
+    state = tmp_path / "state.json"
+    assert invoke("--pool", pool_file, "--policy", "ucb", "--policy-state", state, "-k", "6", "-n", "4",
+                  "hi").exit_code == 0
+    assert invoke("--pool", pool_file, "--policy", "ucb", "--policy-state", state, "-k", "6", "-n", "4",
+                  "hi").exit_code == 0  # the same settings load it
+    import specdraft.runtime
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the models were loaded before the policy state was checked")
+
+    monkeypatch.setattr(specdraft.runtime, "build_runtime", refuse)
+    message = one_line_error(invoke("--pool", pool_file, "--policy", "ucb", "--policy-state", state, "-k", "4", "hi"))
+    assert f"--policy-state {state}" in message and "up to 6 tokens" in message and "-k" in message
+    message = one_line_error(invoke("--pool", pool_file, "--policy", "exp3", "--policy-state", state, "-k", "6", "hi"))
+    assert f"--policy-state {state}" in message and "'ucb'" in message
 
 
 # -- 9: first run and the terminal --------------------------------------------------------

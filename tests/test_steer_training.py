@@ -102,3 +102,32 @@ def test_train_layers_refuses_more_layers_than_the_drafter_has_or_a_frozen_draft
         result, _ = _train(tiny_models, tmp_path, *extra)
         assert result.exit_code == 2, (extra, result.stderr)
         assert message in result.stderr, (extra, result.stderr)
+
+
+def test_train_steer_checks_its_numbers_and_folders_before_loading(tiny_models, tmp_path, monkeypatch):
+    import specdraft.models.loading as loading
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the options were checked")
+
+    monkeypatch.setattr(loading, "load_model", refuse)
+    papers = tmp_path / "papers"
+    papers.mkdir()
+    (papers / "notes.txt").write_text("mine")
+    a_head = tmp_path / "a-head"  # another command's folder: a draft head
+    a_head.mkdir()
+    (a_head / "head.json").write_text("{}")
+    (a_head / "head.safetensors").write_text("")
+    for extra, message in ((["--steer-lr-factor", "nan"], "--steer-lr-factor"),
+                           (["--steer-lr-factor", "inf"], "--steer-lr-factor"),
+                           (["--steer-lr-factor", "0"], "--steer-lr-factor"),
+                           (["--lr", "inf"], "--lr"), (["--epochs", "nan"], "--epochs"),
+                           (["--max-tokens", "10"], "--max-tokens 10"),
+                           (["--out", str(papers)], "is not a trained steering's folder"),
+                           (["--out", str(a_head)], "is not a trained steering's folder"),
+                           (["--features", str(papers)], "is not a features cache"),
+                           (["--out", "/proc/specdraft-test-steer"], "cannot write in /proc")):
+        result, _ = _train(tiny_models, tmp_path, *extra)
+        assert result.exit_code == 2, (extra, result.stderr)
+        assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, (extra, result.stderr)
+    assert [p.name for p in papers.iterdir()] == ["notes.txt"]

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
 from specdraft.decoding.sampling import SamplingParams
 from specdraft.drafters import DraftContext, SuffixDrafter
-from specdraft.drafters.datastore import LearnedStore, StoreError, open_store, write_store
+from specdraft.drafters.datastore import StoreError, open_store, write_store
+from specdraft.drafters.learned_store import LearnedStore
 from specdraft.drafters.options import SuffixOptions
 from specdraft.drafters.suffix_index import ContextIndex, SuffixIndex, concatenate, continue_occurrences
 from specdraft.learning.policies import build_policy
@@ -181,9 +182,9 @@ def test_a_store_loads_memory_mapped_and_refuses_another_tokenizer(tmp_path):
 
 
 def test_the_learned_store_grows_across_runs_compacts_and_evicts_the_oldest(tmp_path, monkeypatch):
-    import specdraft.drafters.datastore as datastore
+    import specdraft.drafters.learned_store as learned_store
 
-    monkeypatch.setattr(datastore, "COMPACT_MIN_TOKENS", 50)
+    monkeypatch.setattr(learned_store, "COMPACT_MIN_TOKENS", 50)
     store = LearnedStore(tmp_path / "learned", "abc", depth=8, max_tokens=1000)
     assert store.open() == (None, [])
     for i in range(6):  # six runs of 10 tokens each: not enough to compact

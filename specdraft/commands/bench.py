@@ -84,7 +84,12 @@ def run_bench_command(opts: BenchOptions, console: Console) -> int:
     # transformers' own generation runs on the stock kernels (what its users get), so a packed
     # target keeps its dense weights too when it is a baseline.
     baselines = _baselines(opts.baseline)
-    runtime = build_runtime(profile, keep_dense="transformers" in baselines)
+    runtime = build_runtime(profile, keep_dense="transformers" in baselines, record=False)
+    learning = [d.name for d in profile.drafters if getattr(d.options, "learn", False)]
+    if learning:
+        console.print(f"note: {', '.join(learning)} draft(s) from the learned store as it was at the start and "
+                      "record nothing: every pass sees the same store, and bench leaves it as it found it",
+                      markup=False)
     check_prompts(runtime, ((e.id, e.prompt) for e in examples), opts.chat, f"--data {opts.data}")
     configs = [plain_config(profile, runtime, opts.chat)] + policy_configs(profile, flags, runtime, opts.chat)
     for baseline in baselines:
@@ -207,7 +212,7 @@ def _replay_command(opts: BenchOptions, console: Console) -> int:
         if index == 0:  # the plain baseline every simulated speedup is a ratio to
             samples += [Sample(r.id, r.task, PLAIN, 1, r.tokens, r.tokens, r.plain_simulated_s) for r in results]
         samples += [Sample(r.id, r.task, flag, 1, r.tokens, r.rounds, r.simulated_s, r.accepted_at, r.drafted_at,
-                           r.regret, r.best_drafter, r.best_arm_share) for r in results]
+                           r.regret, r.best_drafter, r.best_arm_share, regret_unit=r.regret_unit) for r in results]
     _report(opts, console, samples, f"{len(trace.prompts)} prompts", simulated=True)
     return EXIT_OK
 

@@ -2,14 +2,18 @@
 tokenizer into a suffix-drafter store (drafters/datastore.py).
 
 Files and folders are read into documents by `training/corpus.py`.
-The output folder is replaced only when it already holds a datastore, never another folder.
+The output folder is replaced only when it already holds a datastore, never another folder,
+and never one the command also reads from (its own meta.json would become the new store).
+It is replaced whole or not at all (atomic_files.py): a kill leaves the old store.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +39,10 @@ def run_datastore_build(opts: DatastoreOptions, console: Console) -> int:
     if not 1 <= opts.depth <= 256:
         raise UsageError(f"--depth: must be in 1..256 (got {opts.depth})")
     out = Path(opts.out)
-    _check_out(out)
-    paths = list(walk(opts.files))
+    _check_out(out, opts.files)
+    # Never index a store's own files (its meta.json reads as text): not the output's, not
+    # another store's met under an input folder.
+    paths = [p for p in walk(opts.files) if not (p.parent / "order.npy").exists()]
     if not paths:
         raise UsageError("no text files found in " + ", ".join(opts.files))
     from specdraft.config.profile import load_profile
@@ -76,13 +82,25 @@ def run_datastore_build(opts: DatastoreOptions, console: Console) -> int:
     return EXIT_OK
 
 
-def _check_out(out: Path) -> None:
+def _check_out(out: Path, inputs: list[str]) -> None:
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: is a file; give a folder for the datastore")
     if out.is_dir() and any(out.iterdir()) and not (out / "meta.json").exists():
         raise UsageError(f"--out {out}: folder exists and is not a datastore; refusing to replace it")
+    resolved = out.resolve()
+    for item in inputs:
+        path = Path(item).resolve()
+        if path == resolved or resolved in path.parents:
+            raise UsageError(f"--out {out}: is also an input ({item}); a store cannot be built from itself")
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
         raise UsageError(f"--out {out}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"--out {out}: folder {parent} is not writable")
+    # os.access trusts permission bits (root may "write" anywhere, /proc says yes); a real
+    # file created and removed there does not lie.
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{out.name}.", suffix=".probe")
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write in {parent}: {exc.strerror or exc}") from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)

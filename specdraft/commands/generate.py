@@ -1,7 +1,8 @@
 """`specdraft generate`: prompts in, text (or JSON lines) out on stdout, panel on stderr.
 
 Everything the user typed is checked before a model loads (and before torch or
-transformers are imported where possible): the profile, the flags, the policy-state file.
+transformers are imported where possible): the profile, the flags, the policy-state file
+(also against the profile's policy, pool and draft length).
 With `--each-line` a line that cannot be used (not UTF-8, too long for the context) is
 reported with its number and skipped; the rest still run and the command exits 1 at the
 end. `--keep-empty` answers empty and unusable lines too, so output line N belongs to
@@ -63,6 +64,8 @@ def run_generate(opts: GenerateOptions, console: Console, stdout: IO[str] | None
         policy=opts.policy, draft_tokens=opts.draft_tokens, temperature=opts.temperature, top_k=opts.top_k,
         top_p=opts.top_p, max_new_tokens=opts.max_new_tokens, seed=opts.seed,
     )
+    if saved_state is not None:
+        check_policy_state(profile, saved_state, opts.policy_state)
     lines = read_prompts(opts.prompt, opts.each_line, stdin)
     # Read up to the first line with something in it before loading models: input with no
     # prompt at all is a usage error, and is answered without the wait.
@@ -84,7 +87,7 @@ def run_generate(opts: GenerateOptions, console: Console, stdout: IO[str] | None
         runtime = build_runtime(profile)
     check_budget(context_limit(runtime))
     if saved_state is not None:
-        load_policy_state(runtime.engine.policy, saved_state, opts.policy_state)
+        load_policy_state(runtime.engine.policy, saved_state, opts.policy_state, runtime.profile.decode.draft_tokens)
     failures = 0
     for line in itertools.chain(ahead, lines):
         if line.error is not None or not line.text.strip():
@@ -181,11 +184,51 @@ def read_policy_state(file: str | None) -> dict | None:
     return state
 
 
-def load_policy_state(policy, state: dict, file: str) -> None:
+def check_policy_state(profile, state: dict, file: str) -> None:
+    """Load `state` into a policy built as the runtime will build it (policies are plain
+    Python: no model needed), so a state saved with another policy, pool or -k is refused
+    before the models load. An optional drafter may be left out of the pool at load time:
+    a state saved without some optional drafters is checked against that pool."""
+    from specdraft.learning.policies import build_policy, option_value
+    from specdraft.learning.policies.base import PLAIN_ARM
+
+    names = [d.name for d in profile.drafters]
+    if option_value(profile.policy.name, profile.policy.options, "allow_none"):
+        names.append(PLAIN_ARM)
+    optional = {d.name for d in profile.drafters if getattr(d.options, "optional", False)}
+    saved = state.get("arms")
+    arms = names
+    if isinstance(saved, list) and all(isinstance(a, str) for a in saved) and set(saved) <= set(names) \
+            and set(names) - set(saved) <= optional and saved == [a for a in names if a in saved]:
+        arms = saved
+    try:
+        policy = build_policy(profile.policy.name, profile.policy.options, arms, seed=0,
+                              draft_tokens=profile.decode.draft_tokens, horizon=profile.decode.max_new_tokens)
+    except Exception:  # a pool the runtime will refuse anyway (a fixed drafter left out): it says why
+        return
+    load_policy_state(policy, state, file, profile.decode.draft_tokens)
+
+
+def load_policy_state(policy, state: dict, file: str, draft_tokens: int | None = None) -> None:
+    saved_k = _saved_draft_tokens(state)
+    if draft_tokens is not None and saved_k is not None and saved_k != draft_tokens \
+            and state.get("policy") == policy.name and state.get("arms") == policy.arms:
+        raise UsageError(f"--policy-state {file}: saved by a run drafting up to {saved_k} tokens (-k / draft_tokens), "
+                         f"this one drafts up to {draft_tokens}; use the same -k or another state file")
     try:
         policy.load_state_dict(state)
     except Exception as exc:  # any shape of garbage in a saved state is the file's fault
         raise UsageError(f"--policy-state {file}: cannot use it: {exc}") from None
+
+
+def _saved_draft_tokens(state: dict) -> int | None:
+    """The K a state was saved with: the length of its acceptance-by-position rows."""
+    inner = state.get("state")
+    acceptance = inner.get("acceptance") if isinstance(inner, dict) else None
+    rows = acceptance.get("hits") if isinstance(acceptance, dict) else None
+    if isinstance(rows, list) and rows and isinstance(rows[0], list):
+        return len(rows[0])
+    return None
 
 
 def save_policy_state(policy, file: Path) -> None:

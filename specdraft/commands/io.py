@@ -1,23 +1,28 @@
 """Shared terminal plumbing for commands: the stderr console, one-line errors and warnings
 (user text printed literally, never as Rich markup), quiet library logging, our own log
-lines routed through the console, error-to-exit-code mapping, and the closed-pipe and
-Ctrl-C conventions."""
+lines routed through the console, error-to-exit-code mapping, and the closed-pipe, Ctrl-C
+and SIGTERM conventions."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 from typing import Iterator
 
 from rich.console import Console
 from rich.text import Text
 
-from specdraft.errors import SpecdraftError, UsageError
+from specdraft.errors import SpecdraftError, Terminated, UsageError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+# SIGTERM handled like Ctrl-C still exits as a SIGTERM'd process is reported (128 + 15):
+# what supervisors and scripts test for, and distinct from a user's Ctrl-C (130).
+EXIT_TERMINATED = 128 + int(signal.SIGTERM)
 MAX_SEED = 2**63 - 1
 
 
@@ -111,9 +116,10 @@ def exit_codes(console: Console) -> Iterator[None]:
             traceback.print_exc()
         print_error(console, str(exc))
         raise CommandExit(exc.exit_code) from None
-    except KeyboardInterrupt:
-        console.print("interrupted")
-        raise CommandExit(EXIT_INTERRUPTED) from None
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, Terminated)
+        console.print("terminated (SIGTERM)" if terminated else "interrupted", markup=False)
+        raise CommandExit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
     except BrokenPipeError:
         _silence_stdout()
         raise CommandExit(EXIT_OK) from None
@@ -125,6 +131,27 @@ def exit_codes(console: Console) -> Iterator[None]:
         first = str(exc).splitlines()[0] if str(exc).strip() else ""
         print_error(console, f"{type(exc).__name__}: {first}")
         raise CommandExit(EXIT_FAILURE) from None
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises `Terminated` (a KeyboardInterrupt) inside the block, so what Ctrl-C
+    saves (a training checkpoint) is saved when a job is stopped with `kill` or by a
+    scheduler too. Later SIGTERMs are ignored until the block ends: a second one must not
+    cut short the save the first one started (SIGKILL still ends the process)."""
+    if threading.current_thread() is not threading.main_thread():  # handlers belong to the main thread
+        yield
+        return
+
+    def stop(signum, frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _silence_stdout() -> None:

@@ -10,13 +10,13 @@ so a reader never sees half a file.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
+from specdraft.atomic_files import write_text
 from specdraft.errors import UsageError
 
 
@@ -55,27 +55,8 @@ def check_writable(flag: str, path: str | Path) -> None:
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, then rename it over `path` (keeping
-    an existing file's permissions)."""
-    file = Path(path)
-    fd, partial = tempfile.mkstemp(dir=file.parent if str(file.parent) else ".", prefix=f".{file.name}.",
-                                   suffix=".partial")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if file.exists():
-            os.chmod(partial, file.stat().st_mode & 0o7777)
-        else:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(partial, 0o666 & ~umask)
-        os.replace(partial, file)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(partial)
-        raise
+    """Write `text` whole or not at all (atomic_files.py), keeping an existing file's permissions."""
+    write_text(path, text)
 
 
 class JsonLines:

@@ -39,7 +39,7 @@ def trace_with_progress(profile, examples, chat: bool | None, console: Console, 
     from specdraft.session.prompt_run import check_prompts
     from specdraft.ui.progress import progress_bar
 
-    runtime = build_runtime(profile)
+    runtime = build_runtime(profile, record=False)
     check_prompts(runtime, ((e.id, e.prompt) for e in examples), chat, f"--data {data}")
     writer = TraceWriter(out) if out else None
     traced = 0

@@ -18,7 +18,7 @@ from typing import Optional
 from rich.console import Console
 
 from specdraft.commands.io import EXIT_OK, check_count
-from specdraft.commands.train import check_training_options, prepare_corpus
+from specdraft.commands.train import STEER_FILES, check_folders, check_positive, check_training_options, prepare_corpus
 from specdraft.errors import ProfileError, UsageError
 
 CHECKPOINT_SECONDS = 600.0  # a checkpoint holds the drafter and its optimizer state: gigabytes
@@ -179,7 +179,9 @@ def _check(opts: TrainSteerOptions) -> None:
     if opts.train_layers is not None and opts.freeze_drafter:
         raise UsageError("--train-layers trains part of the drafter, --freeze-drafter none of it: choose one")
     check_training_options(opts)
+    check_positive(opts.steer_lr_factor, "--steer-lr-factor")
     check_count(opts.train_layers, "--train-layers")
     check_count(opts.max_draft, "--max-draft")
     check_count(opts.steer_size, "--steer-size")
     _layers(opts.layers)
+    check_folders(opts, STEER_FILES, "a trained steering")

@@ -8,9 +8,7 @@ is renamed over the profile, so a crash or a bad value never leaves a broken pro
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Callable
@@ -18,6 +16,7 @@ from typing import Callable
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
+from specdraft.atomic_files import write_text
 from specdraft.errors import UsageError
 
 # A trailing comment claiming the value is the published one stops being true once calibrated.
@@ -65,19 +64,5 @@ def write_policy_option(file: Path, key: str, value: float | int, note: str | No
 
 
 def _replace(file: Path, text: str) -> None:
-    """Write a temporary file in the same folder, then rename it over `file` (atomic on one
-    file system), keeping the profile's permissions."""
-    fd, partial = tempfile.mkstemp(dir=file.parent, prefix=f".{file.name}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(partial, file.stat().st_mode & 0o7777)
-        os.replace(partial, file)
-    except BaseException:
-        try:
-            os.unlink(partial)
-        except OSError:
-            pass
-        raise
+    """Replace the profile whole (atomic_files.py), keeping its permissions."""
+    write_text(file, text)

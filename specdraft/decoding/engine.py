@@ -25,6 +25,7 @@ from specdraft.drafters.base import Draft, Drafter
 from specdraft.learning.driver import Gammas, PolicyDriver, RoundOutcome
 from specdraft.learning.feedback import RoundFeedback
 from specdraft.learning.policies.base import Policy
+from specdraft.learning.policies.objective import value_unit
 from specdraft.models.cached_lm import CachedLM
 
 
@@ -52,6 +53,10 @@ class RoundRecord:
     # Rounds whose evaluation finished in this round, as (chosen arm, gammas): this round
     # alone, or several when the policy batches evaluation every m rounds.
     evaluated: list[tuple[int, Gammas]] | None = None
+    # For each of those rounds, what every arm earned in the policy's objective (None: not
+    # scored), in `value_unit` ("tokens" or "tok/s"): what the regret tracker sums.
+    values: list[list[float | None]] | None = None
+    value_unit: str = "tokens"
     planned: int = 0  # the draft length the policy chose
     expected_tokens: float | None = None  # the policy's estimate of what the round commits ...
     expected_seconds: float | None = None  # ... and of how long it takes (None while unknown)
@@ -145,9 +150,9 @@ class SpeculativeEngine:
                                   tokens=tokens, alphas=verified.alphas, draft_s=watch["draft"],
                                   verify_s=watch["verify"], overhead_s=watch["overhead"],
                                   evaluate_s=watch["evaluate"], finish=finish, evaluated=learned.evaluated or None,
-                                  planned=k, expected_tokens=plan.expected_tokens,
-                                  expected_seconds=plan.expected_seconds, verify_width=verified.width,
-                                  prefill_s=prefill_s)
+                                  values=learned.values or None, value_unit=value_unit(self.policy), planned=k,
+                                  expected_tokens=plan.expected_tokens, expected_seconds=plan.expected_seconds,
+                                  verify_width=verified.width, prefill_s=prefill_s)
                 if finish:
                     return
         finally:  # also when the caller stops early: what was generated is still text

@@ -70,6 +70,9 @@ class PoolContext:
     kv_cache: str = "auto"  # [decode] kv_cache and cuda_graphs, for the drafters' own caches
     cuda_graphs: bool = True
     drafter_core: str = "auto"  # [decode] drafter_core: "auto", "lean" or "transformers"
+    # Whether drafters may write what they learn to disk (the learned suffix store). bench and
+    # trace measure: each pass must see the store as it was at the start, and leave it so.
+    record: bool = True
 
     def load(self, spec: Any, key: str) -> "LoadedModel":
         """The model of `spec`, loaded once per pool context (weights are only read)."""

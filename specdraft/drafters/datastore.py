@@ -1,5 +1,5 @@
-"""Suffix-drafter stores on disk: built once from files (`specdraft datastore build`), or
-learned across runs (`learn = true`).
+"""The suffix drafter's store format on disk: a folder built once from files (`specdraft
+datastore build`) or by the learned store's compactions (drafters/learned_store.py).
 
 A store is a folder: `text.npy` (int32 tokens, documents separated by -1), `order.npy`
 (the backward-sorted positions of suffix_index.py) and `meta.json` (format version, the
@@ -7,33 +7,29 @@ tokenizer's fingerprint, depth, sizes). Both arrays load memory-mapped: opening 
 any size takes milliseconds, and pages are read only where a lookup goes. A store made
 with another tokenizer is refused (its token ids would mean other text).
 
-The learned store lives under the cache folder, one per tokenizer. Every finished prompt
-appends one small segment file (so a killed run loses at most the prompt in flight); at
-start, once the segments outgrow an eighth of the indexed base, they are compacted into a
-new base (oldest documents evicted beyond `max_tokens`) under a file lock, published by
-rewriting the `CURRENT` pointer atomically, so a reader never sees half a store.
+Every byte read back is checked before a lookup can trip on it: the metadata's types and
+ranges, the arrays' shapes and dtypes, every token id inside the target's vocabulary and
+every order entry inside the text (one min/max pass over each array: milliseconds for
+millions of tokens). A flipped bit is a StoreError naming the folder, never an IndexError
+in the middle of a prompt. A store is written whole or not at all (atomic_files.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import shutil
-import tempfile
-import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
-from specdraft.drafters.suffix_index import SEPARATOR, SuffixIndex, build_order, concatenate
+from specdraft.atomic_files import folder_lock, recover_folder, staged_folder
+from specdraft.drafters.suffix_index import SEPARATOR, SuffixIndex
 
 FORMAT = 1
 META = "meta.json"
 CURRENT = "CURRENT"
-COMPACT_MIN_TOKENS = 65536
+MAX_DEPTH = 256
 
 
 class StoreError(Exception):
@@ -46,142 +42,96 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:32]
 
 
-def write_store(folder: Path, text: np.ndarray, depth: int, fingerprint: str, extra: dict | None = None) -> SuffixIndex:
-    """Index `text` and write it as a store at `folder` (replacing one there), atomically."""
+def write_store(folder: Path, text: np.ndarray, depth: int, fingerprint: str, extra: dict | None = None,
+                lock: bool = True) -> SuffixIndex:
+    """Index `text` and write it as a store at `folder` (replacing one there), atomically;
+    `lock=False` where the caller serializes readers and writers itself."""
     index = SuffixIndex.build(text, depth)
-    folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.partial-"))
-    try:
+    with staged_folder(folder, lock=lock) as staging:
         np.save(staging / "text.npy", index.text)
         np.save(staging / "order.npy", index.order)
         meta = {"format": FORMAT, "tokenizer": fingerprint, "depth": depth, "tokens": index.tokens,
                 "documents": int(np.count_nonzero(text == SEPARATOR)) - 1, **(extra or {})}
         (staging / META).write_text(json.dumps(meta, indent=1), encoding="utf-8")
-        if folder.exists():
-            shutil.rmtree(folder)
-        staging.rename(folder)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     return index
 
 
-def open_store(folder: Path, fingerprint: str) -> SuffixIndex:
-    """A store, memory-mapped; StoreError when it is missing, damaged or for another tokenizer."""
-    folder = Path(folder)
+def read_meta(folder: Path) -> dict:
+    """A store's meta.json as a dict; StoreError when missing or not a JSON object."""
     try:
         meta = json.loads((folder / META).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise StoreError(f"{folder} is not a datastore (no {META}); build one with `specdraft datastore build`") from None
     except (OSError, ValueError) as exc:
-        raise StoreError(f"{folder}/{META} is unreadable: {exc}") from None
+        raise StoreError(f"{folder}/{META} is unreadable ({exc}); rebuild the store") from None
+    if not isinstance(meta, dict):
+        raise StoreError(f"{folder}/{META} is damaged (not a JSON object); rebuild the store")
+    return meta
+
+
+def open_store(folder: Path, fingerprint: str, vocab_size: int | None = None, lock: bool = True) -> SuffixIndex:
+    """A store, memory-mapped and checked; StoreError when it is missing, damaged, for another
+    tokenizer, or holds a token id outside `vocab_size` (the target's logits width). Its
+    three files are read under the folder's shared lock: all from one version (a mapped
+    file stays readable after a replacement deletes it)."""
+    folder = Path(folder)
+    with folder_lock(folder, exclusive=False, enabled=lock):
+        return _open_store(folder, fingerprint, vocab_size)
+
+
+def _open_store(folder: Path, fingerprint: str, vocab_size: int | None) -> SuffixIndex:
+    if not (folder / META).exists():
+        recover_folder(folder)  # a replacement killed between its two renames (no atomic exchange)
+    meta = read_meta(folder)
     if meta.get("format") != FORMAT:
-        raise StoreError(f"{folder} has datastore format {meta.get('format')}, this specdraft reads {FORMAT}; rebuild it")
+        raise StoreError(f"{folder} has datastore format {meta.get('format')!r}, this specdraft reads {FORMAT}; "
+                         "rebuild it")
     if meta.get("tokenizer") != fingerprint:
         raise StoreError(f"{folder} was built with another tokenizer than the target's; rebuild it for this target")
+    depth, tokens = meta.get("depth"), meta.get("tokens")
+    if not _is_int(depth) or not 1 <= depth <= MAX_DEPTH or not _is_int(tokens) or tokens < 0:
+        raise StoreError(f"{folder}/{META} is damaged (depth {depth!r}, tokens {tokens!r}); rebuild the store")
     try:
         text = np.load(folder / "text.npy", mmap_mode="r")
         order = np.load(folder / "order.npy", mmap_mode="r")
     except (OSError, ValueError) as exc:
         raise StoreError(f"{folder} is damaged ({exc}); rebuild it") from None
-    if text.dtype != np.int32 or len(order) != meta.get("tokens") or order.ndim != 1:
-        raise StoreError(f"{folder} is damaged (its arrays disagree with {META}); rebuild it")
-    return SuffixIndex(text, order, int(meta["depth"]))
+    problem = _array_problem(text, order, tokens, vocab_size)
+    if problem:
+        raise StoreError(f"{folder} is damaged ({problem}); rebuild it")
+    return SuffixIndex(text, order, depth)
+
+
+def text_problem(text: np.ndarray, vocab_size: int | None) -> str | None:
+    """Why `text` is not a concatenation of documents of valid token ids (None: it is)."""
+    if text.dtype != np.int32 or text.ndim != 1:
+        return f"text is {text.dtype} of {text.ndim} dimensions, not a 1-D int32 array"
+    if len(text) < 1 or text[0] != SEPARATOR or text[-1] != SEPARATOR:
+        return "text does not start and end with a separator"
+    low, high = int(text.min()), int(text.max())
+    if low < SEPARATOR or (vocab_size is not None and high >= vocab_size):
+        return f"token ids run from {low} to {high}, outside the vocabulary of {vocab_size}"
+    return None
+
+
+def _array_problem(text: np.ndarray, order: np.ndarray, tokens: int, vocab_size: int | None) -> str | None:
+    problem = text_problem(text, vocab_size)
+    if problem:
+        return problem
+    if order.ndim != 1 or not np.issubdtype(order.dtype, np.integer) or len(order) != tokens:
+        return f"order is {order.dtype} of shape {order.shape}, {META} says {tokens} tokens"
+    if tokens != len(text) - int(np.count_nonzero(text == SEPARATOR)):
+        return f"the text holds another number of tokens than {META}'s {tokens}"
+    if tokens and (int(order.min()) < 0 or int(order.max()) >= len(text)):
+        return "order points outside the text"
+    return None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def documents_of(text: np.ndarray) -> list[np.ndarray]:
     """The documents of a concatenated text, oldest first."""
     cuts = np.flatnonzero(np.asarray(text) == SEPARATOR)
     return [np.asarray(text[a + 1:b]) for a, b in zip(cuts[:-1], cuts[1:]) if b > a + 1]
-
-
-class LearnedStore:
-    """What earlier runs generated with this tokenizer: an indexed base plus recent segments."""
-
-    def __init__(self, root: Path, fingerprint: str, depth: int, max_tokens: int):
-        self.root = Path(root)
-        self.fingerprint = fingerprint
-        self.depth = depth
-        self.max_tokens = max_tokens
-        self.segments = self.root / "segments"
-
-    def open(self) -> tuple[SuffixIndex | None, list[np.ndarray]]:
-        """(the indexed base or None, the documents of segments not compacted yet), compacting first
-        when the segments have grown large."""
-        self.segments.mkdir(parents=True, exist_ok=True)
-        base = self._base()
-        pending = self._segment_files()
-        pending_tokens = sum(max(0, (f.stat().st_size - 128) // 4) for f in pending)
-        if pending_tokens >= max(COMPACT_MIN_TOKENS, (base.tokens if base else 0) // 8):
-            with self._locked():
-                self._compact()
-            base, pending = self._base(), self._segment_files()
-        return base, [doc for f in pending for doc in _read_segment(f)]
-
-    def append(self, document: Sequence[int]) -> None:
-        """Record one finished prompt and output (one small file, written atomically)."""
-        if not len(document):
-            return
-        self.segments.mkdir(parents=True, exist_ok=True)
-        name = f"{time.time_ns():020d}-{os.getpid()}.npy"
-        fd, tmp = tempfile.mkstemp(dir=self.segments, prefix=".tmp-", suffix=".npy")
-        with os.fdopen(fd, "wb") as fh:
-            np.save(fh, concatenate([document]))
-        os.replace(tmp, self.segments / name)
-
-    def _base(self) -> SuffixIndex | None:
-        try:
-            name = (self.root / CURRENT).read_text(encoding="utf-8").strip()
-        except FileNotFoundError:
-            return None
-        try:
-            return open_store(self.root / name, self.fingerprint)
-        except StoreError:
-            return None  # damaged: the next compaction writes a fresh one
-
-    def _segment_files(self) -> list[Path]:
-        return sorted(self.segments.glob("[0-9]*.npy"))
-
-    def _compact(self) -> None:
-        """Fold every segment into a new base; evict the oldest documents beyond max_tokens."""
-        base = self._base()
-        files = self._segment_files()
-        documents = (documents_of(base.text) if base else []) + [d for f in files for d in _read_segment(f)]
-        kept, total = [], 0
-        for doc in reversed(documents):  # newest first
-            if total + len(doc) > self.max_tokens:
-                break
-            kept.append(doc)
-            total += len(doc)
-        name = f"base-{time.time_ns()}"
-        write_store(self.root / name, concatenate(kept[::-1]), self.depth, self.fingerprint)
-        pointer = self.root / f".{CURRENT}.{os.getpid()}"
-        pointer.write_text(name, encoding="utf-8")
-        os.replace(pointer, self.root / CURRENT)
-        for f in files:
-            f.unlink(missing_ok=True)
-        for old in self.root.glob("base-*"):  # readers holding maps keep their pages (POSIX)
-            if old.name != name:
-                shutil.rmtree(old, ignore_errors=True)
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        try:
-            import fcntl
-        except ImportError:  # no advisory locks (Windows): compaction may run twice, still atomic
-            yield
-            return
-        with open(self.root / "lock", "a+") as fh:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
-def _read_segment(path: Path) -> list[np.ndarray]:
-    try:
-        return documents_of(np.load(path))
-    except (OSError, ValueError):
-        return []  # a segment cut short by a crash: skipped, never fatal

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from specdraft.atomic_files import staged_file, write_text
 WEIGHTS, CONFIG = "head.safetensors", "head.json"
 FORMAT = 2
 READABLE_FORMATS = (1, 2)
@@ -207,12 +208,9 @@ def save_head(folder: Path, head: DraftHead, trained: dict[str, Any] | None = No
     state = {name: tensor.detach().float().contiguous().cpu() if tensor.is_floating_point()
              else tensor.detach().contiguous().cpu() for name, tensor in head.state_dict().items()
              if not name.startswith("body.embed_tokens")}
-    tmp = folder / (WEIGHTS + ".tmp")
-    save_file(state, str(tmp))
-    tmp.replace(folder / WEIGHTS)
-    tmp = folder / (CONFIG + ".tmp")
-    tmp.write_text(json.dumps(head.config.to_json(), indent=2) + "\n")
-    tmp.replace(folder / CONFIG)
+    with staged_file(folder / WEIGHTS) as partial:
+        save_file(state, str(partial))
+    write_text(folder / CONFIG, json.dumps(head.config.to_json(), indent=2) + "\n")
 
 
 class HeadFileError(ValueError):
@@ -245,6 +243,11 @@ def load_head(folder: Path, target: nn.Module | None = None) -> DraftHead:
         state = load_file(str(weights_path))
     except Exception as exc:  # safetensors raises its own error types for a damaged file
         raise HeadFileError(f"{weights_path}: unreadable ({exc})") from None
+    broken = next((name for name, tensor in state.items()
+                   if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())), None)
+    if broken is not None:  # it would draft from nan probabilities; a diverged training wrote it
+        raise HeadFileError(f"{weights_path}: weight {broken} holds nan or infinite values; train the head again "
+                            "(a lower --lr)")
     head.vocab_ids = torch.zeros(state["vocab_ids"].shape, dtype=torch.long)
     missing, unexpected = head.load_state_dict(state, strict=False)
     missing = [m for m in missing if not m.startswith("body.embed_tokens")]

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from specdraft.atomic_files import staged_file, write_text
 from specdraft.drafters.head_model import TargetSignature
 
 CONFIG, STEERING_WEIGHTS, DRAFTER_WEIGHTS = "steer.json", "steer.safetensors", "drafter.safetensors"
@@ -158,16 +159,12 @@ def save_steering(folder: Path, steering: Steering, drafter: nn.Module | None, t
     steering.config.trained = trained
     steering.config.drafter_trained = drafter is not None
     if steering.config.steering:
-        partial = folder / f".{STEERING_WEIGHTS}.partial"
-        save_file({k: v.detach().float().contiguous() for k, v in steering.state_dict().items()}, str(partial))
-        partial.replace(folder / STEERING_WEIGHTS)
+        with staged_file(folder / STEERING_WEIGHTS) as partial:
+            save_file({k: v.detach().float().contiguous() for k, v in steering.state_dict().items()}, str(partial))
     if drafter is not None:
-        partial = folder / f".{DRAFTER_WEIGHTS}.partial"
-        save_model(drafter, str(partial))  # dedups tied embeddings
-        partial.replace(folder / DRAFTER_WEIGHTS)
-    partial = folder / f".{CONFIG}.partial"
-    partial.write_text(json.dumps(steering.config.to_json(), indent=1))
-    partial.replace(folder / CONFIG)
+        with staged_file(folder / DRAFTER_WEIGHTS) as partial:
+            save_model(drafter, str(partial))  # dedups tied embeddings
+    write_text(folder / CONFIG, json.dumps(steering.config.to_json(), indent=1))
 
 
 def read_steering_config(folder: Path) -> SteeringConfig:
@@ -207,4 +204,11 @@ def load_steering(folder: Path, target: nn.Module, drafter: nn.Module) -> Steeri
                                         f"(missing {list(missing)[:3]}, unexpected {list(unexpected)[:3]})")
     except (OSError, RuntimeError, ValueError) as exc:
         raise SteeringFileError(f"{folder}: unreadable weights ({str(exc).splitlines()[0]})") from None
+    loaded = [("steering", steering)] + ([("drafter", drafter)] if config.drafter_trained else [])
+    for role, module in loaded:  # nan weights would draft from nan probabilities: a diverged training wrote them
+        broken = next((name for name, p in module.named_parameters()
+                       if p.is_floating_point() and not bool(torch.isfinite(p.detach()).all())), None)
+        if broken is not None:
+            raise SteeringFileError(f"{folder}: the {role}'s weight {broken} holds nan or infinite values; "
+                                    "train it again (a lower --lr)")
     return steering.eval()

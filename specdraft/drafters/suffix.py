@@ -23,7 +23,8 @@ import torch
 
 from specdraft.drafters.base import (Draft, DraftContext, Drafter, Hidden, PoolContext, TrajectoryScores,
                                      proposal_trajectory_scores)
-from specdraft.drafters.datastore import LearnedStore, StoreError, open_store, tokenizer_fingerprint
+from specdraft.drafters.datastore import StoreError, open_store, tokenizer_fingerprint
+from specdraft.drafters.learned_store import LearnedStore
 from specdraft.drafters.options import SuffixOptions
 from specdraft.drafters.suffix_index import ContextIndex, Occurrences, SuffixIndex, continue_occurrences
 from specdraft.errors import ProfileError
@@ -77,7 +78,7 @@ class SuffixDrafter(Drafter):
         store = None
         if options.store is not None:
             try:
-                store = open_store(options.store, fingerprint)
+                store = open_store(options.store, fingerprint, pool.draft.vocab_size)
             except StoreError as exc:
                 raise ProfileError(pool.file, f"{key}.store", str(exc)) from None
         learned = None
@@ -85,11 +86,11 @@ class SuffixDrafter(Drafter):
             from specdraft.models.gguf_cache import cache_dir
 
             learned = LearnedStore(cache_dir() / "suffix" / fingerprint[:16], fingerprint, options.max_match,
-                                   options.learn_max_tokens)
-        return cls(name, pool.draft, options, store=store, learned=learned)
+                                   options.learn_max_tokens, pool.draft.vocab_size)
+        return cls(name, pool.draft, options, store=store, learned=learned, record=pool.record)
 
     def __init__(self, name: str, ctx: DraftContext, options: SuffixOptions, store: SuffixIndex | None = None,
-                 learned: LearnedStore | None = None):
+                 learned: LearnedStore | None = None, record: bool = True):
         super().__init__(name, ctx)
         self.options = options
         self.reset()
@@ -104,6 +105,8 @@ class SuffixDrafter(Drafter):
                 base, self.learned = None, None
             if base is not None:
                 self.stores.append(base)
+            if not record:  # read as it was at the start, written never
+                self.learned = None
         self._loaded = pending  # learned text not yet compacted: history from before this run
         keep_history = options.history or learned is not None
         self.history = ProcessHistory(options.max_match, pending) if keep_history else None

@@ -16,12 +16,13 @@ round (live: draft and verify; replay: read the trace), and hands the outcome to
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from specdraft.decoding.stopwatch import Clock, host_clock
 from specdraft.learning.feedback import RoundFeedback
 from specdraft.learning.policies.base import Policy, RoundPlan
+from specdraft.learning.policies.objective import round_values
 
 Gammas = list[list[float] | None]  # [arm][committed position of the round]; None: not scored
 
@@ -45,11 +46,15 @@ Evaluator = Callable[[Sequence[RoundOutcome], Sequence[bool]], list[Gammas]]
 
 @dataclass(frozen=True)
 class Learned:
-    """What `finish_round` did: the rounds evaluated now (chosen arm, gammas), and how long
-    the evaluation took."""
+    """What `finish_round` did: the rounds evaluated now (chosen arm, gammas), how long the
+    evaluation took, and per evaluated round what each arm earned in the policy's objective
+    (`objective.round_values`, in `objective.value_unit`; None for an arm not scored or not yet
+    priced), valued right after the policy learned from the round: what the regret against
+    the best fixed drafter sums."""
 
     evaluated: list[tuple[int, Gammas]]
     evaluate_s: float = 0.0
+    values: list[list[float | None]] = field(default_factory=list)
 
 
 NOTHING_LEARNED = Learned([])
@@ -127,7 +132,7 @@ class PolicyDriver:
         start = self.clock()
         scored = self.evaluator(self.pending, skip)
         evaluate_s = self.clock() - start
-        evaluated = []
+        evaluated, values = [], []
         silent = getattr(self.evaluator, "silent", None)
         for round_, gammas in zip(self.pending, scored, strict=True):
             quiet = round_.feedback.silent  # known already when the round was chosen among awake arms
@@ -137,6 +142,7 @@ class PolicyDriver:
                 quiet = [bool(q) or s for q, s in zip(quiet or [False] * len(skip), skip)]
             self.policy.update(replace(round_.feedback, gammas=gammas, silent=quiet))
             evaluated.append((round_.feedback.arm, gammas))
+            values.append(round_values(self.policy, gammas))
         self.pending = []
         self.policy.after_evaluation()
-        return Learned(evaluated, evaluate_s)
+        return Learned(evaluated, evaluate_s, values)

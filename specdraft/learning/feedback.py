@@ -6,7 +6,8 @@
 - Expected acceptance length (HedgeSpec Theorem 3), unbiased from one trajectory:
   EAL = sum_{k=1..m+1} k (1 - g_k) prod_{j<k} g_j, with g_{m+1} = 0.
 - Chunk losses: 1 - EAL / (K + 1) (length) or mean(1 - g) (acceptance rate).
-- Regret against the best fixed drafter in hindsight, from per-round EAL of every drafter.
+- Regret against the best fixed drafter in hindsight, in the unit of the objective the
+  policy optimises: per-round EAL of every scored drafter, or its tokens per second.
 """
 
 from __future__ import annotations
@@ -65,30 +66,68 @@ def acceptance_loss(gammas: Sequence[float]) -> float:
 
 @dataclass
 class RegretTracker:
-    """Cumulative expected accepted length of every arm versus the arms actually chosen."""
+    """Regret against the best fixed drafter in hindsight, in the unit of the objective the
+    policy optimises (`unit`; values from `learning/policies/objective.py`): "tokens" under
+    `objective = "acceptance"`, where a drafter's value on a round is its expected accepted
+    length (EAL, bonus token included, over the first K gammas); "tok/s" under the goodput
+    objective, where it is the round's expected committed tokens over the round's seconds
+    by the policy's own cost model. A drafter that accepts more but costs far more is not
+    the best one when speed is what the policy was asked for.
+
+    Each evaluated round gives every *scored* arm a value; an arm the evaluation skipped
+    (gammas None: it could not have been the fastest), or under goodput one the cost model
+    cannot price yet (it has not drafted: the first rounds of a run), earns nothing that
+    round. `totals[i]` is what arm i earned over the rounds it was scored in, `scored[i]`
+    how many those were, and `best` the largest total: a drafter is ranked only on what it
+    earned, never on credit for rounds it did not play (crediting a skipped arm with the
+    chosen arm's value, as before, let a drafter left out of most rounds be named best on
+    a few good scored ones). Comparing per-round averages instead was rejected: they
+    compare different rounds (a drafter scored only on easy stretches would average above
+    one scored everywhere), and the regret could be positive when the learner played the
+    best arm in every round.
+
+    `regret` = max_i totals[i] - chosen_total, summed over the tracked rounds (`rounds`).
+    Values are >= 0, so each total is a lower bound on what that arm would have earned in
+    every round and the regret is never inflated by unearned credit; it is exactly the
+    regret against the best fixed drafter when every arm is scored in every round, 0 when
+    the learner always played the arm that was best (its total is the learner's), and
+    negative only when switching beat every fixed drafter. Under "tok/s", regret / rounds
+    is (at least) the mean per-round speed the best fixed drafter would have added. A round whose
+    chosen arm has no value is not tracked (nothing to compare the others with)."""
 
     arms: list[str]
+    unit: str = "tokens"
     totals: list[float] = field(default_factory=list)
+    scored: list[int] = field(default_factory=list)  # rounds each arm was scored in
     chosen_total: float = 0.0
     chosen: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.totals = [0.0] * len(self.arms)
+        self.scored = [0] * len(self.arms)
 
     def add_round(self, chosen: int, gammas: Sequence[Sequence[float] | None], draft_tokens: int) -> None:
-        """One evaluated round: every arm's gammas at its committed positions, the first
-        `draft_tokens` of which bound what a drafter could have had accepted. An arm not
-        scored (None: skipped, it could not have been the fastest) counts as the chosen
-        arm did, so its regret does not move."""
-        eal = [None if g is None else expected_accept_length(g[:draft_tokens]) for g in gammas]
-        mine = eal[chosen] if eal[chosen] is not None else 1.0
-        self.add(chosen, [mine if value is None else value for value in eal])
+        """One evaluated round valued in accepted tokens: every arm's gammas at its committed
+        positions, the first `draft_tokens` of which bound what a drafter could have had
+        accepted (None: not scored, it earns nothing)."""
+        self.add(chosen, [None if g is None else expected_accept_length(g[:draft_tokens]) for g in gammas])
 
-    def add(self, chosen: int, eal: Sequence[float]) -> None:
-        for i, value in enumerate(eal):
-            self.totals[i] += value
-        self.chosen_total += eal[chosen]
+    def add(self, chosen: int, values: Sequence[float | None]) -> None:
+        """One evaluated round: each arm's value in `unit`, None for an arm not scored (or,
+        under goodput, not yet priced). A round whose chosen arm has no value is not
+        tracked: there is nothing to compare the others with."""
+        if values[chosen] is None:
+            return
+        for i, value in enumerate(values):
+            if value is not None:
+                self.totals[i] += value
+                self.scored[i] += 1
+        self.chosen_total += values[chosen]
         self.chosen.append(chosen)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.chosen)
 
     @property
     def best(self) -> int:

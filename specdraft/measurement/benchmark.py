@@ -38,6 +38,9 @@ class Sample:
     best_arm_share: float | None = None
     mismatch: bool = False
     regret_curve: list[float] = field(default_factory=list)
+    # The regret's unit, the policy's objective: "tokens" (expected accepted length) or
+    # "tok/s" (tokens per second by the policy's cost model, summed over evaluated rounds).
+    regret_unit: str | None = None
     # Where the time went (seconds: draft, verify, evaluate, everything else), the drafted
     # length of each round, and the policy's ideal speedup for this pool at the end.
     time_s: dict[str, float] = field(default_factory=dict)
@@ -97,7 +100,8 @@ def policy_configs(profile: Profile, flags: Sequence[str] | None, runtime: Runti
         seen.add(flag)
         variant = profile.with_overrides(policy=flag)
         # the bench's own runtime already warned about any optional drafter left out
-        variant_runtime = build_runtime(variant, runtime.target, models=runtime.models, warn_absent=False)
+        variant_runtime = build_runtime(variant, runtime.target, models=runtime.models, warn_absent=False,
+                                        record=False)
         configs.append(_engine_config(flag, variant_runtime, chat))
     return configs
 
@@ -124,7 +128,8 @@ def _engine_config(label: str, runtime: Runtime, chat: bool | None) -> Config:
         time_s["other"] = round(max(0.0, elapsed - sum(phases.values())), 5)
         return Sample(example.id, example.task, label, 0, stats.tokens, stats.rounds, elapsed, accepted_at,
                       drafted_at, stats.regret, stats.best_drafter, stats.best_arm_share,
-                      regret_curve=curve, ids=list(prompt_run.detokenizer.ids), time_s=time_s,
+                      regret_curve=curve, regret_unit=stats.regret_unit, ids=list(prompt_run.detokenizer.ids),
+                      time_s=time_s,
                       draft_lengths={str(k): n for k, n in sorted(stats.draft_lengths.items())},
                       ideal_speedup=stats.ideal_speedup,
                       drafter_rounds={name: use.rounds for name, use in stats.usage.items() if use.rounds})
@@ -214,6 +219,7 @@ def summarize(samples: Sequence[Sample]) -> list[dict]:
         drafted = [sum(s.drafted_at[j] for s in group if j < len(s.drafted_at)) for j in range(k)]
         accepted = [sum(s.accepted_at[j] for s in group if j < len(s.accepted_at)) for j in range(k)]
         regrets = [s.regret for s in group if s.regret is not None]
+        units = {s.regret_unit for s in group if s.regret is not None}
         split = defaultdict(float)
         lengths: dict[str, int] = defaultdict(int)
         for s in group:
@@ -231,6 +237,8 @@ def summarize(samples: Sequence[Sample]) -> list[dict]:
             "tokens_per_s": tokens / elapsed if elapsed else 0.0,
             "best_arm_share": sum(shares) / len(shares) if shares else None,
             "regret": sum(regrets) / len(regrets) if regrets else None,
+            # one policy per config, so one unit ("mixed" only if samples disagree)
+            "regret_unit": (units.pop() if len(units) == 1 else "mixed") if units else None,
             "mismatches": None if group[0].peer else sum(s.mismatch for s in group),
             "identical": sum(bool(s.identical) for s in group) / len(group) if group[0].peer else None,
             "failed": sum(s.failed is not None for s in group),

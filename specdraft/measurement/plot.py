@@ -28,14 +28,19 @@ def plot_bench(rows: Sequence[dict], samples: Sequence, file: Path) -> None:
     left.set_xticks([x + width * (len(configs) - 1) / 2 for x in range(len(tasks))], tasks)
     left.set_ylabel("speedup vs plain decoding")
     left.legend(fontsize=7)
-    colours = {}
+    colours, units = {}, set()
     for sample in samples:
         if sample.regret_curve and sample.repeat == 1:
             colour = colours.setdefault(sample.config, f"C{len(colours)}")
+            units.add(sample.regret_unit)
             right.plot(range(1, len(sample.regret_curve) + 1), sample.regret_curve, color=colour, alpha=0.6,
                        label=sample.config if sample.config not in right.get_legend_handles_labels()[1] else None)
     right.set_xlabel("round")
-    right.set_ylabel("cumulative regret (expected accepted tokens)")
+    # In the unit of each policy's objective: expected accepted tokens, or tokens per second
+    # (by the policy's cost model) summed over the evaluated rounds.
+    labels = {"tokens": "expected accepted tokens", "tok/s": "tok/s summed over rounds"}
+    unit = units.pop() if len(units) == 1 else None
+    right.set_ylabel(f"cumulative regret ({labels.get(unit, unit or 'tokens or tok/s, by policy objective')})")
     if colours:
         right.legend(fontsize=7)
     fig.tight_layout()

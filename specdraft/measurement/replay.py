@@ -20,6 +20,7 @@ from specdraft.learning.driver import Gammas, PolicyDriver, RoundOutcome
 from specdraft.learning.feedback import RegretTracker, RoundFeedback
 from specdraft.learning.policies import build_policy, option_value
 from specdraft.learning.policies.base import PLAIN_ARM
+from specdraft.learning.policies.objective import value_unit
 from specdraft.measurement.traces import PromptTrace, Trace, TraceHeader
 
 
@@ -34,6 +35,7 @@ class ReplayResult:
     regret: float | None = None
     best_drafter: str | None = None
     best_arm_share: float | None = None
+    regret_unit: str | None = None  # "tokens" or "tok/s": the policy's objective (RegretTracker)
     accepted_at: list[int] = field(default_factory=list)  # per draft position: times accepted
     drafted_at: list[int] = field(default_factory=list)  # per draft position: times drafted
 
@@ -60,7 +62,7 @@ def _replay_prompt(head: TraceHeader, prompt: PromptTrace, driver: PolicyDriver,
     total, target = len(prompt.tokens), head.costs["target"]
     result = ReplayResult(prompt.id, prompt.task, total, 0, 0.0, total * target(1),
                           accepted_at=[0] * head.draft_tokens, drafted_at=[0] * head.draft_tokens)
-    tracker = RegretTracker(arms) if driver.full_information else None
+    tracker = RegretTracker(arms, value_unit(driver.policy)) if driver.full_information else None
     driver.start_prompt(_TraceEvaluator(prompt, arms) if driver.full_information else None)
     position = 0
     while position < total:
@@ -81,8 +83,8 @@ def _replay_prompt(head: TraceHeader, prompt: PromptTrace, driver: PolicyDriver,
         if driver.full_information:  # every other model drafter catches up on the chunk
             result.simulated_s += sum(head.costs[name](count) for i, name in enumerate(arms)
                                       if i != arm and name in head.costs and name in prompt.drafters)
-        for chosen, gammas in learned.evaluated:
-            tracker.add_round(chosen, gammas, head.draft_tokens)
+        for (chosen, _), values in zip(learned.evaluated, learned.values, strict=True):
+            tracker.add(chosen, values)
         result.rounds += 1
         for j in range(drafted):
             result.drafted_at[j] += 1
@@ -90,7 +92,7 @@ def _replay_prompt(head: TraceHeader, prompt: PromptTrace, driver: PolicyDriver,
         position += count
     if tracker is not None:
         result.regret, result.best_arm_share = tracker.regret, tracker.best_arm_share
-        result.best_drafter = arms[tracker.best]
+        result.best_drafter, result.regret_unit = arms[tracker.best], tracker.unit
     return result
 
 

@@ -29,6 +29,7 @@ class SweepRow:
     mean_accepted: float
     simulated_speedup: float
     regret: float | None
+    regret_unit: str | None = None  # "tokens" or "tok/s": the policy's objective
 
 
 def check_tunable(policy: str, param: str) -> None:
@@ -48,8 +49,9 @@ def sweep(trace: Trace, base: PolicyConfig, param: str, grid: list[float], seed:
         plain = sum(r.plain_simulated_s for r in results)
         spent = sum(r.simulated_s for r in results)
         regrets = [r.regret for r in results if r.regret is not None]
+        unit = next((r.regret_unit for r in results if r.regret is not None), None)
         rows.append(SweepRow(cast(value), tokens / rounds if rounds else 0.0, plain / spent if spent else 0.0,
-                             sum(regrets) / len(regrets) if regrets else None))
+                             sum(regrets) / len(regrets) if regrets else None, unit))
     return rows
 
 

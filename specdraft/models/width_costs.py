@@ -14,12 +14,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import platform
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from specdraft.atomic_files import write_text
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.gguf_cache import cache_dir
 
@@ -45,7 +47,7 @@ def width_costs(lm: CachedLM, max_width: int, use_disk: bool = True) -> list[flo
     if use_disk:
         try:
             file.parent.mkdir(parents=True, exist_ok=True)
-            file.write_text(json.dumps({"seconds": seconds, "key": _key_parts(lm, max_width)}, indent=1))
+            write_text(file, json.dumps({"seconds": seconds, "key": _key_parts(lm, max_width)}, indent=1))
         except OSError as exc:  # a read-only cache only costs the next run the measurement
             log.warning("specdraft: could not keep the verify costs in %s (%s)", file, exc)
     return seconds
@@ -114,6 +116,6 @@ def _read(file: Path, max_width: int) -> list[float] | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if (isinstance(seconds, list) and len(seconds) == max_width
-            and all(isinstance(s, (int, float)) and s > 0 for s in seconds)):
+            and all(isinstance(s, (int, float)) and math.isfinite(s) and s > 0 for s in seconds)):
         return [float(s) for s in seconds]
     return None

@@ -61,10 +61,15 @@ class GenerationStats:
         self.overhead_s += record.overhead_s
         self.evaluate_s += record.evaluate_s
         self.prefill_s += record.prefill_s
-        for arm, gammas in record.evaluated or ():
+        values = record.values  # valued by the policy, in the objective it optimises
+        for j, (arm, gammas) in enumerate(record.evaluated or ()):
             if self.regret_tracker is None:
-                self.regret_tracker = RegretTracker(list(self.drafter_names))
-            self.regret_tracker.add_round(arm, gammas, self.draft_tokens)
+                unit = record.value_unit if values is not None else "tokens"
+                self.regret_tracker = RegretTracker(list(self.drafter_names), unit)
+            if values is not None:
+                self.regret_tracker.add(arm, values[j])
+            else:
+                self.regret_tracker.add_round(arm, gammas, self.draft_tokens)
         self.last_drafter, self.last_accepted, self.last_drafted = record.drafter, record.accepted, record.drafted
         self.last_planned = record.planned
         self.draft_lengths[record.drafted] += 1
@@ -84,18 +89,37 @@ class GenerationStats:
         return self.tokens / self.rounds if self.rounds else 0.0
 
     @property
+    def _tracked(self) -> RegretTracker | None:
+        """The regret tracker once it holds a valued round."""
+        return self.regret_tracker if self.regret_tracker and self.regret_tracker.rounds else None
+
+    @property
     def regret(self) -> float | None:
-        """Cumulative expected-accepted-length regret against the best fixed drafter in
-        hindsight; None when only the chosen drafter was scored (it cannot be known)."""
-        return self.regret_tracker.regret if self.regret_tracker else None
+        """Cumulative regret against the best fixed drafter in hindsight, in `regret_unit`
+        (the policy's objective: expected accepted tokens, or tokens per second summed over
+        the evaluated rounds); None when only the chosen drafter was scored (it cannot be
+        known) or before a round could be valued. See RegretTracker: a drafter is ranked
+        only on what it earned in the rounds it was scored in."""
+        return self._tracked.regret if self._tracked else None
+
+    @property
+    def regret_unit(self) -> str | None:
+        """The regret's unit: "tokens" (objective = "acceptance") or "tok/s" (goodput)."""
+        return self._tracked.unit if self._tracked else None
+
+    @property
+    def regret_rounds(self) -> int | None:
+        """The evaluated rounds the regret is summed over."""
+        return self._tracked.rounds if self._tracked else None
 
     @property
     def best_drafter(self) -> str | None:
-        return self.drafter_names[self.regret_tracker.best] if self.regret_tracker else None
+        """The best fixed drafter in hindsight, in `regret_unit`."""
+        return self.drafter_names[self._tracked.best] if self._tracked else None
 
     @property
     def best_arm_share(self) -> float | None:
-        return self.regret_tracker.best_arm_share if self.regret_tracker else None
+        return self._tracked.best_arm_share if self._tracked else None
 
     @property
     def tokens_per_s(self) -> float:
@@ -144,6 +168,8 @@ class GenerationStats:
             "achieved_speedup": _round(self.achieved_speedup, 3),
             "ideal_speedup": _round(self.ideal_speedup, 3),
             "regret": None if self.regret is None else round(self.regret, 4),
+            "regret_unit": self.regret_unit,
+            "regret_rounds": self.regret_rounds,
             "best_drafter": self.best_drafter,
             "best_arm_share": None if self.best_arm_share is None else round(self.best_arm_share, 4),
         }

@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from specdraft.atomic_files import write_text
 from specdraft.models.packed_linear import packed_while
 from specdraft.training.corpus import Document
 
@@ -124,17 +125,23 @@ def extract_features(target: torch.nn.Module, tokens: np.ndarray, layers: Sequen
     meta_path, done_path = folder / "meta.json", folder / "done.json"
     wanted = list(layers)
     meta = _describe(tokens, wanted, hidden)
-    if meta_path.exists():
-        old = json.loads(meta_path.read_text())
-        if _holds(old, meta):  # the same tokens, and all these layers (maybe more): served and completed as it is
-            meta["layers"] = layers = old["layers"]
-        else:
-            done_path.unlink(missing_ok=True)  # other tokens, another shape or fewer layers: start over
-    mode = "r+" if done_path.exists() else "w+"
-    arrays = {layer: np.lib.format.open_memmap(folder / f"features-{layer}.npy", mode=mode, dtype=np.float16,
-                                               shape=(n, seq_len, hidden)) for layer in layers}
-    meta_path.write_text(json.dumps(meta))
-    done = json.loads(done_path.read_text())["sequences"] if done_path.exists() else 0
+    old = _read_json(meta_path)
+    if old is not None and _holds(old, meta):  # the same tokens, and all these layers (maybe more): served and completed as it is
+        meta["layers"] = layers = old["layers"]
+    else:
+        done_path.unlink(missing_ok=True)  # other tokens, another shape or fewer layers: start over
+    recorded = (_read_json(done_path) or {}).get("sequences")
+    done = recorded if isinstance(recorded, int) and 0 <= recorded <= n else 0
+    try:  # resumed arrays that are missing or of another shape are started over, not trusted
+        arrays = {layer: np.lib.format.open_memmap(folder / f"features-{layer}.npy", mode="r+" if done else "w+",
+                                                   dtype=np.float16, shape=(n, seq_len, hidden)) for layer in layers}
+        if any(a.shape != (n, seq_len, hidden) or a.dtype != np.float16 for a in arrays.values()):
+            raise ValueError("another shape")
+    except (OSError, ValueError):
+        done = 0
+        arrays = {layer: np.lib.format.open_memmap(folder / f"features-{layer}.npy", mode="w+", dtype=np.float16,
+                                                   shape=(n, seq_len, hidden)) for layer in layers}
+    write_text(meta_path, json.dumps(meta))
     batch = max(1, batch_tokens // seq_len)
     device = next(target.parameters()).device
     started = time.perf_counter()
@@ -150,11 +157,20 @@ def extract_features(target: torch.nn.Module, tokens: np.ndarray, layers: Sequen
             for array in arrays.values():
                 array.flush()
             done = first + ids.shape[0]
-            done_path.write_text(json.dumps({"sequences": done, "seconds": time.perf_counter() - started}))
+            write_text(done_path, json.dumps({"sequences": done, "seconds": time.perf_counter() - started}))
             if progress is not None:
                 progress(done, n)
     return FeatureSet(folder, tokens, {layer: np.load(folder / f"features-{layer}.npy", mmap_mode="r")
                                        for layer in wanted})
+
+
+def _read_json(path: Path) -> dict | None:
+    """A JSON object written by this module, or None when missing or damaged."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _describe(tokens: np.ndarray, layers: Sequence[int], hidden: int | None) -> dict[str, Any]:
@@ -172,8 +188,8 @@ def _holds(stored: dict[str, Any], wanted: dict[str, Any]) -> bool:
 
 def finished(folder: Path, tokens: np.ndarray, layers: Sequence[int]) -> bool:
     """Whether `folder` holds the features of `layers` at every position of `tokens`."""
-    done, meta = folder / "done.json", folder / "meta.json"
-    if not done.exists() or not meta.exists() or json.loads(done.read_text()).get("sequences") != tokens.shape[0]:
+    done, stored = _read_json(folder / "done.json"), _read_json(folder / "meta.json")
+    if done is None or stored is None or done.get("sequences") != tokens.shape[0] \
+            or not all((folder / f"features-{layer}.npy").exists() for layer in layers):
         return False
-    stored = json.loads(meta.read_text())
     return _holds(stored, _describe(tokens, layers, stored.get("hidden")))

@@ -1,6 +1,9 @@
 """The training loop every trained drafter kind shares: AdamW with warmup and cosine decay,
 gradient clipping, a progress bar with the loss and the time left, a checkpoint every few
-minutes that a later run resumes from, and Ctrl-C that saves a usable drafter first.
+minutes that a later run resumes from, and Ctrl-C (or SIGTERM, raised as `Terminated` by
+the command) that saves a usable drafter first. A run whose loss, gradient or weights stop
+being finite numbers stops with `TrainingDiverged` and saves nothing more: the folder keeps
+the last checkpoint written while the weights were finite.
 
 What is trained and how a batch's loss is computed is the caller's (`step_loss`); what a
 usable drafter is on disk is the caller's too (`save`). The loop owns the optimizer, the
@@ -19,7 +22,14 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from specdraft.atomic_files import staged_file
+from specdraft.errors import SpecdraftError, Terminated
+
 STATE = "training-state.pt"
+
+
+class TrainingDiverged(SpecdraftError):
+    """The loss, a gradient or the weights became nan or infinite (exit 1, one line)."""
 
 
 @dataclass
@@ -67,8 +77,25 @@ def train(module: torch.nn.Module, settings: LoopSettings, step_loss: Callable[[
     state_path = out / STATE
     step = _resume(state_path, module, optimizer, settings, console)
     resumed_from = step
+    kept = step if step else None  # the step of the checkpoint in `out` (a resumed run's is there already)
     started = last_checkpoint = time.perf_counter()
     metrics: dict[str, float] = {}
+
+    def diverged(what: str, at: int) -> TrainingDiverged:
+        where = (f"{out} keeps the checkpoint of step {kept}" if kept is not None else
+                 f"nothing was saved to {out}")
+        return TrainingDiverged(f"{label}: {what} at step {at} of {settings.steps}, so training stopped; {where} "
+                                "(a lower --lr may train; --restart starts over)")
+
+    def keep(metrics: dict[str, float]) -> None:
+        """Checkpoint and save the drafter, unless its weights are no longer finite."""
+        nonlocal kept
+        if not _finite(params):
+            raise diverged("the weights became nan or infinite", step)
+        _checkpoint(state_path, module, optimizer, settings, step)
+        save(step, metrics)
+        kept = step
+
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[metrics]}"), TimeElapsedColumn(), TextColumn("eta"),
                         TimeRemainingColumn(), console=console, transient=True, disable=not console.is_terminal)
@@ -79,31 +106,41 @@ def train(module: torch.nn.Module, settings: LoopSettings, step_loss: Callable[[
                 for group in optimizer.param_groups:
                     group["lr"] = learning_rate(step, settings) * group["scale"]
                 loss, metrics = step_loss(step)
+                if not bool(torch.isfinite(loss.detach())):
+                    raise diverged(f"the loss became {float(loss.detach())}", step + 1)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, settings.clip)
+                norm = torch.nn.utils.clip_grad_norm_(params, settings.clip)
+                if not bool(torch.isfinite(norm)):
+                    raise diverged(f"the gradient norm became {float(norm)}", step + 1)
                 optimizer.step()
                 step += 1
                 shown = "  ".join(f"{k} {v:.3f}" for k, v in metrics.items())
                 progress.update(task, advance=1, metrics=shown)
                 now = time.perf_counter()
                 if now - last_checkpoint >= settings.checkpoint_seconds and step < settings.steps:
-                    _checkpoint(state_path, module, optimizer, settings, step)
-                    save(step, metrics)
+                    keep(metrics)
                     last_checkpoint = now
                     if not console.is_terminal:  # a log gets a line per checkpoint instead of a bar
                         left = (now - started) / max(1, step - resumed_from) * (settings.steps - step)
                         console.print(f"{label}: step {step}/{settings.steps}  {shown}  ~{left / 60:.1f} min left",
                                       markup=False, highlight=False)
-    except KeyboardInterrupt:
-        _checkpoint(state_path, module, optimizer, settings, step)
-        save(step, metrics)
-        console.print(f"{label}: interrupted at step {step}/{settings.steps}; saved what it has learned to {out} "
+    except KeyboardInterrupt as stop:
+        how = "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
+        if not _finite(params):
+            console.print(f"{label}: {how} at step {step}/{settings.steps}; its weights were no longer finite "
+                          f"numbers, so nothing was saved", markup=False, highlight=False)
+            raise
+        keep(metrics)
+        console.print(f"{label}: {how} at step {step}/{settings.steps}; saved what it has learned to {out} "
                       f"(run the same command again to continue)", markup=False, highlight=False)
         raise
-    _checkpoint(state_path, module, optimizer, settings, step)
-    save(step, metrics)
+    keep(metrics)
     return LoopResult(step, resumed_from, time.perf_counter() - started, metrics)
+
+
+def _finite(params: list[torch.nn.Parameter]) -> bool:
+    return all(bool(torch.isfinite(p.detach()).all()) for p in params)
 
 
 def _resume(path: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: LoopSettings,
@@ -128,7 +165,6 @@ def _resume(path: Path, module: torch.nn.Module, optimizer: torch.optim.Optimize
 
 def _checkpoint(path: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: LoopSettings,
                 step: int) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save({"identity": settings.identity, "step": step, "model": module.state_dict(),
-                "optimizer": optimizer.state_dict()}, tmp)
-    tmp.replace(path)
+    with staged_file(path) as partial:
+        torch.save({"identity": settings.identity, "step": step, "model": module.state_dict(),
+                    "optimizer": optimizer.state_dict()}, partial)

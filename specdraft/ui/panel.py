@@ -1,5 +1,6 @@
 """The live panel on stderr: current drafter, accepted length, mean accepted tokens,
-tokens/s, per-drafter usage and the regret slot.
+tokens/s, per-drafter usage and the regret slot (in the unit of the policy's objective:
+accepted tokens or tokens per second).
 
 Rich's Live redirects stdout by default, which would swallow the generated text; here it
 never does. When stdout is the same terminal, the view also shows the tail of the text
@@ -35,7 +36,10 @@ def stats_panel(stats: GenerationStats, policy: str, scores: dict[str, float] | 
     ]
     parts.extend(_speed_parts(stats))
     if regret is not None:
-        parts.append(f"regret [bold]{regret:.2f}[/] (best {escape(str(stats.best_drafter))})")
+        parts.append(f"regret [bold]{regret:.2f}[/] {regret_unit_phrase(stats.regret_unit, stats.regret_rounds)} "
+                     f"(best {escape(str(stats.best_drafter))})")
+    elif stats.regret_tracker is not None:  # full information, no round valued yet
+        parts.append("regret [dim]not yet known[/]")
     elif policy != "fixed":  # a fixed drafter makes no choice, so there is no regret to know
         parts.append("regret [dim]unknown (bandit feedback)[/]")
     head = Text.from_markup(" · ".join(parts))
@@ -53,6 +57,16 @@ def stats_panel(stats: GenerationStats, policy: str, scores: dict[str, float] | 
         table.add_row(*row, style="bold" if name == stats.last_drafter else None)
     return Panel(Group(head, table), title=escape(f"{title} · policy {policy}"), title_align="left",
                  border_style="blue")
+
+
+def regret_unit_phrase(unit: str | None, rounds: int | None) -> str:
+    """What a regret number counts: expected accepted tokens, or tokens per second summed
+    over the evaluated rounds (the unit of the objective the policy optimises)."""
+    if unit == "tok/s":
+        return f"tok/s summed over {rounds} rounds" if rounds else "tok/s"
+    if unit:
+        return f"{unit} over {rounds} rounds" if rounds else unit
+    return ""
 
 
 def _speed_parts(stats: GenerationStats) -> list[str]:

@@ -33,13 +33,20 @@ def bench_table(rows: Sequence[dict], title: str, simulated: bool = False) -> Ta
             escape(str(r["task"])), escape(r["config"]), str(r["prompts"]), _num(r.get("speedup"), ".2f") + "x" + doubt,
             _num(r.get("mean_accepted"), ".2f"), accept or "-",
             _num(r.get("tokens_per_s"), ".1f") if not simulated else "-",
-            _num(r.get("best_arm_share"), ".0%"), _num(r.get("regret"), ".2f"),
+            _num(r.get("best_arm_share"), ".0%"), _regret(r.get("regret"), r.get("regret_unit")),
             differ,
             _num(r.get("ideal_speedup"), ".2f") + ("x" if r.get("ideal_speedup") is not None else ""),
             _split(r.get("time_share")), _lengths(r.get("draft_lengths")),
             style="bold" if r["task"] == "all" else None,
         )
     return table
+
+
+def _regret(value: float | None, unit: str | None) -> str:
+    """A regret with its unit: the objective the policy optimises ("tokens" or "tok/s")."""
+    if value is None:
+        return "-"
+    return f"{value:.2f} {unit}" if unit else f"{value:.2f}"
 
 
 def _split(share: dict | None) -> str:
@@ -65,5 +72,5 @@ def sweep_table(policy: str, param: str, rows, best, paper: float | None) -> Tab
     for r in rows:
         mark = "best" if r is best else ("paper" if paper is not None and r.value == paper else "")
         table.add_row(f"{r.value:g}", f"{r.mean_accepted:.3f}", f"{r.simulated_speedup:.3f}x",
-                      _num(r.regret, ".2f"), mark, style="bold" if r is best else None)
+                      _regret(r.regret, r.regret_unit), mark, style="bold" if r is best else None)
     return table

@@ -27,6 +27,7 @@ from typing import Sequence
 
 from specdraft.learning.feedback import acceptance_loss, expected_accept_length, length_loss
 from specdraft.learning.policies.base import OptionSpec, Policy, RoundFeedback, one_of, scaled
+from specdraft.learning.policies.objective import judged_length
 
 HEDGE_OPTIONS = {
     "evaluate": OptionSpec((str,), "all", one_of("all"), 'must be "all": these learners score every drafter'),
@@ -154,11 +155,9 @@ class HedgeFamily(Policy):
         if not self.goodput:
             return length_loss(gammas, self.draft_tokens)
         # The chunk is as long as the chosen arm's round committed: positions past it are
-        # censored. Charged for its best K while credited for at most the chunk, a drafter
-        # would look slow whenever the chosen arm commits short chunks (a plain round's one
-        # token), and a cheap arm would lock the learner in. So it is judged at the draft
-        # length the chunk can show.
-        k = min(self.best_length(arm, self.draft_tokens), len(gammas))
+        # censored, so a drafter is judged at the draft length the chunk can show (else a
+        # cheap arm would lock the learner in; see judged_length).
+        k = judged_length(self, arm, len(gammas))
         return 1.0 - self.speed_score(arm, expected_accept_length(gammas[:k]), k)
 
     def scores(self) -> dict[str, float]:
