@@ -23,7 +23,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
 
-    from specdraft.config.profile import load_profile
+    from specdraft.profile import load_profile
     from specdraft.measurement.traces import measure_costs
     from specdraft.runtime import build_runtime
 

@@ -14,10 +14,10 @@ import time
 
 import torch
 
-from specdraft.config.profile import load_profile
+from specdraft.profile import load_profile
 from specdraft.models.cached_lm import CachedLM
 from specdraft.runtime import build_runtime
-from specdraft.session.prompt_run import prompt_token_ids
+from specdraft.session.prompt_ids import prompt_token_ids
 
 
 def main() -> None:

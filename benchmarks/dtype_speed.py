@@ -26,13 +26,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from specdraft.commands.io import quiet_libraries  # noqa: E402
-from specdraft.config.profile import load_profile  # noqa: E402
+from specdraft.profile import load_profile  # noqa: E402
 from specdraft.measurement.datasets import load_dataset  # noqa: E402
 from specdraft.models.cached_lm import CachedLM  # noqa: E402
 from specdraft.models.loading import load_model  # noqa: E402
+from specdraft.models.quiet import quiet_environment  # noqa: E402
 from specdraft.runtime import build_runtime  # noqa: E402
-from specdraft.session.prompt_run import PromptRun, prompt_token_ids  # noqa: E402
+from specdraft.session.prompt_ids import prompt_token_ids  # noqa: E402
+from specdraft.session.prompt_run import PromptRun  # noqa: E402
 
 WIDTHS = (1, 2, 3, 5, 7, 9)
 
@@ -47,7 +48,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--json", help="write every measurement here")
     args = parser.parse_args()
-    quiet_libraries(False)
+    quiet_environment()
     torch.set_grad_enabled(False)
 
     base = load_profile(args.pool).with_overrides(max_new_tokens=args.max_new_tokens, temperature=0.0)
@@ -84,7 +85,7 @@ def main() -> None:
                         rows.setdefault((dtype, name), []).append(len(ids) / seconds)
 
     reference = dtypes[0]
-    print(f"\nforward cost of the target (median ms; ratio to one token):\n")
+    print("\nforward cost of the target (median ms; ratio to one token):\n")
     print("| tokens | " + " | ".join(dtypes) + " |")
     print("|---|" + "---|" * len(dtypes))
     for width in WIDTHS:

@@ -124,7 +124,7 @@ def random_llama(shape: dict, dtype: torch.dtype, device: torch.device) -> torch
 
 
 def plain_rates(model: torch.nn.Module, device: torch.device, tokens: int) -> dict[str, float]:
-    from specdraft.decoding.stopwatch import device_clock
+    from specdraft.core.stopwatch import device_clock
     from specdraft.models.cached_lm import CachedLM
 
     clock = device_clock(device)

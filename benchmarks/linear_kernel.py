@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from specdraft.config.profile import load_profile
+from specdraft.profile import load_profile
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.loading import load_model
 from specdraft.models.packed_linear import pack_linears, packing_problem, stock_kernels

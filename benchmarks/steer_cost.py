@@ -38,7 +38,7 @@ def main() -> None:
 
     import torch
 
-    from specdraft.config.profile import load_profile
+    from specdraft.profile import load_profile
     from specdraft.runtime import build_runtime
 
     runtime = build_runtime(load_profile(args.pool))

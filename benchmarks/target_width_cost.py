@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from specdraft.config.profile import load_profile
+from specdraft.profile import load_profile
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.file_quantization import weight_bytes
 from specdraft.models.loading import load_model

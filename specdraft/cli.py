@@ -77,7 +77,7 @@ def bench(
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", "-n")] = None,
     limit: Annotated[Optional[int], typer.Option(help="Use only the first N prompts.")] = None,
     repeat: Annotated[int, typer.Option(help="Measured passes over the prompts (after one warm-up).")] = 1,
-    baseline: Annotated[Optional[str], typer.Option(help="transformers: also time transformers' greedy, assisted and prompt-lookup generation (stock kernels); transformers-packed: the same over specdraft's packed target; both: transformers,transformers-packed.")] = None,
+    baseline: Annotated[Optional[str], typer.Option(help="transformers: also time transformers' greedy, assisted and prompt-lookup generation (stock kernels); transformers-packed: the same over specdraft's packed target; llama.cpp: llama-cpp-python's plain and prompt-lookup decoding of the target's GGUF file; several: comma-separated.")] = None,
     out: Annotated[Optional[str], typer.Option(help="Write every measurement and the summary as JSON.")] = None,
     csv_file: Annotated[Optional[str], typer.Option("--csv", help="Write the summary table as CSV.")] = None,
     plot: Annotated[Optional[str], typer.Option(help="Draw speedups and regret curves to a PNG (needs matplotlib).")] = None,
@@ -85,6 +85,8 @@ def bench(
     chat: Annotated[Optional[bool], typer.Option("--chat/--raw", show_default=False)] = None,
     seed: Annotated[Optional[int], typer.Option()] = None,
     temperature: Annotated[Optional[float], typer.Option(help="Over the profile's: > 0 benches sampling (outputs are then not compared with plain decoding's).", show_default=False)] = None,
+    skip: Annotated[int, typer.Option(help="Leave the first N prompts out of the summary; they still run (and warm drafters that learn from earlier answers).")] = 0,
+    versus: Annotated[Optional[str], typer.Option(help="Also show every row's speed as a ratio to this configuration, e.g. fixed:lookup.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Measure speedup over plain decoding on a dataset, live or replayed from a trace."""
@@ -183,7 +185,7 @@ def train_head(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Train an EAGLE-style draft head for the pool's target (for a `head` drafter)."""
-    from specdraft.commands.train import TrainHeadOptions, run_train_head
+    from specdraft.commands.train_head import TrainHeadOptions, run_train_head
 
     console = err_console()
     data = [*data, *(more or [])]  # `--data a b c` reads as --data a plus arguments b c

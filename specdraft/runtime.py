@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from specdraft.config.profile import PolicyConfig, Profile
+from specdraft.profile import PolicyConfig, Profile
 from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
-from specdraft.decoding.sampling import SamplingParams
+from specdraft.core.sampling import SamplingParams
 from specdraft.drafters import DraftContext, Drafter, PlainDecoding, PoolContext
 from specdraft.drafters.registry import build_pool
 from specdraft.errors import ProfileError
@@ -93,14 +93,11 @@ def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bo
         drafters.append(PlainDecoding(ctx))  # the "none" arm: a plain round when nothing pays off
     policy = build_policy(policy_config.name, policy_config.options, [d.name for d in drafters], seed=seed,
                           draft_tokens=profile.decode.draft_tokens, horizon=profile.decode.max_new_tokens)
-    settings = EngineSettings(
-        draft_tokens=profile.decode.draft_tokens,
-        max_new_tokens=profile.decode.max_new_tokens,
-        sampling=ctx.params,
-        eos_ids=eos_token_ids(target.model, target.tokenizer),
-    )
-    if not plain and decode.verify_costs == "measure":
-        # From disk, else measured now (once per model shape and machine).
-        policy.costs.verify.install(width_costs(target_lm, decode.draft_tokens + 1))
+    settings = EngineSettings(decode.draft_tokens, decode.max_new_tokens, ctx.params,
+                              eos_token_ids(target.model, target.tokenizer))
     engine = SpeculativeEngine(target_lm, drafters, policy, settings, generator)
+    if not plain and decode.verify_costs == "measure":
+        # From disk, else measured now (once per model shape and machine): the planner's
+        # verify costs by width.
+        engine.driver.planner.costs.verify.install(width_costs(target_lm, decode.draft_tokens + 1))
     return Runtime(profile, target, engine, drafters, models)

@@ -14,7 +14,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny import save_tiny_pair  # noqa: E402
-from specdraft.models.gguf_cache import cache_dir  # noqa: E402
+from specdraft.storage.cache_root import cache_dir  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

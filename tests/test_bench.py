@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from specdraft.config.edit import write_policy_option
 from specdraft.measurement.sweeps import SweepRow, best_row
 from specdraft.cli import app
-from specdraft.config.profile import load_profile
+from specdraft.profile import load_profile
 
 runner = CliRunner()
 
@@ -119,7 +119,7 @@ def test_best_row_prefers_the_published_value_on_a_tie():
     assert best_row(rows[:1] + rows[2:], prefer=0.01).value == 0.001
 
 
-# -- issue 13: calibrate-beta never corrupts the profile --------------------------------------
+# -- calibrate-beta never corrupts the profile --------------------------------------
 
 
 def test_bad_grid_is_refused_before_any_work(pool_file, data_file, tmp_path):
@@ -170,7 +170,7 @@ def test_write_updates_a_comment_that_credits_the_paper(tmp_path):
                                 '2026-01-01\n\n[target]\nhub = "a/b"\r\n')
 
 
-# -- issue 13: outputs are checked first and kept when a run stops -----------------------------
+# -- outputs are checked first and kept when a run stops -----------------------------
 
 
 @pytest.fixture
@@ -242,7 +242,7 @@ def test_interrupted_bench_keeps_what_it_measured(pool_file, data_file, tmp_path
     assert "prompt 1/3 (1, repeat 1)" in result.stderr  # plain progress lines off a terminal
 
 
-# -- issue 13: usage errors and noisy numbers --------------------------------------------------
+# -- usage errors and noisy numbers --------------------------------------------------
 
 
 @pytest.mark.parametrize("limit", ["-1", "0"])
@@ -257,7 +257,8 @@ def test_replay_errors_name_the_replay_flag(tmp_path):
 
 
 def test_summarize_marks_noise_and_implausible_speedups():
-    from specdraft.measurement.benchmark import Sample, noise_warnings, summarize
+    from specdraft.measurement.benchmark import Sample
+    from specdraft.measurement.summary import noise_warnings, summarize
     from specdraft.ui.tables import bench_table
     from rich.console import Console
     import io
@@ -311,7 +312,7 @@ def test_bench_samples_at_a_temperature_without_comparing_outputs(pool_file, dat
 
 def test_a_runtime_plans_with_the_targets_measured_width_costs(pool_file, tmp_path, monkeypatch):
     """The target's forward cost by width is measured once (kept in the cache folder) and
-    installed in the policy's cost model; the plain baseline and `verify_costs = "line"`
+    installed in the round planner's cost model; the plain baseline and `verify_costs = "line"`
     measure nothing."""
     from specdraft.models import width_costs
     from specdraft.runtime import build_runtime
@@ -322,13 +323,13 @@ def test_a_runtime_plans_with_the_targets_measured_width_costs(pool_file, tmp_pa
     monkeypatch.setattr(width_costs, "measure_width_costs", lambda lm, n, **k: measured.append(n) or real(lm, n, **k))
     profile = load_profile(pool_file)
     runtime = build_runtime(profile)
-    curve = runtime.engine.policy.costs.verify.shape
+    curve = runtime.engine.driver.planner.costs.verify.shape
     assert measured == [profile.decode.draft_tokens + 1] and len(curve) == profile.decode.draft_tokens + 2
     again = build_runtime(profile, runtime.target, models=runtime.models)
-    assert measured == [5] and again.engine.policy.costs.verify.shape == curve  # read back from disk
-    assert build_runtime(profile, runtime.target, plain=True).engine.policy.costs.verify.shape is None
+    assert measured == [5] and again.engine.driver.planner.costs.verify.shape == curve  # read back from disk
+    assert build_runtime(profile, runtime.target, plain=True).engine.driver.planner.costs.verify.shape is None
     line = profile.with_overrides(verify_costs="line")
-    assert build_runtime(line, runtime.target, models=runtime.models).engine.policy.costs.verify.shape is None
+    assert build_runtime(line, runtime.target, models=runtime.models).engine.driver.planner.costs.verify.shape is None
 
 
 def test_transformers_baselines_on_stock_and_packed_kernels(pool_file, data_file, tmp_path):
@@ -354,3 +355,62 @@ def test_transformers_baselines_on_stock_and_packed_kernels(pool_file, data_file
 def test_a_bad_baseline_is_a_usage_error_before_anything_loads(pool_file, data_file, flag, message):
     result = runner.invoke(app, ["bench", "--pool", str(pool_file), "--data", str(data_file), "--baseline", flag])
     assert result.exit_code == 2 and message in result.stderr
+
+
+def test_a_summary_can_leave_out_the_first_prompts_and_compare_with_any_configuration():
+    from specdraft.measurement.benchmark import Sample
+    from specdraft.measurement.summary import add_versus, after_warmup, summarize
+
+    samples = []
+    for prompt, (plain_s, lookup_s, hedge_s) in enumerate([(1.0, 1.0, 4.0), (1.0, 0.5, 0.25)]):
+        for config, seconds in (("plain", plain_s), ("fixed:lookup", lookup_s), ("hedge", hedge_s)):
+            samples.append(Sample(str(prompt), "t", config, 1, 10, 10 if config == "plain" else 4, seconds))
+    everything = {r["config"]: r for r in summarize(samples) if r["task"] == "all"}
+    assert everything["hedge"]["speedup"] == pytest.approx(2.0 / 4.25)
+    kept = after_warmup(samples, 1)
+    assert {s.id for s in kept} == {"1"} and len(kept) == 3
+    rows = summarize(kept)
+    add_versus(rows, "fixed:lookup")
+    overall = {r["config"]: r for r in rows if r["task"] == "all"}
+    assert overall["hedge"]["speedup"] == pytest.approx(4.0)
+    assert overall["hedge"]["versus"] == pytest.approx(2.0) and overall["fixed:lookup"]["versus"] == pytest.approx(1.0)
+    assert overall["plain"]["versus"] == pytest.approx(0.5)
+
+
+def test_replay_with_skip_and_versus_from_the_command_line(pool_file, data_file, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    assert runner.invoke(app, ["trace", "--pool", str(pool_file), "--data", str(data_file), "--out", str(trace),
+                               "-n", "8"]).exit_code == 0
+    out = tmp_path / "r.json"
+    result = runner.invoke(app, ["bench", "--replay", str(trace), "--policies", "ucb,fixed:lookup", "--skip", "1",
+                                 "--versus", "fixed:lookup", "--out", str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert "vs fixed:lookup" in result.stderr and "leaves out the first 1" in result.stderr
+    report = json.loads(out.read_text())
+    assert {r["prompts"] for r in report["summary"] if r["task"] == "all"} == {2}  # of 3 prompts
+    assert len({s["id"] for s in report["samples"]}) == 3  # the samples keep every prompt
+    lookup = [r for r in report["summary"] if r["config"] == "fixed:lookup"]
+    assert lookup and all(r["versus"] == pytest.approx(1.0) for r in lookup)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--skip", "-1"], "--skip: must be 0 or more (got -1)"),
+    (["--skip", "3"], "--skip 3 leaves none of the 3 prompts to summarize"),
+    (["--versus", "fixed:nothing", "--policies", "ucb"], '--versus: no configuration "fixed:nothing" in this bench '
+                                                        '(plain, ucb)'),
+])
+def test_skip_and_versus_are_checked_before_anything_runs(pool_file, data_file, tmp_path, args, message):
+    trace = tmp_path / "t.jsonl"
+    assert runner.invoke(app, ["trace", "--pool", str(pool_file), "--data", str(data_file), "--out", str(trace),
+                               "-n", "4"]).exit_code == 0
+    result = runner.invoke(app, ["bench", "--replay", str(trace), *args])
+    assert result.exit_code == 2 and message in result.stderr, result.stderr
+
+
+def test_live_bench_refuses_an_unknown_versus_before_measuring(pool_file, data_file, monkeypatch):
+    from specdraft.measurement import benchmark
+
+    monkeypatch.setattr(benchmark, "run_bench", lambda *a, **k: pytest.fail("measured before checking --versus"))
+    result = runner.invoke(app, ["bench", "--pool", str(pool_file), "--data", str(data_file), "--policies",
+                                 "fixed:lookup", "--versus", "ucb", "-n", "4"])
+    assert result.exit_code == 2 and '--versus: no configuration "ucb"' in result.stderr, result.stderr

@@ -16,7 +16,7 @@ from specdraft.cli import app
 from specdraft.commands.generate import GenerateOptions, run_generate
 from specdraft.commands.io import CommandExit, err_console
 from specdraft.decoding.engine import SpeculativeEngine
-from specdraft.session.prompt_run import prompt_token_ids
+from specdraft.session.prompt_ids import prompt_token_ids
 from tiny import byte_tokenizer, plain_greedy, save_tiny_pair
 
 runner = CliRunner()

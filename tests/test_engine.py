@@ -8,7 +8,7 @@ import torch
 
 from specdraft.models.cached_lm import CachedLM
 from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
-from specdraft.decoding.sampling import SamplingParams
+from specdraft.core.sampling import SamplingParams
 from specdraft.drafters import DraftContext, ModelDrafter, NgramDrafter, SuffixDrafter
 from specdraft.drafters.options import SuffixOptions
 from specdraft.drafters.layers import LayersDrafter, truncated_view
@@ -370,7 +370,7 @@ def test_a_drafter_that_would_propose_nothing_is_passed_over(target):
                                EngineSettings(3, 40, SamplingParams()))
     context, asleep, probe = list(prompt), 0, NgramDrafter("probe", ctx, 1, 3)
     for record in engine.generate(prompt):
-        if probe.proposes_at(context, len(context)):
+        if probe.awake_at(context, len(context)):
             assert record.drafter == "lookup"
         else:
             asleep += 1
@@ -394,8 +394,8 @@ def test_a_verify_padded_to_a_cheaper_width_keeps_output_and_caches_exact(target
     ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
     drafters = pool + [LayersDrafter("shared", ctx, target_lm, 2)]
     policy = EveryRound([d.name for d in drafters])
-    policy.costs.verify.install(narrowing_curve(k + 4))
     engine = SpeculativeEngine(target_lm, drafters, policy, EngineSettings(k, 40, SamplingParams()))
+    engine.driver.planner.costs.verify.install(narrowing_curve(k + 4))
     for prompt in PROMPTS:
         context = list(prompt)
         for record in engine.generate(prompt):
@@ -413,5 +413,5 @@ def test_a_prompts_last_rounds_are_scored_only_when_the_policy_keeps_what_it_lea
     records = list(engine.generate(PROMPTS[1]))
     assert (records[-1].evaluated is None) == (reset == "prompt")
     assert all(r.evaluated for r in records[:-1])
-    decay = engine.policy.costs.decay  # every round, the last included, taught the verify cost
-    assert engine.policy.costs.verify.line.w == pytest.approx((1 - decay ** len(records)) / (1 - decay))
+    costs = engine.driver.planner.costs  # every round, the last included, taught the verify cost
+    assert costs.verify.line.w == pytest.approx((1 - costs.decay ** len(records)) / (1 - costs.decay))

@@ -13,16 +13,17 @@ from gguf.quants import dequantize, quantize
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
-from specdraft.decoding.sampling import SamplingParams
+from specdraft.core.sampling import SamplingParams
 from specdraft.drafters import DraftContext, ModelDrafter, NgramDrafter, PlainDecoding, SuffixDrafter
 from specdraft.drafters.layers import LayersDrafter
 from specdraft.drafters.options import SuffixOptions
 from specdraft.learning.policies import POLICIES, build_policy
 from specdraft.models.block_linear import BlockLinear
 from specdraft.models.cached_lm import CachedLM
-from specdraft.models.file_quantization import FileCodes, QuantizedEmbedding, quantized_in_place
+from specdraft.models.file_quantization import FileCodes, quantized_in_place
 from specdraft.models.gguf_blocks import Int8Codes, block_terms, int8_rows
 from specdraft.models.native import causal_attention, kernel_problem, rms_norm
+from specdraft.models.quantized_embedding import QuantizedEmbedding
 
 pytestmark = pytest.mark.skipif(kernel_problem() is not None, reason=f"no CPU kernels here: {kernel_problem()}")
 
@@ -228,7 +229,7 @@ def test_int8_rows_fall_back_exactly_where_codes_cannot_be_read():
 
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q5_1", "Q8_0"])
 def test_a_tied_embedding_reads_the_heads_rows_exactly(type_name):
-    from specdraft.models.file_quantization import TiedEmbedding
+    from specdraft.models.quantized_embedding import TiedEmbedding
 
     weight = (np.random.default_rng(6).standard_normal((40, 64)) * 0.1).astype(np.float32)
     terms = block_terms(type_name, quantize(weight, GGMLQuantizationType[type_name]), (40, 64))
@@ -268,7 +269,7 @@ def test_conversion_checks_exact_codes_exactly_and_int8_rows_to_half_a_step():
 def test_the_architecture_is_read_from_the_header_alone(tmp_path):
     from gguf import GGUFWriter
 
-    from specdraft.models.file_quantization import gguf_architecture
+    from specdraft.models.gguf_header import gguf_architecture
 
     path = tmp_path / "m.gguf"
     writer = GGUFWriter(str(path), "qwen2")

@@ -1,5 +1,6 @@
-"""The GGUF conversion cache (models/gguf_cache.py): entries keyed by the file's content, and
-entry writes that a kill at any line leaves whole or absent, never half-written.
+"""The GGUF conversion cache (models/gguf_cache.py, with gguf_key.py, gguf_entry.py and
+cache_leftovers.py): entries keyed by the file's content, and entry writes that a kill at
+any line leaves whole or absent, never half-written.
 
 The GGUF files are real (gguf.GGUFWriter: a header, metadata and a tensor); reading them into
 a model is replaced by a tiny llama seeded from the file's bytes, so what an entry holds
@@ -18,8 +19,10 @@ import numpy as np
 import pytest
 
 from crash_harness import kill_points, run_killed
-from specdraft.models import gguf_cache
-from specdraft.models.gguf_cache import converted_gguf, entry_folder, verify_entry
+from specdraft.models import gguf_cache, gguf_key
+from specdraft.models.cache_leftovers import legacy_host
+from specdraft.models.gguf_cache import converted_gguf, entry_folder
+from specdraft.models.gguf_entry import MANIFEST, verify_entry
 
 
 def write_gguf(path: Path, seed: int = 0, extra: int = 0) -> Path:
@@ -91,7 +94,7 @@ def leftovers(root: Path) -> list[str]:
 
 def contents(folder: Path) -> dict[str, bytes]:
     """Every file of an entry but its manifest (whose mtimes differ from write to write)."""
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != gguf_cache.MANIFEST}
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != MANIFEST}
 
 
 # -- the key follows the content ------------------------------------------------------------
@@ -118,7 +121,7 @@ def test_the_same_bytes_at_two_paths_share_one_entry_and_convert_once(cache, tmp
 
 
 def test_a_file_differing_in_one_sampled_byte_gets_its_own_entry(cache, tmp_path):
-    from specdraft.models.gguf_cache import HEAD_BYTES, entry_key, sampled_regions
+    from specdraft.models.gguf_key import HEAD_BYTES, entry_key, sampled_regions
 
     small = write_gguf(tmp_path / "a" / "tiny.gguf", seed=0)
     other = write_gguf(tmp_path / "b" / "tiny.gguf", seed=1)  # the same header, other tensor bytes
@@ -129,7 +132,7 @@ def test_a_file_differing_in_one_sampled_byte_gets_its_own_entry(cache, tmp_path
 
     big = write_gguf(tmp_path / "c" / "big.gguf", extra=60 << 20)  # 60 MiB of tensor data, sparse
     regions = sampled_regions(big.stat().st_size)
-    assert regions[0] == (0, HEAD_BYTES) and len(regions) == gguf_cache.SAMPLES + 2
+    assert regions[0] == (0, HEAD_BYTES) and len(regions) == gguf_key.SAMPLES + 2
     before = entry_key(big)
     (start, length), (next_start, _) = regions[10], regions[11]
 
@@ -156,13 +159,13 @@ def test_an_older_specdraft_entry_for_this_file_is_taken_over_without_converting
     path = write_gguf(tmp_path / "env" / "tiny.gguf")
     reader = Reader()
     folder = convert(path, reader)
-    legacy = gguf_cache._legacy_folder(path, "float32")  # where the path-keyed versions put it
+    legacy = gguf_cache.legacy_folder(path, "float32")  # where the path-keyed versions put it
     assert legacy is not None and legacy != folder
     folder.rename(legacy)
     assert convert(path, reader) == folder
     assert len(reader.calls) == 1 and entries(cache) == [folder] and verify_entry(folder) is None
     other = write_gguf(tmp_path / "elsewhere" / "tiny.gguf", seed=5)  # a damaged old entry is not taken
-    legacy = gguf_cache._legacy_folder(other, "float32")
+    legacy = gguf_cache.legacy_folder(other, "float32")
     shutil.copytree(folder, legacy)
     (legacy / "config.json").unlink()
     rebuilt = convert(other, reader)
@@ -170,14 +173,14 @@ def test_an_older_specdraft_entry_for_this_file_is_taken_over_without_converting
 
 
 def test_every_load_removes_what_dead_writers_left(cache, tmp_path):
-    from specdraft import atomic_files
+    from specdraft.storage import atomic_files
 
     path = write_gguf(tmp_path / "tiny.gguf")
     reader = Reader()
     folder = convert(path, reader)
     host = atomic_files.host()
     dead = cache / f".{folder.name}.partial-{host}-999999999-abc"
-    old_style = cache / f".partial-{gguf_cache._host()}-999999999-def"  # specdraft before atomic_files
+    old_style = cache / f".partial-{legacy_host()}-999999999-def"  # specdraft before atomic_files
     other_entry = cache / f".other-0123456789abcdef.partial-{host}-999999999-ghi"
     probe = cache / f".probe.partial-{host}-999999999-jkl"
     live = cache / f".{folder.name}.partial-{host}-{os.getpid()}-mno"
@@ -201,7 +204,7 @@ def test_a_killed_entry_write_leaves_the_next_load_a_whole_entry_and_no_leftover
     around the one that publishes the entry (found by bisection). After each kill the next
     load succeeds with the weights an uninterrupted conversion gives, and no partial or
     aside folder remains."""
-    from specdraft import atomic_files
+    from specdraft.storage import atomic_files
 
     if start.endswith("no atomic exchange"):
         monkeypatch.setattr(atomic_files, "_renameat2_fn", False)  # the rename-aside path

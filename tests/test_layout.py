@@ -1,5 +1,6 @@
-"""The package layout keeps its promises: no import cycle between modules, files stay small,
-and nothing outside `drafters/` names a drafter kind."""
+"""The package layout keeps its promises: imports only point down the layers, no import
+cycle between modules, files and functions stay small, and nothing outside `drafters/`
+names a drafter kind."""
 
 from __future__ import annotations
 
@@ -30,6 +31,42 @@ def _imports() -> dict[str, set[str]]:
     return graph
 
 
+# The layers, bottom first: a module may import its own package and the ones below it.
+LAYERS = (
+    ("specdraft", "errors", "storage"),  # the package's version; error types; the cache root and writing files whole
+    ("learning",),  # feedback, policies, the planner, the driver: plain Python
+    ("config",),  # the TOML table reader, the model spec, in-place edits
+    ("core",),  # sampling transforms, lossless verification, the stopwatch
+    ("models",),  # loading, caches, kernels, the forward
+    ("drafters",),  # the drafter interface and one module per kind
+    ("decoding",),  # the round (engine) and live evaluation
+    ("profile",),  # a whole profile: drafters and policies named and checked
+    ("runtime",),  # profile -> target, pool, policy, engine
+    ("session",),  # one prompt as a user sees it
+    ("ui",),  # panel, tables, progress on stderr
+    ("measurement",),  # datasets, bench, baselines, traces, replay
+    ("training",),  # corpora, features, the training loop
+    ("commands",),  # what each command does
+    ("cli", "__main__"),
+)
+
+
+def _layer(module: str) -> int:
+    unit = module.split(".")[1] if "." in module else module
+    return next(i for i, names in enumerate(LAYERS) if unit in names)
+
+
+def test_imports_only_point_down_the_layers():
+    upward = sorted(f"{a} -> {b}" for a, targets in _imports().items() for b in targets
+                    if "." in a and _layer(b) > _layer(a))
+    assert upward == []
+
+
+def test_every_module_has_a_layer():
+    units = {p.relative_to(ROOT).parts[0].removesuffix(".py") for p in ROOT.rglob("*.py")} - {"__init__"}
+    assert units <= {name for names in LAYERS for name in names}
+
+
 def test_no_import_cycle_between_modules():
     graph, state, cycle = _imports(), {}, []
 
@@ -53,7 +90,16 @@ def test_no_import_cycle_between_modules():
 
 def test_files_stay_small():
     sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in ROOT.rglob("*.py")}
-    assert {f: n for f, n in sizes.items() if n > 420} == {}
+    assert {f: n for f, n in sizes.items() if n > 350} == {}
+
+
+def test_functions_stay_short():
+    long = []
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 50:
+                long.append(f"{path.relative_to(ROOT)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert long == []
 
 
 def test_only_the_drafter_package_names_drafter_kinds():

@@ -9,7 +9,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
-from specdraft.decoding.sampling import SamplingParams
+from specdraft.core.sampling import SamplingParams
 from specdraft.drafters import DraftContext, ModelDrafter
 from specdraft.learning.policies.simple import RandomPolicy
 from specdraft.models.cached_lm import CachedLM
@@ -147,7 +147,7 @@ def test_a_lean_drafter_keeps_output_plain_greedy(k):
 
 
 def test_a_pools_model_drafters_run_lean_unless_hooked_or_told_not_to(tmp_path):
-    from specdraft.config.profile import load_profile
+    from specdraft.profile import load_profile
     from specdraft.drafters.base import PoolContext
 
     ctx = DraftContext(SamplingParams(0.0), None, torch.device("cpu"), VOCAB)

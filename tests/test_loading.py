@@ -19,7 +19,7 @@ import torch
 import transformers
 
 from specdraft.config.model_spec import ModelSpec
-from specdraft.config.profile import parse_profile
+from specdraft.profile import parse_profile
 from specdraft.errors import ProfileError
 from specdraft.models.loading import load_model
 from tiny import byte_tokenizer, tiny_llama
@@ -215,12 +215,12 @@ def test_unwritable_cache_folder_warns_before_converting_and_still_loads(gguf, m
 
 
 def test_stale_partial_folders_are_removed(gguf):
-    from specdraft.models.gguf_cache import _host
+    from specdraft.models.cache_leftovers import legacy_host
 
     root = Path(os.environ["SPECDRAFT_CACHE_DIR"]) / "gguf"
-    dead = root / f".partial-{_host()}-999999999-abc"
+    dead = root / f".partial-{legacy_host()}-999999999-abc"
     old = root / ".partial-xyz"
-    alive = root / f".partial-{_host()}-{os.getpid()}-def"
+    alive = root / f".partial-{legacy_host()}-{os.getpid()}-def"
     for folder in (dead, old, alive):
         folder.mkdir(parents=True)
         (folder / "model.safetensors").write_bytes(b"half")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specdraft.decoding.sampling import SamplingParams
+from specdraft.core.sampling import SamplingParams
 from specdraft.drafters import DraftContext, NgramDrafter
 
 CTX = DraftContext(SamplingParams(), None, torch.device("cpu"), 100)

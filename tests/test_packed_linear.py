@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
-from specdraft.decoding.sampling import SamplingParams
+from specdraft.core.sampling import SamplingParams
 from specdraft.drafters import DraftContext, NgramDrafter
 from specdraft.learning.policies.simple import RandomPolicy
 from specdraft.models.cached_lm import CachedLM
@@ -116,7 +116,7 @@ def test_speculation_over_a_packed_target_keeps_stock_greedy_output(k):
 
 
 def test_a_runtime_packs_a_float32_target_and_its_self_drafters_share_it(tiny_models, tmp_path):
-    from specdraft.config.profile import load_profile
+    from specdraft.profile import load_profile
     from specdraft.models.loading import load_model
     from specdraft.runtime import build_runtime
     from specdraft.session.prompt_run import PromptRun

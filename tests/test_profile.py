@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from specdraft.errors import ProfileError
-from specdraft.config.profile import load_profile, parse_profile
+from specdraft.profile import load_profile, parse_profile
 
 GOOD = """
 [target]
@@ -122,7 +122,7 @@ def test_overrides_apply_and_are_validated(tmp_path):
 
 
 def test_policy_flags_take_options_and_bench_lists_split_outside_them(tmp_path):
-    from specdraft.config.profile import split_policy_flags
+    from specdraft.profile import split_policy_flags
     from specdraft.errors import UsageError
 
     file = tmp_path / "p.toml"

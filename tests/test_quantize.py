@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from specdraft.config.profile import load_profile
+from specdraft.profile import load_profile
 from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
-from specdraft.decoding.sampling import SamplingParams
+from specdraft.core.sampling import SamplingParams
 from specdraft.drafters import DraftContext, ModelDrafter
 from specdraft.errors import ProfileError
 from specdraft.learning.policies.simple import FixedPolicy

@@ -14,13 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdraft.config.profile import load_profile
+from specdraft.profile import load_profile
 from specdraft.models.block_linear import BlockLinear, runs_on_file_quantization
 from specdraft.models.cached_lm import CachedLM
-from specdraft.models.file_quantization import FORMAT, WEIGHTS_FILE, TiedEmbedding, weight_bytes
+from specdraft.models.file_quantization import weight_bytes
 from specdraft.models.gguf_cache import entry_folder
 from specdraft.models.loading import load_model, resolve_location
 from specdraft.models.native import kernel_problem
+from specdraft.models.quantized_embedding import TiedEmbedding
+from specdraft.models.quantized_entry import FORMAT, WEIGHTS_FILE
 from specdraft.runtime import build_runtime
 from specdraft.session.prompt_run import PromptRun
 

@@ -1,4 +1,4 @@
-"""What a new user hit (issue 13), from the command line on the tiny models: literal
+"""What a new user meets first, from the command line on the tiny models: literal
 brackets in messages, context-length guards, batch input that keeps going, usage errors
 that exit 2, a fast start on errors, and a clean screen after Ctrl-C."""
 
@@ -128,12 +128,12 @@ def test_prompt_longer_than_the_context_is_refused(pool_file):
 
 
 def test_absurd_prompt_is_refused_before_tokenizing(pool_file, monkeypatch):
-    from specdraft.session import prompt_run
+    from specdraft.session import prompt_ids
 
     def no_tokenizing(*args, **kwargs):
         raise AssertionError("tokenized a prompt that cannot fit")
 
-    monkeypatch.setattr(prompt_run, "prompt_token_ids", no_tokenizing)
+    monkeypatch.setattr(prompt_ids, "prompt_token_ids", no_tokenizing)
     message = one_line_error(invoke("--pool", pool_file, input="y" * 2_000_000))
     assert "2000000 characters" in message
 
@@ -294,8 +294,8 @@ def test_ctrl_c_under_the_panel_shows_the_text_once(pool_file, monkeypatch, heig
     monkeypatch.setattr(SpeculativeEngine, "generate", interrupted)
     from specdraft.commands import generate as generate_module
 
-    finish, printed = generate_module._finish_prompt, []
-    monkeypatch.setattr(generate_module, "_finish_prompt",
+    finish, printed = generate_module.finish_prompt, []
+    monkeypatch.setattr(generate_module, "finish_prompt",
                         lambda opts, run, *rest: printed.append(run.text) or finish(opts, run, *rest))
     console = Console(file=term, force_terminal=True, width=60, height=height, highlight=False)
     with pytest.raises(CommandExit) as done:

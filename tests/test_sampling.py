@@ -12,8 +12,8 @@ from scipy.stats import chisquare
 
 from specdraft.models.cached_lm import CachedLM
 from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
-from specdraft.decoding.sampling import SamplingParams, sampling_probs
-from specdraft.decoding.verify import verify_sampling
+from specdraft.core.sampling import SamplingParams, sampling_probs
+from specdraft.core.verify import verify_sampling
 from specdraft.drafters.options import SuffixOptions
 from specdraft.drafters import SuffixDrafter, DraftContext, ModelDrafter, NgramDrafter
 from specdraft.drafters.head import HeadDrafter
@@ -94,9 +94,9 @@ def test_generated_sequences_follow_the_target(params, padded):
                 # weight-only int8 (bf16 arithmetic inside): q is its own distribution, still exact
                 ModelDrafter("int8", ctx, quantized(tiny_llama(seed=5, vocab=vocab, layers=1, scale=8.0), 8))]
     policy = RandomPolicy([d.name for d in drafters], seed=2)
-    if padded:
-        policy.costs.verify.install([2.0 - w / 6 for w in range(1, 7)])
     engine = SpeculativeEngine(target_lm, drafters, policy, EngineSettings(3, 3, params), gen)
+    if padded:
+        engine.driver.planner.costs.verify.install([2.0 - w / 6 for w in range(1, 7)])
     pairs, thirds, n_draws = Counter(), Counter(), 1500
     for _ in range(n_draws):
         out = [t for r in engine.generate(prompt) for t in r.tokens]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
-from specdraft.decoding.sampling import SamplingParams
+from specdraft.core.sampling import SamplingParams
 from specdraft.drafters import DraftContext, ModelDrafter, NgramDrafter
 from specdraft.drafters.layers import LayersDrafter, TargetPrefix, truncated_view
 from specdraft.learning.policies import build_policy

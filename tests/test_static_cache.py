@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
-from specdraft.decoding.sampling import SamplingParams
+from specdraft.core.sampling import SamplingParams
 from specdraft.drafters import DraftContext, ModelDrafter, NgramDrafter
 from specdraft.drafters.layers import LayersDrafter
 from specdraft.learning.policies.simple import RandomPolicy
@@ -54,7 +54,7 @@ class FakeCapture:
 def graphed(model, fail=False) -> tuple[CachedLM, FakeCapture]:
     lm = CachedLM(model, static=True)
     capture = FakeCapture(lm, fail)
-    lm.graphs = GraphedForward(lm._forward, lm.device, capture)
+    lm.graphs = GraphedForward(lm.eager_forward, lm.device, capture)
     return lm, capture
 
 
@@ -140,7 +140,7 @@ def test_auto_is_static_with_graphs_on_cuda_and_dynamic_on_cpu():
 
 
 def test_a_profile_chooses_the_static_cache(pool_file):
-    from specdraft.config.profile import load_profile
+    from specdraft.profile import load_profile
     from specdraft.runtime import build_runtime
 
     text = pool_file.read_text().replace("max_new_tokens = 24",  # the drafter through transformers too

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from specdraft.cli import app
 from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
-from specdraft.decoding.sampling import SamplingParams
+from specdraft.core.sampling import SamplingParams
 from specdraft.drafters import DraftContext, NgramDrafter
 from specdraft.drafters.steered import SteeredDrafter
 from specdraft.drafters.steering import SteeringHooks, gated_mlps, load_steering, new_steering, save_steering
@@ -192,7 +192,7 @@ def test_a_round_reads_the_steering_once_and_drafts_with_the_latest_states_biase
     target = tiny_llama(seed=0)
     engine, drafter = steered_engine(target, None, SamplingParams())
     calls, block_biases, checking = [], [], [True]
-    steering_forward, hook = drafter.steering.forward, drafter.hooks._hook(0)
+    steering_forward, hook = drafter.steering.forward, drafter.hooks.hook(0)
 
     def counted(states):
         calls.append(states.shape)
@@ -206,7 +206,7 @@ def test_a_round_reads_the_steering_once_and_drafts_with_the_latest_states_biase
 
     drafter.steering.forward = counted
     drafter.hooks.remove()
-    drafter.hooks.handles = [mlp.gate_proj.register_forward_hook(record if index == 0 else drafter.hooks._hook(index))
+    drafter.hooks.handles = [mlp.gate_proj.register_forward_hook(record if index == 0 else drafter.hooks.hook(index))
                              for index, mlp in enumerate(gated_mlps(drafter.lm.model))]
     records = list(engine.generate(PROMPTS[0]))
     drafted_rounds = sum(1 for r in records if r.drafted)
@@ -358,7 +358,7 @@ def test_a_steering_only_drafter_shares_the_pretrained_model_and_leaves_it_unste
     and output stays plain greedy."""
     from test_cli import expected_text
 
-    from specdraft.config.profile import load_profile
+    from specdraft.profile import load_profile
     from specdraft.runtime import build_runtime
 
     from transformers import AutoModelForCausalLM
@@ -379,7 +379,7 @@ def test_a_steering_only_drafter_shares_the_pretrained_model_and_leaves_it_unste
         alone = model(ids).logits
         hidden = runtime.target.model(ids, output_hidden_states=True).hidden_states
         steered.observe_features(0, {layer: hidden[layer][0] for layer in steered.feature_layers})
-        with steered._steered():
+        with steered.steering_on():
             assert not torch.allclose(model(ids).logits, alone)  # the hooks are on this very model
         steered.propose(PROMPTS[0], 3)
         assert torch.equal(model(ids).logits, alone)

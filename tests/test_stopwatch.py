@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from specdraft.decoding import stopwatch
-from specdraft.decoding.stopwatch import Stopwatch, device_clock, host_clock
+from specdraft.core import stopwatch
+from specdraft.core.stopwatch import Stopwatch, device_clock, host_clock
 from specdraft.models.cached_lm import CachedLM
 from tiny import tiny_llama
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import specdraft.atomic_files as atomic_files
+from specdraft.storage import atomic_files
 import specdraft.drafters.learned_store as learned_store
 from crash_harness import kill_points, run_killed
 from test_suffix import POOL
@@ -120,8 +120,8 @@ def test_a_second_process_during_a_killed_compaction_reads_and_records(tmp_path,
 
 
 def test_compaction_is_published_before_segments_go_and_garbage_is_collected(tmp_path, small_compactions):
-    """Item 1 of issue 38: a kill after CURRENT moved and before the segments were deleted
-    counted every document twice."""
+    """A kill after CURRENT moved and before the segments are deleted must not count any
+    document twice."""
     root = tmp_path / "store"
     make_learned(root, range(20), range(20, 40))
     segments = sorted((root / "segments").glob("[0-9]*.npy"))
@@ -303,7 +303,7 @@ def test_a_damaged_datastore_in_a_profile_is_a_profile_error(tiny_models, tmp_pa
 
 
 def learned_root() -> Path:
-    from specdraft.models.gguf_cache import cache_dir
+    from specdraft.storage.cache_root import cache_dir
 
     return cache_dir() / "suffix"
 

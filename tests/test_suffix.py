@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
-from specdraft.decoding.sampling import SamplingParams
+from specdraft.core.sampling import SamplingParams
 from specdraft.drafters import DraftContext, SuffixDrafter
 from specdraft.drafters.datastore import StoreError, open_store, write_store
 from specdraft.drafters.learned_store import LearnedStore
@@ -163,7 +163,7 @@ def test_full_information_scores_a_position_by_its_fresh_proposal():
     probs[:, 3] = 0.5
     scores = d.score(context, 3, 3, probs)  # at 3 "3" is new: nothing; at 4 "1" -> 2; at 5 "1 2" -> 3
     assert scores.tolist() == pytest.approx([0.0, 0.01, 0.5])
-    assert not drafter().proposes_at([1, 2, 3], 3) and drafter().proposes_at(context, 5)
+    assert not drafter().awake_at([1, 2, 3], 3) and drafter().awake_at(context, 5)
 
 
 def test_a_store_loads_memory_mapped_and_refuses_another_tokenizer(tmp_path):
@@ -288,7 +288,7 @@ def test_learn_records_each_prompt_under_the_cache_folder(tiny_models, tmp_path,
 def test_a_bench_pass_never_drafts_from_the_warm_up_or_an_earlier_repeat(tiny_models, tmp_path):
     """Prompt i of a measured pass may draft only from prompts before it in that pass: the
     warm-up runs prompt 0 first, so without forgetting, prompt 0 would be copied whole."""
-    from specdraft.config.profile import load_profile
+    from specdraft.profile import load_profile
     from specdraft.measurement.benchmark import plain_config, policy_configs, run_bench
     from specdraft.measurement.datasets import Example
     from specdraft.runtime import build_runtime

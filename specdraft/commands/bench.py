@@ -15,6 +15,7 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -22,6 +23,11 @@ from specdraft.commands.io import (EXIT_INTERRUPTED, EXIT_OK, CommandExit, check
                                    warner)
 from specdraft.commands.outputs import JsonLines, atomic_write_text, check_outputs
 from specdraft.errors import UsageError
+
+if TYPE_CHECKING:
+    from specdraft.profile import Profile
+    from specdraft.measurement.benchmark import Config, Sample
+    from specdraft.measurement.datasets import Example
 
 
 @dataclass
@@ -40,6 +46,8 @@ class BenchOptions:
     chat: bool | None = None
     seed: int | None = None
     temperature: float | None = None  # over the profile's; > 0 samples (outputs then differ by design)
+    skip: int = 0  # prompts left out of the summary (they still run and warm learning drafters)
+    versus: str | None = None  # a configuration every row's speed is also a ratio to
 
 
 # transformers' own generation on the stock kernels, and the same over the packed target
@@ -56,10 +64,22 @@ def run_bench_command(opts: BenchOptions, console: Console) -> int:
     _check_options(opts)
     if opts.replay:
         return _replay_command(opts, console)
-    from specdraft.config.profile import load_profile, split_policy_flags
+    profile, flags, examples = _checked_inputs(opts, console)
+    configs = _configs(opts, profile, flags, examples, console)
+    _check_versus(opts.versus, [c.label for c in configs])
+    samples = _measure(opts, console, configs, examples, profile.decode.greedy)
+    what = f"{len(examples)} prompts × {opts.repeat} repeats"
+    _report(opts, console, samples, what if profile.decode.greedy else f"{what} · sampled at T = "
+            f"{profile.decode.temperature:g}", greedy=profile.decode.greedy)
+    return EXIT_OK
+
+
+def _checked_inputs(opts: BenchOptions, console: Console) -> tuple[Profile, list[str] | None, list[Example]]:
+    """The profile with the flags over it, the `--policies` flags and the prompts: everything
+    the user wrote, checked before torch, transformers or a model loads."""
+    from specdraft.profile import load_profile, split_policy_flags
     from specdraft.measurement.datasets import load_dataset
 
-    # Everything the user wrote is checked before torch, transformers or a model loads.
     profile = load_profile(opts.pool).with_overrides(max_new_tokens=opts.max_new_tokens, seed=opts.seed,
                                                      temperature=opts.temperature)
     if opts.baseline and not profile.decode.greedy:
@@ -74,12 +94,29 @@ def run_bench_command(opts: BenchOptions, console: Console) -> int:
     for flag in flags or ():
         profile.with_overrides(policy=flag)  # a bad --policies entry is a usage error now
     examples = load_dataset(opts.data, warner(console), opts.limit)
+    _check_skip(opts.skip, len(examples))
+    return profile, flags, examples
 
+
+def _check_skip(skip: int, prompts: int) -> None:
+    if skip >= prompts:
+        raise UsageError(f"--skip {skip} leaves none of the {prompts} prompts to summarize")
+
+
+def _check_versus(versus: str | None, names: list[str]) -> None:
+    """`--versus` names a configuration this bench runs (checked before anything is measured)."""
+    if versus is not None and versus not in names:
+        raise UsageError(f'--versus: no configuration "{versus}" in this bench ({", ".join(names)})')
+
+
+def _configs(opts: BenchOptions, profile: Profile, flags: list[str] | None, examples: list[Example],
+             console: Console) -> list[Config]:
+    """The models loaded once, and every configuration bench runs over them: plain decoding
+    first, then the policies, then the baselines."""
     from specdraft.measurement.baselines import transformers_configs
-    from specdraft.measurement.benchmark import plain_config, policy_configs, run_bench
+    from specdraft.measurement.benchmark import plain_config, policy_configs
     from specdraft.runtime import build_runtime
-    from specdraft.session.prompt_run import check_prompts
-    from specdraft.ui.progress import progress_bar
+    from specdraft.session.prompt_ids import check_prompts
 
     # transformers' own generation runs on the stock kernels (what its users get), so a packed
     # target keeps its dense weights too when it is a baseline.
@@ -99,13 +136,23 @@ def run_bench_command(opts: BenchOptions, console: Console) -> int:
             configs += llama_cpp_configs(profile, runtime, opts.chat)
         else:
             configs += transformers_configs(profile, runtime, opts.chat, packed=baseline == "transformers-packed")
+    return configs
+
+
+def _measure(opts: BenchOptions, console: Console, configs: list[Config], examples: list[Example],
+             greedy: bool) -> list[Sample]:
+    """Run every configuration on every prompt, streaming each prompt's samples to the
+    samples file; on Ctrl-C, report what was measured and exit 130."""
+    from specdraft.measurement.benchmark import run_bench
+    from specdraft.ui.progress import progress_bar
+
     total = len(configs) * (1 + opts.repeat * len(examples))
-    samples: list = []
+    samples: list[Sample] = []
     stream = JsonLines(samples_path(opts.out)) if opts.out else None
     with progress_bar(console, "bench", total) as progress:
         progress.note(f"warming up {len(configs)} configurations")
 
-        def keep(done: list) -> None:
+        def keep(done: list[Sample]) -> None:
             samples.extend(done)
             if stream is not None:
                 for sample in done:
@@ -115,21 +162,18 @@ def run_bench_command(opts: BenchOptions, console: Console) -> int:
                           f"({done[0].id}, repeat {done[0].repeat}): {times}")
 
         try:
-            run_bench(configs, examples, opts.repeat, progress.tick, keep, greedy=profile.decode.greedy)
+            run_bench(configs, examples, opts.repeat, progress.tick, keep, greedy=greedy)
         except KeyboardInterrupt:
             if samples:
                 _report(opts, console, samples, f"interrupted after {len(samples) // len(configs)} prompt runs",
-                    greedy=profile.decode.greedy)
+                        greedy=greedy)
             console.print("interrupted" + (f"; samples kept in {samples_path(opts.out)}" if stream else ""),
                           markup=False)
             raise CommandExit(EXIT_INTERRUPTED) from None
         finally:
             if stream is not None:
                 stream.close()
-    what = f"{len(examples)} prompts × {opts.repeat} repeats"
-    _report(opts, console, samples, what if profile.decode.greedy else f"{what} · sampled at T = "
-            f"{profile.decode.temperature:g}", greedy=profile.decode.greedy)
-    return EXIT_OK
+    return samples
 
 
 def _baselines(flag: str | None) -> list[str]:
@@ -154,6 +198,8 @@ def _check_options(opts: BenchOptions) -> None:
         raise UsageError("--baseline runs models; it cannot be combined with --replay")
     check_count(opts.repeat, "--repeat")
     check_count(opts.limit, "--limit")
+    if opts.skip < 0:
+        raise UsageError(f"--skip: must be 0 or more (got {opts.skip})")
     check_seed(opts.seed)
     if opts.plot and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plot needs matplotlib: pip install 'specdraft[plot]'")
@@ -166,10 +212,15 @@ def _check_options(opts: BenchOptions) -> None:
 def _report(opts: BenchOptions, console: Console, samples: list, what: str, simulated: bool = False,
             greedy: bool = True) -> list[dict]:
     """The table, the warnings, and every output file for `samples`."""
-    from specdraft.measurement.benchmark import PLAIN, noise_warnings, summarize
+    from specdraft.measurement.benchmark import PLAIN
+    from specdraft.measurement.summary import add_versus, after_warmup, noise_warnings, summarize
     from specdraft.ui.tables import bench_table
 
-    rows = summarize(samples)
+    rows = summarize(after_warmup(samples, opts.skip))
+    if opts.versus:
+        add_versus(rows, opts.versus)
+    if opts.skip:
+        what += f" · summary leaves out the first {opts.skip}"
     if not greedy:
         for row in rows:
             row["mismatches"] = None  # sampled outputs differ by design; tests/test_sampling checks the law
@@ -180,7 +231,7 @@ def _report(opts: BenchOptions, console: Console, samples: list, what: str, simu
         title = f"specdraft bench --replay {opts.replay} · {what} · simulated from measured forward costs"
     else:
         title = f"specdraft bench · {what} · speedup = wall time of plain decoding / wall time"
-    console.print(bench_table(rows, title, simulated=simulated))
+    console.print(bench_table(rows, title, simulated=simulated, versus=opts.versus))
     for line in noise_warnings(rows):
         console.print(labelled("warning:", "yellow", line), soft_wrap=True)
     mismatched = sum(s.mismatch for s in samples if s.config != PLAIN)
@@ -195,7 +246,7 @@ def _report(opts: BenchOptions, console: Console, samples: list, what: str, simu
 
 
 def _replay_command(opts: BenchOptions, console: Console) -> int:
-    from specdraft.config.profile import PolicyConfig, load_profile
+    from specdraft.profile import PolicyConfig, load_profile
     from specdraft.measurement.benchmark import PLAIN, Sample
     from specdraft.measurement.replay import replay
     from specdraft.measurement.traces import Trace
@@ -206,6 +257,8 @@ def _replay_command(opts: BenchOptions, console: Console) -> int:
     if not flags:
         flags = [base.name] + [f"fixed:{name}" for name in trace.header.drafters]
     configs = [_policy_from_flag(flag, base, trace) for flag in dict.fromkeys(flags)]  # all checked before any runs
+    _check_skip(opts.skip, len(trace.prompts))
+    _check_versus(opts.versus, [PLAIN, *dict.fromkeys(flags)])
     samples = []
     for index, (flag, config) in enumerate(zip(dict.fromkeys(flags), configs)):
         results = replay(trace, config, seed=opts.seed or 0)
@@ -219,7 +272,7 @@ def _replay_command(opts: BenchOptions, console: Console) -> int:
 
 def _policy_from_flag(flag: str, base, trace):
     """Like `--policy`, but checked against the trace's drafters instead of a profile."""
-    from specdraft.config.profile import policy_from_flag
+    from specdraft.profile import policy_from_flag
     from specdraft.learning.policies import POLICIES, check_policy
 
     config = policy_from_flag(flag, base)

@@ -12,12 +12,17 @@ import datetime
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from specdraft.commands.io import EXIT_OK, check_count, warner
 from specdraft.commands.outputs import check_outputs
 from specdraft.errors import ProfileError, UsageError
+
+if TYPE_CHECKING:
+    from specdraft.profile import PolicyConfig, Profile
+    from specdraft.measurement.sweeps import SweepRow
 
 
 @dataclass
@@ -42,13 +47,35 @@ def run_calibrate(opts: CalibrateOptions, console: Console) -> int:
     grid_values = _grid(opts.grid) if opts.grid else None
     record = not (opts.trace_file and Path(opts.trace_file).exists())
     check_outputs([("--trace", opts.trace_file if record else None)], inputs=[("--data", opts.data), ("--pool", opts.pool)])
-    from specdraft.config.edit import write_policy_option
-    from specdraft.config.profile import PolicyConfig, load_profile
-    from specdraft.learning.policies import POLICIES, check_policy
-    from specdraft.measurement.sweeps import PAPER_DEFAULTS, TUNABLE, best_row, check_tunable
+    from specdraft.profile import load_profile
+    from specdraft.measurement.sweeps import PAPER_DEFAULTS, best_row, sweep
     from specdraft.ui.tables import sweep_table
 
     profile = load_profile(opts.pool)
+    base, grid = _policy_and_grid(opts, profile, record, grid_values)
+    trace = _trace(opts, profile, console, record)
+    rows = sweep(trace, base, opts.param, grid)
+    paper = PAPER_DEFAULTS.get((base.name, opts.param))
+    best = best_row(rows, prefer=paper)
+    console.print(sweep_table(base.name, opts.param, rows, best, paper))
+    console.print(_best_line(opts.param, rows, best, paper), soft_wrap=True, markup=False)
+    if opts.write:
+        from specdraft.config.edit import write_policy_option
+
+        note = f"calibrated by specdraft calibrate-beta on {datetime.date.today().isoformat()}"
+        write_policy_option(Path(opts.pool), opts.param, best.value, note=note, validate=_validator(profile.file))
+        console.print(f"wrote [policy] {opts.param} = {best.value:g} to {opts.pool}", markup=False)
+    return EXIT_OK
+
+
+def _policy_and_grid(opts: CalibrateOptions, profile: Profile, record: bool,
+                     grid_values: list[float] | None) -> tuple[PolicyConfig, list[float]]:
+    """The policy swept (the profile's options but the swept one) and the values it takes,
+    each checked by the policy's own option check before any work: a bad value fails here."""
+    from specdraft.profile import PolicyConfig
+    from specdraft.learning.policies import POLICIES, check_policy
+    from specdraft.measurement.sweeps import TUNABLE, check_tunable
+
     name = opts.policy or (profile.policy.name if profile.policy.name in TUNABLE else "ucb")
     check_tunable(name, opts.param)
     if record and not opts.data:
@@ -60,40 +87,32 @@ def run_calibrate(opts: CalibrateOptions, console: Console) -> int:
     options.pop(opts.param, None)
     if opts.reward:
         options["reward"] = opts.reward
-    base = PolicyConfig(name, options)
     integer = isinstance(POLICIES[name].all_options()[opts.param].default, int)
     grid = grid_values if grid_values is not None else TUNABLE[name][opts.param]
     drafters = [d.name for d in profile.drafters]
-    for value in grid:  # the policy's own check, before any work: a bad value fails here
+    for value in grid:
         if integer and value != int(value):
             raise UsageError(f"--grid: {name}.{opts.param} takes whole numbers (got {value:g})")
         problems = check_policy(name, options | {opts.param: int(value) if integer else value}, drafters)
         if problems:
             raise UsageError(f"--grid: {name}.{problems[0][0]} = {value:g}: {problems[0][1]}")
+    return PolicyConfig(name, options), grid
 
-    from specdraft.measurement.sweeps import sweep
 
-    trace = _trace(opts, profile, console, record)
-    rows = sweep(trace, base, opts.param, grid)
-    paper = PAPER_DEFAULTS.get((name, opts.param))
-    best = best_row(rows, prefer=paper)
-    console.print(sweep_table(name, opts.param, rows, best, paper))
-    line = f"best {opts.param} = {best.value:g}: simulated speedup {best.simulated_speedup:.3f}x, mean accepted {best.mean_accepted:.3f}"
+def _best_line(param: str, rows: list[SweepRow], best: SweepRow, paper: float | None) -> str:
+    """The best value, and how it compares with the paper's default when the grid holds it."""
+    line = (f"best {param} = {best.value:g}: simulated speedup {best.simulated_speedup:.3f}x, mean accepted "
+            f"{best.tokens_per_round:.3f}")
     reference = next((r for r in rows if paper is not None and r.value == paper), None)
-    if reference is not None and reference.simulated_speedup and reference.mean_accepted:
+    if reference is not None and reference.simulated_speedup and reference.tokens_per_round:
         line += (f"; vs the paper's {paper:g}: {best.simulated_speedup / reference.simulated_speedup - 1:+.1%} speed, "
-                 f"{best.mean_accepted / reference.mean_accepted - 1:+.1%} mean accepted")
-    console.print(line, soft_wrap=True, markup=False)
-    if opts.write:
-        note = f"calibrated by specdraft calibrate-beta on {datetime.date.today().isoformat()}"
-        write_policy_option(Path(opts.pool), opts.param, best.value, note=note, validate=_validator(profile.file))
-        console.print(f"wrote [policy] {opts.param} = {best.value:g} to {opts.pool}", markup=False)
-    return EXIT_OK
+                 f"{best.tokens_per_round / reference.tokens_per_round - 1:+.1%} mean accepted")
+    return line
 
 
 def _validator(file: Path):
     """Check the edited profile text exactly as a later run will load it."""
-    from specdraft.config.profile import parse_profile
+    from specdraft.profile import parse_profile
 
     def validate(text: str) -> None:
         try:

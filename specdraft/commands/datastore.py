@@ -45,7 +45,7 @@ def run_datastore_build(opts: DatastoreOptions, console: Console) -> int:
     paths = [p for p in walk(opts.files) if not (p.parent / "order.npy").exists()]
     if not paths:
         raise UsageError("no text files found in " + ", ".join(opts.files))
-    from specdraft.config.profile import load_profile
+    from specdraft.profile import load_profile
     from specdraft.drafters.datastore import tokenizer_fingerprint, write_store
     from specdraft.drafters.suffix_index import concatenate
     from specdraft.models.loading import load_tokenizer

@@ -17,7 +17,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, Iterator
 
 from rich.console import Console
 
@@ -26,6 +26,10 @@ from specdraft.commands.io import (EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, Comm
 from specdraft.commands.outputs import atomic_write_text, check_writable
 from specdraft.commands.prompts import Line, read_prompts
 from specdraft.errors import UsageError
+
+if TYPE_CHECKING:
+    from specdraft.profile import Profile
+    from specdraft.runtime import Runtime
 
 
 @dataclass
@@ -52,42 +56,12 @@ class GenerateOptions:
 def run_generate(opts: GenerateOptions, console: Console, stdout: IO[str] | None = None,
                  stdin: IO[Any] | None = None) -> int:
     stdout, stdin = stdout or sys.stdout, stdin or sys.stdin  # looked up now: tests swap them
-    check_seed(opts.seed)
-    if opts.keep_empty and not opts.each_line:
-        raise UsageError("--keep-empty only applies with --each-line")
-    if not Path(opts.pool).exists():  # the commonest first mistake, answered before torch loads
-        raise UsageError(f"{opts.pool}: profile file not found")
-    saved_state = read_policy_state(opts.policy_state)
-    from specdraft.config.profile import load_profile
-
-    profile = load_profile(opts.pool).with_overrides(
-        policy=opts.policy, draft_tokens=opts.draft_tokens, temperature=opts.temperature, top_k=opts.top_k,
-        top_p=opts.top_p, max_new_tokens=opts.max_new_tokens, seed=opts.seed,
-    )
-    if saved_state is not None:
-        check_policy_state(profile, saved_state, opts.policy_state)
+    profile, saved_state = _checked_profile(opts)
     lines = read_prompts(opts.prompt, opts.each_line, stdin)
-    # Read up to the first line with something in it before loading models: input with no
-    # prompt at all is a usage error, and is answered without the wait.
-    ahead: list[Line] = []
-    for line in lines:
-        ahead.append(line)
-        if line.error is not None or line.text.strip():
-            break
-    else:
-        raise UsageError(f"stdin held no prompt ({len(ahead)} empty line{'' if len(ahead) == 1 else 's'})"
-                         if ahead else "stdin is empty: no prompt")
-
-    from specdraft.runtime import build_runtime
-    from specdraft.session.prompt_run import check_budget, context_limit
-
+    ahead = _read_ahead(lines)
     out_tty = stdout.isatty()
     show_panel = opts.panel if opts.panel is not None else (console.is_terminal and out_tty and not opts.json_output)
-    with console.status("loading models…") if console.is_terminal else contextlib.nullcontext():
-        runtime = build_runtime(profile)
-    check_budget(context_limit(runtime))
-    if saved_state is not None:
-        load_policy_state(runtime.engine.policy, saved_state, opts.policy_state, runtime.profile.decode.draft_tokens)
+    runtime = _load(opts, profile, saved_state, console)
     failures = 0
     for line in itertools.chain(ahead, lines):
         if line.error is not None or not line.text.strip():
@@ -105,6 +79,51 @@ def run_generate(opts: GenerateOptions, console: Console, stdout: IO[str] | None
         print_error(console, f"{failures} input line{'s' if failures > 1 else ''} could not be used (see above)")
         return EXIT_FAILURE
     return EXIT_OK
+
+
+def _checked_profile(opts: GenerateOptions) -> tuple[Profile, dict | None]:
+    """The profile with the flags over it, and the saved policy state (None without one),
+    checked before torch loads."""
+    check_seed(opts.seed)
+    if opts.keep_empty and not opts.each_line:
+        raise UsageError("--keep-empty only applies with --each-line")
+    if not Path(opts.pool).exists():  # the commonest first mistake, answered before torch loads
+        raise UsageError(f"{opts.pool}: profile file not found")
+    saved_state = read_policy_state(opts.policy_state)
+    from specdraft.profile import load_profile
+
+    profile = load_profile(opts.pool).with_overrides(
+        policy=opts.policy, draft_tokens=opts.draft_tokens, temperature=opts.temperature, top_k=opts.top_k,
+        top_p=opts.top_p, max_new_tokens=opts.max_new_tokens, seed=opts.seed,
+    )
+    if saved_state is not None:
+        check_policy_state(profile, saved_state, opts.policy_state)
+    return profile, saved_state
+
+
+def _read_ahead(lines: Iterator[Line]) -> list[Line]:
+    """Read up to the first line with something in it before loading models: input with no
+    prompt at all is a usage error, and is answered without the wait."""
+    ahead: list[Line] = []
+    for line in lines:
+        ahead.append(line)
+        if line.error is not None or line.text.strip():
+            return ahead
+    raise UsageError(f"stdin held no prompt ({len(ahead)} empty line{'' if len(ahead) == 1 else 's'})"
+                     if ahead else "stdin is empty: no prompt")
+
+
+def _load(opts: GenerateOptions, profile: Profile, saved_state: dict | None, console: Console) -> Runtime:
+    """The runtime, with the saved policy state loaded into its policy driver."""
+    from specdraft.runtime import build_runtime
+    from specdraft.session.prompt_ids import check_budget, context_limit
+
+    with console.status("loading models…") if console.is_terminal else contextlib.nullcontext():
+        runtime = build_runtime(profile)
+    check_budget(context_limit(runtime))
+    if saved_state is not None:
+        load_policy_state(runtime.engine.driver, saved_state, opts.policy_state, runtime.profile.decode.draft_tokens)
+    return runtime
 
 
 def _start(runtime, line: Line, opts: GenerateOptions, console: Console):
@@ -151,14 +170,14 @@ def _generate(opts: GenerateOptions, runtime, run, line: Line, console: Console,
                 _emit(stdout, delta, stream)
     except KeyboardInterrupt:
         rest = run.interrupt()
-        _finish_prompt(opts, run, line, stdout, stream, rest)
+        finish_prompt(opts, run, line, stdout, stream, rest)
         if opts.policy_state:
-            save_policy_state(policy, Path(opts.policy_state))
+            save_policy_state(runtime.engine.driver, Path(opts.policy_state))
         console.print(f"interrupted · {summary_line(run.stats)}", soft_wrap=True, markup=False)
         raise CommandExit(EXIT_INTERRUPTED) from None
-    _finish_prompt(opts, run, line, stdout, stream, "")
+    finish_prompt(opts, run, line, stdout, stream, "")
     if opts.policy_state:
-        save_policy_state(policy, Path(opts.policy_state))
+        save_policy_state(runtime.engine.driver, Path(opts.policy_state))
     if show_panel and out_tty:
         console.print(stats_panel(run.stats, runtime.profile.policy.name, policy.scores()))
     elif opts.stats:
@@ -189,6 +208,7 @@ def check_policy_state(profile, state: dict, file: str) -> None:
     Python: no model needed), so a state saved with another policy, pool or -k is refused
     before the models load. An optional drafter may be left out of the pool at load time:
     a state saved without some optional drafters is checked against that pool."""
+    from specdraft.learning.driver import PolicyDriver
     from specdraft.learning.policies import build_policy, option_value
     from specdraft.learning.policies.base import PLAIN_ARM
 
@@ -206,17 +226,20 @@ def check_policy_state(profile, state: dict, file: str) -> None:
                               draft_tokens=profile.decode.draft_tokens, horizon=profile.decode.max_new_tokens)
     except Exception:  # a pool the runtime will refuse anyway (a fixed drafter left out): it says why
         return
-    load_policy_state(policy, state, file, profile.decode.draft_tokens)
+    driver = PolicyDriver(policy, profile.decode.draft_tokens, profile.decode.max_new_tokens)
+    load_policy_state(driver, state, file, profile.decode.draft_tokens)
 
 
-def load_policy_state(policy, state: dict, file: str, draft_tokens: int | None = None) -> None:
-    saved_k = _saved_draft_tokens(state)
+def load_policy_state(driver, state: dict, file: str, draft_tokens: int | None = None) -> None:
+    """Load `state` into `driver` (its policy's learner state and its planner's costs and
+    acceptance), or a UsageError naming the file."""
+    policy, saved_k = driver.policy, _saved_draft_tokens(state)
     if draft_tokens is not None and saved_k is not None and saved_k != draft_tokens \
             and state.get("policy") == policy.name and state.get("arms") == policy.arms:
         raise UsageError(f"--policy-state {file}: saved by a run drafting up to {saved_k} tokens (-k / draft_tokens), "
                          f"this one drafts up to {draft_tokens}; use the same -k or another state file")
     try:
-        policy.load_state_dict(state)
+        driver.load_state_dict(state)
     except Exception as exc:  # any shape of garbage in a saved state is the file's fault
         raise UsageError(f"--policy-state {file}: cannot use it: {exc}") from None
 
@@ -231,9 +254,9 @@ def _saved_draft_tokens(state: dict) -> int | None:
     return None
 
 
-def save_policy_state(policy, file: Path) -> None:
+def save_policy_state(driver, file: Path) -> None:
     # Written beside and renamed: an interrupted write never leaves a truncated state file.
-    atomic_write_text(file, json.dumps(policy.state_dict(), indent=1))
+    atomic_write_text(file, json.dumps(driver.state_dict(), indent=1))
 
 
 def _emit(stdout: IO[str], text: str, stream: bool) -> None:
@@ -242,7 +265,8 @@ def _emit(stdout: IO[str], text: str, stream: bool) -> None:
         stdout.flush()
 
 
-def _finish_prompt(opts: GenerateOptions, run, line: Line, stdout: IO[str], stream: bool, rest: str) -> None:
+def finish_prompt(opts: GenerateOptions, run, line: Line, stdout: IO[str], stream: bool, rest: str) -> None:
+    """Write what a finished prompt owes stdout: its JSON record, or the rest of its text."""
     if opts.json_output:
         record = run.record()
         if line.number:

@@ -73,8 +73,8 @@ def quiet_libraries(verbose: bool, console: Console | None = None) -> None:
     """transformers' progress bars and warnings would clutter stderr around the panel.
 
     Only environment variables and filters: importing transformers costs seconds, and a
-    command that stops at a profile error must not pay for it (models/loading.py imports
-    it when a model loads and applies the same settings then)."""
+    command that stops at a profile error must not pay for it (models/quiet.py: the model
+    loaders apply the same settings when they import it)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logger = logging.getLogger("specdraft")
     logger.handlers = [h for h in logger.handlers if not isinstance(h, _ConsoleHandler)]
@@ -86,13 +86,9 @@ def quiet_libraries(verbose: bool, console: Console | None = None) -> None:
         os.environ.pop("SPECDRAFT_QUIET", None)
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
         return
-    os.environ["SPECDRAFT_QUIET"] = "1"  # read by models/loading.py when transformers is imported
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF conversion uses tqdm directly
-    import warnings
+    from specdraft.models.quiet import quiet_environment  # torch-free
 
-    warnings.filterwarnings("ignore")
+    quiet_environment()
 
 
 def check_seed(seed: int | None, flag: str = "--seed") -> None:

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
-from specdraft.atomic_files import write_text
+from specdraft.storage.atomic_files import write_text
 from specdraft.errors import UsageError
 
 

@@ -19,7 +19,7 @@ def run_trace_command(pool: str, data: str, out: str, max_new_tokens: int | None
                       chat: bool | None, console: Console) -> int:
     check_count(limit, "--limit")
     check_outputs([("--out", out)], inputs=[("--data", data), ("--pool", pool)])
-    from specdraft.config.profile import load_profile
+    from specdraft.profile import load_profile
     from specdraft.measurement.datasets import load_dataset
 
     profile = load_profile(pool).with_overrides(max_new_tokens=max_new_tokens)
@@ -36,7 +36,7 @@ def trace_with_progress(profile, examples, chat: bool | None, console: Console, 
         raise UsageError("traces need greedy decoding (temperature = 0): only then is the trajectory drafter-free")
     from specdraft.measurement.traces import TraceWriter, record_trace
     from specdraft.runtime import build_runtime
-    from specdraft.session.prompt_run import check_prompts
+    from specdraft.session.prompt_ids import check_prompts
     from specdraft.ui.progress import progress_bar
 
     runtime = build_runtime(profile, record=False)

@@ -1,7 +1,7 @@
 """`specdraft train steer`: train SD2 steering for a pretrained drafter of the pool (and the
 drafter itself, unless `--freeze-drafter`), or with `--no-steering` the distilled baseline
-(same data and steps, plain KL). The corpus and the target's features come from the same
-preparation as `train head` (its three steering layers and its final state are cached).
+(same data and steps, plain KL). The corpus and the target's features are prepared as for
+`train head` (training/prepare.py; its three steering layers and its final state are cached).
 
 The output folder gets steer.json, steer.safetensors and drafter.safetensors (written at
 every checkpoint, so an interrupted run still leaves a usable drafter) and the resume state.
@@ -10,18 +10,27 @@ every checkpoint, so an interrupted run still leaves a usable drafter) and the r
 from __future__ import annotations
 
 import gc
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from rich.console import Console
 
-from specdraft.commands.io import EXIT_OK, check_count
-from specdraft.commands.train import STEER_FILES, check_folders, check_positive, check_training_options, prepare_corpus
+from specdraft.commands.io import EXIT_OK, check_count, warner
+from specdraft.commands.train_options import STEER_FILES, check_folders, check_positive, check_training_options
 from specdraft.errors import ProfileError, UsageError
 
+if TYPE_CHECKING:
+    import torch
+
+    from specdraft.config.model_spec import ModelSpec
+    from specdraft.profile import Profile
+    from specdraft.drafters.steering import Steering
+    from specdraft.training.loop import LoopResult
+    from specdraft.training.prepare import Corpus, FrozenTarget
+
 CHECKPOINT_SECONDS = 600.0  # a checkpoint holds the drafter and its optimizer state: gigabytes
+DEFAULT_EPOCHS = 1.0
 
 
 @dataclass
@@ -53,87 +62,115 @@ class TrainSteerOptions:
 
 def run_train_steer(opts: TrainSteerOptions, console: Console) -> int:
     _check(opts)
-    import torch
-
-    from specdraft.config.profile import load_profile
-    from specdraft.drafters.steering import default_layers, new_steering, save_steering
-    from specdraft.models.loading import LoadedModel, check_tokenizers, load_model, native_bf16
-    from specdraft.training.loop import STATE, LoopSettings, train
-    from specdraft.training.steer import SteerObjective, SteerTrainingSettings
+    from specdraft.commands.train_run import corpus_settings
+    from specdraft.profile import load_profile
+    from specdraft.drafters.steering import default_layers
+    from specdraft.training.prepare import prepare_corpus
 
     profile = load_profile(opts.pool)
     spec, key = _drafter_spec(profile, opts.drafter)
-    out = Path(opts.out)
     layers = _layers(opts.layers)
-    corpus = prepare_corpus(
-        opts, lambda model: [*(layers or default_layers(int(model.config.num_hidden_layers))),
-                             int(model.config.num_hidden_layers)], console)
-    target = corpus.model
-    device = next(target.parameters()).device
+    target, corpus = prepare_corpus(
+        corpus_settings(opts), lambda model: [*(layers or default_layers(int(model.config.num_hidden_layers))),
+                                              int(model.config.num_hidden_layers)], console, warner(console))
+    models = _models(opts, profile, spec, key, target, layers)
+    # Training needs only the target's head (its distributions from the stored final states,
+    # kept in `models`): let the rest of the target go (a 1.5B target is 6 GB in float32).
+    del target
+    gc.collect()
+    _set_trainable(models, opts, profile, key)
+    _train(opts, profile, spec, models, corpus, console)
+    return EXIT_OK
+
+
+@dataclass
+class _Models:
+    """What `train steer` trains and reads: the drafter (float32 master weights), the
+    steering, and the target's output head."""
+
+    drafter: torch.nn.Module
+    steering: Steering
+    head_weight: torch.Tensor
+    device: torch.device
+
+
+def _models(opts: TrainSteerOptions, profile: Profile, spec: ModelSpec, key: str, target: FrozenTarget,
+            layers: tuple[int, int, int] | None) -> _Models:
+    import torch
+
+    from specdraft.drafters.steering import new_steering
+    from specdraft.models.loading import LoadedModel, check_tokenizers, load_model
+
+    device = target.device
     drafter_loaded = load_model(spec, str(profile.file), key)
-    check_tokenizers(LoadedModel(target, corpus.tokenizer, "the target"), drafter_loaded, str(profile.file), key)
+    check_tokenizers(LoadedModel(target.model, target.tokenizer, "the target"), drafter_loaded, str(profile.file),
+                     key)
     # float32 master weights; nn.Module's own cast, since transformers refuses `.float()` on
     # a model it loaded from a GGUF file (it counts as quantized though its weights are not)
     drafter = torch.nn.Module.float(drafter_loaded.model.to(device)).train()
     try:
-        steering = new_steering(target, drafter, layers, opts.steer_size, steering=opts.steering).to(device)
+        steering = new_steering(target.model, drafter, layers, opts.steer_size, steering=opts.steering).to(device)
     except ValueError as exc:
         raise ProfileError(str(profile.file), key, str(exc)) from None
-    # Training needs only the target's head (its distributions from the stored final states):
-    # keep a copy and let the rest of the target go (a 1.5B target is 6 GB in float32).
-    head_weight = target.get_output_embeddings().weight.detach().clone()
-    corpus.model = target = None
-    gc.collect()
-    trained_layers = _trained_layers(drafter, opts, profile, key)
-    for parameter in drafter.parameters():
+    return _Models(drafter, steering, target.model.get_output_embeddings().weight.detach().clone(), device)
+
+
+def _set_trainable(models: _Models, opts: TrainSteerOptions, profile: Profile, key: str) -> None:
+    """All of the drafter, its last --train-layers layers or none of it (--freeze-drafter),
+    and the steering unless --no-steering."""
+    trained_layers = _trained_layers(models.drafter, opts, profile, key)
+    for parameter in models.drafter.parameters():
         parameter.requires_grad_(not opts.freeze_drafter and trained_layers is None)
     for layer in trained_layers or ():
         layer.requires_grad_(True)
-    for parameter in steering.parameters():
+    for parameter in models.steering.parameters():
         parameter.requires_grad_(opts.steering)
+
+
+def _train(opts: TrainSteerOptions, profile: Profile, spec: ModelSpec, models: _Models, corpus: Corpus,
+           console: Console) -> None:
+    import torch
+
+    from specdraft.commands.train_run import (HeldOut, TrainingRun, data_names, loop_settings, planned_steps,
+                                              run_training)
+    from specdraft.drafters.steering import save_steering
+    from specdraft.models.loading import native_bf16
+    from specdraft.training.steer import SteerObjective, SteerTrainingSettings
+
+    out, drafter, steering, device = Path(opts.out), models.drafter, models.steering, models.device
     bf16 = opts.bf16 if opts.bf16 is not None else native_bf16(device)
     settings = SteerTrainingSettings(batch_sequences=opts.batch_sequences,
                                      max_draft=opts.max_draft or profile.decode.draft_tokens,
                                      steering=opts.steering, bf16=bf16, seed=opts.seed)
-    objective = SteerObjective(drafter, steering, head_weight, corpus.data, settings, corpus.train_rows, device)
-    per_epoch = max(1, len(corpus.train_rows) // opts.batch_sequences)
-    steps = opts.steps if opts.steps is not None else max(1, int(round(per_epoch * (opts.epochs or 1.0))))
-    identity = {"features": corpus.key, "drafter": str(spec.describe()), "lr": opts.lr, "steps": steps,
-                "batch": opts.batch_sequences, "max_draft": settings.max_draft, "layers": list(steering.config.layers),
-                "steering": opts.steering, "frozen": opts.freeze_drafter, "train_layers": opts.train_layers,
-                "seed": opts.seed}
-    if opts.restart:
-        (out / STATE).unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
-    what = "steered" if opts.steering else "distilled"
-    before = objective.evaluate(corpus.held_rows)
-    console.print(f"held-out before training ({what}, pretrained drafter): KL {before['kl']:.3f}, top-1 agreement "
-                  f"{before['top1']:.1%} (last draft offset: {before['top1@last']:.1%})", markup=False)
-    trained_at = time.perf_counter()
-    module = torch.nn.ModuleDict({"drafter": drafter, "steering": steering})
+    objective = SteerObjective(drafter, steering, models.head_weight, corpus.data, settings, corpus.train_rows,
+                               device)
+    steps = planned_steps(opts, corpus, DEFAULT_EPOCHS)
+    identity = {"drafter": str(spec.describe()), "max_draft": settings.max_draft,
+                "layers": list(steering.config.layers), "steering": opts.steering, "frozen": opts.freeze_drafter,
+                "train_layers": opts.train_layers}
 
     def save(step: int, metrics: dict[str, float], extra: dict | None = None) -> None:
         save_steering(out, steering, None if opts.freeze_drafter else drafter,
                       {"steps": step, "of_steps": steps, "tokens": int(corpus.tokens.size), "lr": opts.lr,
                        "seq_len": opts.seq_len, "chat": corpus.chat, "max_draft": settings.max_draft,
                        "train_layers": opts.train_layers,
-                       "data": [str(p) for p in corpus.paths][:20], "train_metrics": metrics, **(extra or {})})
+                       "data": data_names(corpus), "train_metrics": metrics, **(extra or {})})
 
-    loop = LoopSettings(steps=steps, lr=opts.lr, warmup=min(20, steps // 10 + 1), identity=identity,
-                        checkpoint_seconds=CHECKPOINT_SECONDS,
-                        lr_scale={"steering.": opts.steer_lr_factor})
-    result = train(module, loop, objective.step, save, out, console, label=f"train steer ({what})")
-    after = objective.evaluate(corpus.held_rows)
-    save(result.step, result.last, {"held_out_kl": after["kl"], "held_out_top1": after["top1"],
-                                    "held_out_top1_last": after["top1@last"], "held_out_before": before,
-                                    "train_seconds": round(time.perf_counter() - trained_at, 1)})
-    console.print(f"held-out after {result.step} steps: KL {after['kl']:.3f}, top-1 agreement {after['top1']:.1%} "
-                  f"(last draft offset: {after['top1@last']:.1%}) (trained {result.seconds / 60:.1f} min, total "
-                  f"{(time.perf_counter() - corpus.started) / 60:.1f} min); written to {out}", markup=False)
-    return EXIT_OK
+    def finish(result: LoopResult, before: dict[str, float], after: dict[str, float], seconds: float) -> None:
+        save(result.step, result.last, {"held_out_kl": after["kl"], "held_out_top1": after["top1"],
+                                        "held_out_top1_last": after["top1@last"], "held_out_before": before,
+                                        "train_seconds": seconds})
+
+    what = "steered" if opts.steering else "distilled"
+    loop = loop_settings(opts, corpus, steps, identity, checkpoint_seconds=CHECKPOINT_SECONDS,
+                         lr_scale={"steering.": opts.steer_lr_factor})
+    module = torch.nn.ModuleDict({"drafter": drafter, "steering": steering})
+    run_training(TrainingRun(out, module, loop, objective.step, objective.evaluate, save, finish,
+                             f"train steer ({what})", HeldOut("top1@last", "last draft offset:"),
+                             before_note=f" ({what}, pretrained drafter)"), corpus, opts.restart, console)
 
 
-def _drafter_spec(profile, name: str):
+def _drafter_spec(profile: Profile, name: str) -> tuple[ModelSpec, str]:
     """The pretrained model of drafter `name`: any drafter of the pool with a model source
     of its own (the `model` and `steered` kinds)."""
     for index, drafter in enumerate(profile.drafters):
@@ -147,7 +184,7 @@ def _drafter_spec(profile, name: str):
     raise UsageError(f'--drafter {name}: no such drafter in the pool (model drafters: {names})')
 
 
-def _trained_layers(drafter, opts: TrainSteerOptions, profile, key: str):
+def _trained_layers(drafter: torch.nn.Module, opts: TrainSteerOptions, profile: Profile, key: str):
     """The decoder layers `--train-layers N` trains (the drafter's last N), or None for
     all of the drafter (or none of it, with --freeze-drafter)."""
     if opts.train_layers is None:

@@ -1,2 +1,4 @@
-"""The TOML profile: a table reader that knows key paths, the model spec shared by the
-target and model-backed drafters, and the profile itself. Nothing here loads a model."""
+"""The TOML reading below every other profile part: a table reader that knows key paths,
+the model spec shared by the target and model-backed drafters, and in-place edits. The
+whole profile (`specdraft/profile.py`) sits above the drafter kinds and policies it
+names. Nothing here loads a model."""

@@ -16,7 +16,7 @@ from typing import Callable
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
-from specdraft.atomic_files import write_text
+from specdraft.storage.atomic_files import write_text
 from specdraft.errors import UsageError
 
 # A trailing comment claiming the value is the published one stops being true once calibrated.

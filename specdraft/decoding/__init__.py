@@ -1,2 +1,2 @@
-"""The decode core: sampling transforms, lossless verification, the round loop, and the
-live full-information evaluator. Token ids only; no text, no printing."""
+"""The round (`engine`) and the live full-information evaluator (`evaluation`): they sit
+above the drafters they drive. Token ids only; no text, no printing."""

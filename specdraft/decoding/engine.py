@@ -5,9 +5,14 @@ per round with the tokens that round committed. It never branches on drafter kin
 policy: the PolicyDriver plans the round (arm, draft length, early-stop price) and decides
 what the policy learns and when, the PoolEvaluator scores drafters when the policy asks
 for full information, from the target's hidden states for the layers the pool's drafters
-name; drafters that draft from the target's features get them after every verify. One
-host synchronisation per round: reading the packed verdict (plus one per draft
-token while a model drafter's early stop reads its confidence).
+name; drafters that draft from the target's features get them after every verify.
+
+Host and device meet at two kinds of points. Data comes back once per round, in one read
+of the packed verdict (plus one per draft token while a model drafter's early stop reads
+its confidence). Time is read at every stopwatch lap (the round's start, the end of each
+phase) and around an evaluation, and on CUDA or MPS each of those clock reads waits for
+the device first (`stopwatch.device_clock`), so that the phase timings the cost model
+learns from are the work's, not the kernel launches'.
 """
 
 from __future__ import annotations
@@ -18,9 +23,9 @@ from typing import Iterator, Sequence
 import torch
 
 from specdraft.decoding.evaluation import PoolEvaluator, RoundEvidence
-from specdraft.decoding.sampling import SamplingParams, distributions, sampling_probs
-from specdraft.decoding.stopwatch import Stopwatch
-from specdraft.decoding.verify import verify_greedy, verify_sampling
+from specdraft.core.sampling import SamplingParams, distributions, sampling_probs
+from specdraft.core.stopwatch import Stopwatch
+from specdraft.core.verify import verify_greedy, verify_sampling
 from specdraft.drafters.base import Draft, Drafter
 from specdraft.learning.driver import Gammas, PolicyDriver, RoundOutcome
 from specdraft.learning.feedback import RoundFeedback
@@ -114,7 +119,7 @@ class SpeculativeEngine:
         # position, whichever arm drafted, so switching to them costs no catch-up forward.
         self.feature_drafters = [d for d in self.drafters if d.feature_layers]
         self.feature_layers = tuple(sorted({layer for d in self.feature_drafters for layer in d.feature_layers}))
-        self.may_stay_silent = len(self.drafters) > 1 and any(d.may_stay_silent for d in self.drafters)
+        self.may_sleep = len(self.drafters) > 1 and any(d.may_sleep for d in self.drafters)
 
     @property
     def policy(self) -> Policy:
@@ -150,7 +155,7 @@ class SpeculativeEngine:
                                   tokens=tokens, alphas=verified.alphas, draft_s=watch["draft"],
                                   verify_s=watch["verify"], overhead_s=watch["overhead"],
                                   evaluate_s=watch["evaluate"], finish=finish, evaluated=learned.evaluated or None,
-                                  values=learned.values or None, value_unit=value_unit(self.policy), planned=k,
+                                  values=learned.values or None, value_unit=value_unit(self.driver.planner), planned=k,
                                   expected_tokens=plan.expected_tokens, expected_seconds=plan.expected_seconds,
                                   verify_width=verified.width, prefill_s=prefill_s)
                 if finish:
@@ -161,8 +166,8 @@ class SpeculativeEngine:
 
     def _awake(self, context: list[int]) -> list[bool] | None:
         """Which drafters would propose anything after `context` (the rest are asleep this
-        round), when the policy chooses among awake arms and some drafter can be silent."""
-        if not (self.may_stay_silent and self.driver.wants_awake):
+        round), when the policy chooses among awake arms and some drafter may sleep."""
+        if not (self.may_sleep and self.driver.wants_awake):
             return None
         return [drafter.awake_at(context, len(context)) for drafter in self.drafters]
 
@@ -211,7 +216,7 @@ class SpeculativeEngine:
         else:
             probs = sampling_probs(logits, self.settings.sampling)
             verdict = verify_sampling(probs, draft.tokens, draft.probs, self.generator)
-        # The round's single device-to-host sync: accepted count, tokens and alphas at once.
+        # The round's one device-to-host read of data: accepted count, tokens and alphas at once.
         # float64 holds every token id exactly.
         packed = torch.cat(
             [verdict.n_accepted.view(1).double(), verdict.tokens.double(), verdict.alphas.double()]

@@ -49,7 +49,8 @@ class PoolEvaluator:
         return out
 
     def silent(self, round_: RoundOutcome) -> list[bool]:
-        """Per drafter: it would have proposed nothing at the round's start (asleep)."""
+        """Per drafter: asleep at the round's start (`Drafter.awake_at`). The name is the one
+        `learning/driver.py` asks evaluators for."""
         return [not drafter.awake_at(self.context, round_.start) for drafter in self.drafters]
 
     def _score(self, arm: int, drafter: Drafter, rounds: Sequence[RoundOutcome]) -> list[torch.Tensor]:

@@ -1,7 +1,7 @@
-"""Drafter kinds behind one interface (base.py), one file per kind, their profile keys
-(options.py, torch-free) and the registry that builds a pool from the profile
-(registry.py). Names below load on first use, so that parsing a profile (which imports
-registry.py) never imports torch."""
+"""Drafter kinds behind one interface (base.py), the bases kinds share (lookup_base.py,
+model_base.py), one file per kind, their profile keys (options.py, torch-free) and the
+registry that builds a pool from the profile (registry.py). Names below load on first
+use, so that parsing a profile (which imports registry.py) never imports torch."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any
 _NAMES = {
     "Draft": "base", "DraftContext": "base", "Drafter": "base", "PoolContext": "base", "TrajectoryScores": "base",
     "PlainDecoding": "none", "ModelDrafter": "model", "NgramDrafter": "ngram", "LayersDrafter": "layers",
-    "SuffixDrafter": "suffix",
+    "SuffixDrafter": "suffix", "LookupDrafter": "lookup_base", "ModelBackedDrafter": "model_base",
+    "CausalLMDrafter": "model_base", "DraftLM": "model_base",
     "truncated_view": "layers",
 }
 

@@ -4,13 +4,11 @@ branches on kind.
 A drafter sees the committed context (token ids), proposes up to k tokens with the
 distributions it drew them from (stopping early when a token is not worth its time), and
 is told afterwards how many were accepted so it can roll its own state back. A
-deterministic drafter returns `probs=None` (one-hot q). A kind that is scored from the
-target's own hidden states names the layers it needs (`hidden_layers`); the verify forward
-hands them over at the committed positions, so the round never asks which kind it runs.
-Each kind's profile keys are parsed in `options.py` (torch-free); the kind builds itself (`build`),
-scores itself along a finished trajectory for offline replay (`trajectory_scores`), and
-says which causal LM it drafts with, if any (`causal_lm`), for cost measurement and
-transformers' assisted-generation baseline.
+deterministic drafter returns `probs=None` (one-hot q). `Drafter` groups its members by
+the caller they serve (building, the round, evaluation, replay and measurement); what
+only some kinds need lives in their bases, `LookupDrafter` (`lookup_base.py`: `ngram`,
+`suffix`) and `ModelBackedDrafter` (`model_base.py`: `model`, `layers`, `steered`,
+`head`). Each kind's profile keys are parsed in `options.py` (torch-free).
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
 
-from specdraft.decoding.sampling import SamplingParams
+from specdraft.core.sampling import SamplingParams
 from specdraft.learning.confidence import StopRule
 
 if TYPE_CHECKING:
@@ -113,51 +111,35 @@ class TrajectoryScores:
     span: list[list[float]]
 
 
-def proposal_trajectory_scores(draft_at: Callable[[int], list[int]], context: Sequence[int], prompt_len: int,
-                                target_probs: torch.Tensor) -> TrajectoryScores:
-    """`trajectory_scores` of a deterministic drafter from what it would draft at each
-    generated position (`draft_at(position)`): its run is the drafted prefix that matches
-    the trajectory, its span the target's probability of each drafted token."""
-    n = len(context) - prompt_len
-    scores = TrajectoryScores([], [], [], [])
-    for t in range(n):
-        position = prompt_len + t
-        proposal = draft_at(position)
-        r = 0
-        while r < len(proposal) and t + r < n and proposal[r] == context[position + r]:
-            r += 1
-        rows = [(t + j, token) for j, token in enumerate(proposal) if t + j < n]
-        values = target_probs[[i for i, _ in rows], [tok for _, tok in rows]].tolist() if rows else []
-        scores.drafted.append(len(proposal))
-        scores.run.append(r)
-        scores.span.append(values)
-        scores.alpha.append(values[0] if values else 0.0)
-    return scores
-
-
 class Drafter(ABC):
+    """One drafter of the pool. Only `propose`, `score` and `trajectory_scores` must be
+    written; every other member defaults to what a kind that needs none of it does.
+
+    A drafter is *awake* at a position when it would propose something there. A kind that
+    may sleep (`may_sleep`: a lookup that finds nothing proposes nothing) is asked before
+    each round (`awake_at`), and a learning policy chooses among the awake arms (sleeping
+    experts, Freund et al. 1997). Model-backed drafters and the plain arm never sleep."""
+
     kind: ClassVar[str] = ""
+    may_sleep: ClassVar[bool] = False
     # True when the alignment of its draft at a position equals what `score` gives there
-    # (autoregressive models: q depends only on the context). A prompt-lookup draft is one
-    # lookup's whole span, so its per-position score is a fresh lookup instead.
+    # (autoregressive models: q depends only on the context), so the evaluator reuses it. A
+    # lookup's draft is one lookup's whole span: its per-position score is a fresh lookup.
     draft_alignment_is_score: ClassVar[bool] = False
-    # True for a kind that proposes nothing where it finds nothing (lookups): a learning
-    # policy then asks `proposes_at` before each round and passes over it while it is
-    # silent (sleeping experts). Model drafters always propose.
-    may_stay_silent: ClassVar[bool] = False
 
     def __init__(self, name: str, ctx: DraftContext):
         self.name = name
         self.ctx = ctx
 
-    # --- from the profile -------------------------------------------------------------
+    # --- building (drafters/registry.py) -----------------------------------------------
 
     @classmethod
-    def build(cls, name: str, options: Any, pool: PoolContext, key: str) -> "Drafter":
-        """A ready drafter; `key` (e.g. "drafters[2]") names it in errors."""
+    def build(cls, name: str, options: Any, pool: PoolContext, key: str, index: int) -> "Drafter":
+        """A ready drafter from its profile `options`; `key` (e.g. "drafters[2]") names it in
+        errors, `index` is its place in the pool."""
         raise NotImplementedError(f"drafter kind {cls.kind!r} cannot be built from a profile")
 
-    # --- the round -------------------------------------------------------------------
+    # --- the round (decoding/engine.py) ------------------------------------------------
 
     def reset(self) -> None:
         """Forget the previous prompt."""
@@ -169,11 +151,6 @@ class Drafter(ABC):
         one more token no longer pays for its time (`StopRule.worth`), and may draft past k,
         up to `stop.horizon`, while it still does."""
 
-    def prepare_scoring(self, context: Sequence[int]) -> None:
-        """Full-information evaluation will score this drafter at every generated position
-        after the prompt `context`: a drafter with a cache of its own prefills it now, so the
-        prompt's prefill is not charged to the first round's evaluation."""
-
     def on_commit(self, n_accepted: int) -> None:
         """After a round this drafter drafted: `n_accepted` of its tokens were kept."""
 
@@ -181,39 +158,15 @@ class Drafter(ABC):
         """The prompt is done: `context` is it and everything generated (a drafter that
         learns from earlier text records it here)."""
 
-    def forget_run(self) -> None:
-        """Forget the text of this run's earlier prompts (a benchmark pass starts a fresh
-        stream; what was loaded from disk at start stays)."""
-
-    @abstractmethod
-    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
-              hidden: Hidden | None = None) -> torch.Tensor:
-        """Full-information evaluation: gamma at committed positions start .. start+count-1 [count],
-        i.e. sum_v min(p, q) with this drafter's q given context[:position]; `target_probs`
-        [count, V] are the target's distributions there, `hidden` the target's hidden states
-        there for the layers in `hidden_layers`. Leaves the drafter caught up to at least
-        context[:start + count - 1]."""
-
-    def proposes_at(self, context: Sequence[int], position: int) -> bool:
-        """Would this drafter propose anything after context[:position]? (Model drafters
-        always do; prompt lookup only when it finds a match.)"""
-        return True
-
     def awake_at(self, context: Sequence[int], position: int) -> bool:
-        """Is this drafter a candidate for a round starting after context[:position]? Only
-        a kind that may stay silent is ever asleep (and the plain arm never is: it is the
-        round every silent drafter would have turned into)."""
-        return not self.may_stay_silent or self.proposes_at(context, position)
-
-    @property
-    def hidden_layers(self) -> tuple[int, ...]:
-        """Target layers whose hidden states `score` reads (none for most kinds)."""
-        return ()
+        """Would this drafter propose anything after context[:position]? Asked only of a
+        kind that `may_sleep`."""
+        return True
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
         """Target layers whose hidden states this drafter drafts from: handed over at every
-        committed position (`observe_features`), whichever arm drafted (none for most kinds)."""
+        committed position (`observe_features`), whichever arm drafted."""
         return ()
 
     def observe_features(self, position: int, hidden: Hidden) -> None:
@@ -221,14 +174,43 @@ class Drafter(ABC):
         position, position + 1, ... ({layer: [n, H]})."""
 
     def empty_draft(self) -> Draft:
+        """No tokens (a round planned at K = 0, or nothing worth drafting)."""
         return Draft(torch.empty(0, dtype=torch.long, device=self.ctx.device), None)
 
-    # --- measurement -----------------------------------------------------------------
+    # --- evaluation under full information (decoding/evaluation.py) ----------------------
+
+    @abstractmethod
+    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
+              hidden: Hidden | None = None) -> torch.Tensor:
+        """Gamma at committed positions start .. start+count-1 [count], i.e. sum_v min(p, q)
+        with this drafter's q given context[:position]; `target_probs` [count, V] are the
+        target's distributions there, `hidden` the target's hidden states there for the
+        layers in `hidden_layers`. Leaves the drafter caught up to at least
+        context[:start + count - 1]."""
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        """Target layers whose hidden states `score` reads (the verify forward returns them)."""
+        return ()
+
+    def prepare_scoring(self, context: Sequence[int]) -> None:
+        """Every generated position after the prompt `context` will be scored: a drafter with
+        a cache of its own prefills it now, so the prompt's prefill is not charged to the
+        first round's evaluation."""
+
+    # --- replay and measurement (measurement/) ------------------------------------------
+
+    @abstractmethod
+    def trajectory_scores(self, context: list[int], prompt_len: int, target_probs: torch.Tensor,
+                          k: int) -> TrajectoryScores:
+        """Teacher-force the finished trajectory `context` (prompt of `prompt_len` tokens, then
+        the generated ones) through this drafter; `target_probs` [generated, V] are the
+        target's distributions at the generated positions."""
 
     @property
     def causal_lm(self) -> torch.nn.Module | None:
-        """The causal LM this drafter drafts with (a draft token costs one of its forwards),
-        or None when drafting happens on the host."""
+        """The causal LM this drafter drafts with (a draft token costs one of its forwards:
+        traces time it, bench uses it as transformers' assistant), or None."""
         return None
 
     def forward_seconds(self, widths: Sequence[int], repeats: int) -> dict[int, float] | None:
@@ -237,9 +219,6 @@ class Drafter(ABC):
         (`causal_lm` is None); None for the others."""
         return None
 
-    @abstractmethod
-    def trajectory_scores(self, context: list[int], prompt_len: int, target_probs: torch.Tensor,
-                          k: int) -> TrajectoryScores:
-        """Teacher-force the finished trajectory `context` (prompt of `prompt_len` tokens, then
-        the generated ones) through this drafter; `target_probs` [generated, V] are the
-        target's distributions at the generated positions."""
+    def forget_run(self) -> None:
+        """Forget the text of this run's earlier prompts (a benchmark pass starts a fresh
+        stream; what was loaded from disk at start stays)."""

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from specdraft.atomic_files import folder_lock, recover_folder, staged_folder
+from specdraft.storage.atomic_files import folder_lock, recover_folder, staged_folder
 from specdraft.drafters.suffix_index import SEPARATOR, SuffixIndex
 
 FORMAT = 1

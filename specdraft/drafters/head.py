@@ -20,12 +20,12 @@ from typing import Sequence
 
 import torch
 
-from specdraft.decoding.sampling import distributions
-from specdraft.decoding.stopwatch import device_clock
-from specdraft.decoding.verify import overlap
+from specdraft.core.sampling import distributions
+from specdraft.core.stopwatch import device_clock
+from specdraft.core.verify import overlap
 from specdraft.drafters.base import Draft, DraftContext, DrafterUnavailable, Hidden, PoolContext, TrajectoryScores
 from specdraft.drafters.head_model import DraftHead, HeadFileError, Readout, load_head
-from specdraft.drafters.model import ModelDrafter
+from specdraft.drafters.model_base import ModelBackedDrafter
 from specdraft.drafters.options import HeadOptions
 from specdraft.errors import ProfileError
 from specdraft.learning.confidence import StopRule
@@ -49,10 +49,8 @@ class HeadCache:
         self.lean = LeanDecoder(self.head.body, stack=self.head.body) if lean_choice(
             core, self.head.body, self.device, stack=True) else None
         # A head drafts on its target's kernels: where the runtime packed the target for
-        # oneDNN (`[decode] linear_kernel`), the head's products are a few rows too, and on
-        # torch's kernel a step of a SmolLM2-135M head (8192-token draft vocabulary) took
-        # 2.2 ms, 13.7% of the packed target's forward, against 0.74 ms packed
-        # (benchmarks/draft_cost.py).
+        # oneDNN (`[decode] linear_kernel`), the head's few-row products are packed too, as
+        # oneDNN streams those at close to memory bandwidth and torch's kernel does not.
         if is_packed(target) and packing_problem(self.head) is None:
             if self.lean is not None:  # the lean forward reads its own fused products
                 self.lean.pack()
@@ -141,19 +139,24 @@ class HeadCache:
         return self.readout.widen(small, self.logits_size)
 
 
-class HeadDrafter(ModelDrafter):
+class HeadDrafter(ModelBackedDrafter):
+    """Not a causal LM transformers can assist with (`causal_lm` is None): its cost is
+    measured by the round, and it times its own forward (`forward_seconds`). Nothing to
+    prefill for scoring: its cache is built from the target's features, one small forward
+    when it first drafts or is scored."""
+
     kind = "head"
     draft_alignment_is_score = False  # drafts past the first token use predicted features
 
     def __init__(self, name: str, ctx: DraftContext, head: DraftHead, target: torch.nn.Module,
                  stop_below: float | None = None, core: str = "auto"):
         self.head_cache = HeadCache(head, target, ctx.vocab_size, core)
-        super().__init__(name, ctx, head, stop_below, lm=self.head_cache)  # type: ignore[arg-type]
+        super().__init__(name, ctx, self.head_cache, stop_below)
         self.target = target
         self.layers_read = tuple(head.config.layers_read)
 
     @classmethod
-    def build(cls, name: str, options: HeadOptions, pool: PoolContext, key: str) -> "HeadDrafter":
+    def build(cls, name: str, options: HeadOptions, pool: PoolContext, key: str, index: int) -> "HeadDrafter":
         if options.optional and not options.path.exists():
             raise DrafterUnavailable(f"no head at {options.path} (train it with `specdraft train head`)")
         try:
@@ -179,10 +182,6 @@ class HeadDrafter(ModelDrafter):
         if len(context) < 2:  # no feature yet: the head reads the target's feature at the token before
             return self.empty_draft()
         return super().propose(context, k, stop)
-
-    def prepare_scoring(self, context: Sequence[int]) -> None:
-        """Nothing to prefill: the head's cache is built from the target's features, one
-        small forward when it first drafts or is scored."""
 
     def _start_draft(self, context: Sequence[int]) -> torch.Tensor:
         cache = self.head_cache
@@ -266,9 +265,3 @@ class HeadDrafter(ModelDrafter):
                 cache.crop(65)
         self.reset()
         return {w: statistics.median(s) for w, s in samples.items()}
-
-    @property
-    def causal_lm(self) -> None:
-        """Not a causal LM transformers can assist with: its cost is measured by the round."""
-        return None
-

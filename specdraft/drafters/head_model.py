@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from specdraft.atomic_files import staged_file, write_text
+from specdraft.storage.atomic_files import staged_file, write_text
 WEIGHTS, CONFIG = "head.safetensors", "head.json"
 FORMAT = 2
 READABLE_FORMATS = (1, 2)

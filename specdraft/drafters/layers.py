@@ -19,10 +19,10 @@ from typing import Sequence
 
 import torch
 
-from specdraft.decoding.sampling import distributions
-from specdraft.decoding.verify import overlap
+from specdraft.core.sampling import distributions
+from specdraft.core.verify import overlap
 from specdraft.drafters.base import DraftContext, Hidden, PoolContext
-from specdraft.drafters.model import ModelDrafter
+from specdraft.drafters.model_base import CausalLMDrafter
 from specdraft.drafters.options import LayersOptions
 from specdraft.errors import ProfileError
 from specdraft.models.cached_lm import CachedLM, fit_logits
@@ -77,17 +77,18 @@ class TargetPrefix:
         return fit_logits(self.model(ids).logits[0], self.logits_size)
 
 
-class LayersDrafter(ModelDrafter):
+class LayersDrafter(CausalLMDrafter):
     kind = "layers"
+    lm: TargetPrefix
 
     def __init__(self, name: str, ctx: DraftContext, target: CachedLM, layers: int, stop_below: float | None = None):
         view = truncated_view(target.model, layers)
-        super().__init__(name, ctx, view, stop_below, lm=TargetPrefix(target, view, layers, ctx.vocab_size))
+        super().__init__(name, ctx, TargetPrefix(target, view, layers, ctx.vocab_size), stop_below)
         self.layers = layers
         self._softcap = getattr(view.config, "final_logit_softcapping", None)
 
     @classmethod
-    def build(cls, name: str, options: LayersOptions, pool: PoolContext, key: str) -> "LayersDrafter":
+    def build(cls, name: str, options: LayersOptions, pool: PoolContext, key: str, index: int) -> "LayersDrafter":
         try:
             return cls(name, pool.draft, pool.target_lm, options.layers, options.stop_below)
         except ValueError as exc:

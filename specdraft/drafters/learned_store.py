@@ -37,7 +37,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from specdraft.atomic_files import remove_stale_partials, staged_file, write_text
+from specdraft.storage.atomic_files import remove_stale_partials, staged_file, write_text
 from specdraft.drafters.datastore import StoreError, documents_of, open_store, read_meta, text_problem, \
     write_store
 from specdraft.drafters.suffix_index import SuffixIndex, concatenate

@@ -1,205 +1,36 @@
-"""A drafter backed by a causal LM with its own KV cache: an independent small model
-(`kind = "model"`), and the base of the `layers` self-drafter.
-
-Drafting k tokens costs one catch-up forward over the committed tokens it has not seen
-plus k - 1 single-token forwards; the last drafted token is never fed, because nothing
-needs its successor's distribution. Under full information the drafter is scored on every
-committed position anyway: that forward runs on through the last committed token and keeps
-its logits, so the next draft starts without a forward of its own. Drafting stops early
-once the next token's chance of being accepted (learned from the drafter's own
-confidence, `learning/confidence.py`) is not worth its time, or below a profile's fixed
-`stop_below` confidence; the learned rule may also carry a draft past the plan's k.
+"""The `model` drafter kind: an independent causal LM sharing the target's tokenizer, over a
+KV cache of its own. How it drafts, stops early and is scored is its base's
+(`model_base.py`, `CausalLMDrafter`).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 
-from specdraft.decoding.sampling import distributions, sample
-from specdraft.decoding.verify import overlap
-from specdraft.drafters.base import Draft, DraftContext, Drafter, Hidden, PoolContext, TrajectoryScores
+from specdraft.drafters.base import DraftContext, PoolContext
+from specdraft.drafters.model_base import CausalLMDrafter
 from specdraft.drafters.options import ModelOptions
-from specdraft.learning.confidence import ConfidenceCalibration, StopRule
 from specdraft.models.cached_lm import CachedLM
 
 
-class ModelDrafter(Drafter):
+class ModelDrafter(CausalLMDrafter):
     kind = "model"
-    draft_alignment_is_score = True
+    lm: CachedLM
 
     def __init__(self, name: str, ctx: DraftContext, model: torch.nn.Module, stop_below: float | None = None,
                  lm: CachedLM | None = None):
-        super().__init__(name, ctx)
-        # The model with the cache it drafts over: its own, unless a kind hands one in.
-        self.lm = lm if lm is not None else CachedLM(model, logits_size=ctx.vocab_size)
-        self.stop_below = stop_below
-        self.calibration = ConfidenceCalibration()  # kept across prompts: it describes the pair
-        self._confidences: list[float] = []  # of the last draft's tokens, when stopping was on
-        self._drafted_from = 0  # context length when the last draft started
-        self._fed_drafts = 0  # drafted tokens that went into the cache
-        # The token an early stop withheld (greedy): (context position, token, confidence).
-        # Once the round is verified the target's token there says whether it would have
-        # been accepted, so the calibration learns about the confidences it stops at, not
-        # only about those it drafts (otherwise a bin it stops at never learns it was wrong).
-        self._withheld: tuple[int, int, float] | None = None
-        # (position, logits [1, V]): the distribution at `position` from the last token the
-        # cache holds, kept by `score` for the next forward that would recompute it.
-        self._next: tuple[int, torch.Tensor] | None = None
+        """`lm`: the model with the cache it drafts over, when not a plain one of its own."""
+        super().__init__(name, ctx, lm if lm is not None else CachedLM(model, logits_size=ctx.vocab_size), stop_below)
 
     @classmethod
-    def build(cls, name: str, options: ModelOptions, pool: PoolContext, key: str) -> "ModelDrafter":
+    def build(cls, name: str, options: ModelOptions, pool: PoolContext, key: str, index: int) -> "ModelDrafter":
         from specdraft.models.loading import check_tokenizers
 
         loaded = pool.load(options.model, key)
         check_tokenizers(pool.target, loaded, pool.file, key)
         ctx = pool.draft
         device = next(loaded.model.parameters()).device
-        if device != ctx.device:  # each model samples with a generator on its own device
-            index = int(key.partition("[")[2].rstrip("]") or 0)
+        if device != ctx.device:  # each model samples with a generator on its own device, seeded by its place
             generator = torch.Generator(device=device).manual_seed(pool.seed + index + 1)
             ctx = DraftContext(ctx.params, generator, ctx.device, ctx.vocab_size)
         return cls(name, ctx, loaded.model, options.stop_below, lm=pool.cached_lm(loaded.model))
-
-    def reset(self) -> None:
-        self.lm.reset()
-        self._withheld = None
-        self._next = None
-
-    def prepare_scoring(self, context: Sequence[int]) -> None:
-        if self.lm.length < len(context) - 1:  # the last prompt token goes in with the first round's
-            self._feed_context(context, len(context) - 1)
-
-    def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
-        if k <= 0:
-            return self.empty_draft()
-        unseen = len(context) - min(self.lm.length, len(context) - 1)
-        started = self.lm.clock()
-        logits = self._start_draft(context)  # [1, V]
-        # The first forward consumed `unseen` committed tokens to draft the first one: the
-        # share beyond one token is catch-up (pro rata: a small model's forward on a CPU
-        # grows with its width).
-        catch_up = (self.lm.clock() - started) * (unseen - 1) / unseen if unseen > 1 else 0.0
-        self._judge_withheld(context)
-        stopping = self.stop_below is not None or stop is not None
-        # The learned rule may carry a draft of sure tokens past the plan's k (its horizon).
-        limit = max(k, stop.horizon) if stop is not None and self.stop_below is None else k
-        tokens, probs, self._confidences = [], [], []
-        params, generator = self.ctx.params, self.ctx.generator
-        survive, expected, fed = 1.0, 1.0, 0  # expected: committed tokens, bonus included
-        for j in range(limit):
-            q = distributions(logits, params)
-            token = logits.argmax(dim=-1) if params.greedy else sample(q, generator)  # [1]
-            if stopping:
-                confidence = self._confidence(logits, q)
-                acceptance = self.calibration.acceptance(confidence)
-                # The first token is the plan's (the policy's K already judged it worth
-                # drafting); the confidence prunes the tail, so a stop never wastes the
-                # forward it needed.
-                if j > 0 and (confidence < self.stop_below if self.stop_below is not None
-                              else not stop.worth(j, expected, survive * acceptance)):
-                    if params.greedy:
-                        self._withheld = (len(context) + j, int(token), confidence)
-                    break
-                survive *= acceptance
-                expected += survive
-                self._confidences.append(confidence)
-            tokens.append(token)
-            probs.append(q)
-            if j < limit - 1:
-                logits = self._step(token)
-                fed += 1
-        self._end_draft(context, fed)
-        if not tokens:
-            return self.empty_draft()
-        return Draft(torch.cat(tokens).to(self.ctx.device), torch.cat(probs).to(self.ctx.device), catch_up)
-
-    def _confidence(self, logits: torch.Tensor, q: torch.Tensor) -> float:
-        """The drafter's top probability for its next token (one host read per drafted token,
-        paid only while early stopping is on): its temperature-1 softmax under greedy
-        decoding, where q is one-hot."""
-        top = torch.softmax(logits.float(), dim=-1).max() if self.ctx.params.greedy else q.max()
-        return float(top)
-
-    # The three steps of a draft over this drafter's own cache (the layers kind runs them
-    # over the target's cache instead).
-    def _start_draft(self, context: Sequence[int]) -> torch.Tensor:
-        """Catch up on the committed tokens not yet seen; the last position's logits [1, V]."""
-        if self._known_at(len(context)):  # scoring fed the whole context already
-            return self._next[1]
-        if self.lm.length >= len(context):  # cannot happen in a round; recover rather than mis-draft
-            self._crop(len(context) - 1)
-        return self._feed_context(context, len(context))
-
-    def _feed_context(self, context: Sequence[int], end: int, keep: int = 1) -> torch.Tensor:
-        """Feed the committed tokens context[cache length : end]; the logits of the last
-        `keep` of them [keep, V]. (The steered kind steers each from its own position.)"""
-        unseen = torch.tensor(context[self.lm.length : end], dtype=torch.long, device=self.lm.device)
-        return self.lm.feed(unseen, keep=keep)
-
-    def _step(self, token: torch.Tensor) -> torch.Tensor:
-        return self.lm.feed(token, keep=1)
-
-    def _end_draft(self, context: Sequence[int], fed: int) -> None:
-        self._drafted_from, self._fed_drafts = len(context), fed
-
-    def on_commit(self, n_accepted: int) -> None:
-        if self._confidences:
-            if n_accepted < len(self._confidences):
-                self._withheld = None  # a rejection before it: the withheld token was never reached
-            self.calibration.observe(self._confidences, n_accepted)
-            self._confidences = []
-        self._keep(n_accepted)
-
-    def _judge_withheld(self, context: Sequence[int]) -> None:
-        """The token the last early stop withheld, against what the target committed there."""
-        if self._withheld is not None:
-            position, token, confidence = self._withheld
-            if position < len(context):
-                self.calibration.observe_one(confidence, context[position] == token)
-            self._withheld = None
-
-    def _keep(self, n_accepted: int) -> None:
-        """Roll the cache back to the committed context plus the accepted drafts it consumed."""
-        self._crop(self._drafted_from + min(n_accepted, self._fed_drafts))
-
-    def _crop(self, length: int) -> None:
-        self.lm.crop(length)
-        if self._next is not None and length < self._next[0]:
-            self._next = None  # the token it was computed from is gone
-
-    def _known_at(self, position: int) -> bool:
-        """Whether the kept logits are the distribution at `position`, the cache's end."""
-        return self._next is not None and self._next[0] == position == self.lm.length
-
-    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
-              hidden: Hidden | None = None) -> torch.Tensor:
-        end = start + count  # fed through the last scored token: its logits start the next draft
-        known = [self._next[1]] if self._known_at(start) else []
-        if not known and self.lm.length > start - 1:  # those positions' logits are gone: recompute them
-            self._crop(start - 1)
-        logits = torch.cat([*known, self._feed_context(context, end, keep=count + 1 - len(known))])  # [count + 1, V]
-        self._next = (end, logits[count:])
-        return overlap(target_probs, distributions(logits[:count], self.ctx.params).to(target_probs.device))
-
-    @property
-    def causal_lm(self) -> torch.nn.Module:
-        return self.lm.model
-
-    @torch.inference_mode()
-    def trajectory_scores(self, context: list[int], prompt_len: int, target_probs: torch.Tensor,
-                          k: int) -> TrajectoryScores:
-        self.reset()
-        n = len(context) - prompt_len
-        logits = self.lm.uncached_logits(context)[prompt_len - 1 : prompt_len - 1 + n].to(target_probs.device)  # [n, V]
-        alpha = overlap(target_probs, distributions(logits, self.ctx.params)).tolist()
-        generated = torch.tensor(context[prompt_len:], device=target_probs.device)
-        match = (logits.argmax(-1) == generated).tolist()
-        runs = []
-        for t in range(n):
-            r = 0
-            while r < k and t + r < n and match[t + r]:
-                r += 1
-            runs.append(r)
-        return TrajectoryScores(alpha, [k] * n, runs, [alpha[t : t + k] for t in range(n)])

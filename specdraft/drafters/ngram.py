@@ -9,20 +9,16 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
-
-from specdraft.drafters.base import (Draft, DraftContext, Drafter, Hidden, PoolContext, TrajectoryScores,
-                                     proposal_trajectory_scores)
+from specdraft.drafters.base import DraftContext, PoolContext
+from specdraft.drafters.lookup_base import LookupDrafter
 from specdraft.drafters.options import NgramOptions
-from specdraft.learning.confidence import StopRule
 
 
-class NgramDrafter(Drafter):
+class NgramDrafter(LookupDrafter):
     kind = "ngram"
-    may_stay_silent = True
 
     @classmethod
-    def build(cls, name: str, options: NgramOptions, pool: PoolContext, key: str) -> "NgramDrafter":
+    def build(cls, name: str, options: NgramOptions, pool: PoolContext, key: str, index: int) -> "NgramDrafter":
         return cls(name, pool.draft, options.min_ngram, options.max_ngram)
 
     def __init__(self, name: str, ctx: DraftContext, min_ngram: int = 1, max_ngram: int = 3):
@@ -35,45 +31,14 @@ class NgramDrafter(Drafter):
         self.index: dict[tuple[int, ...], int] = {}
         self.indexed_to = 0
 
-    def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
-        length = len(context)
-        if length < self.indexed_to:  # a new context without reset(): start over
-            self.reset()
-        self._index_until(context, length)
-        start = self._lookup(context, length)
-        if start is None:
-            return self.empty_draft()
-        follow = list(context[start:start + k])
-        return Draft(torch.tensor(follow, dtype=torch.long, device=self.ctx.device), None)
-
-    def proposes_at(self, context: Sequence[int], position: int) -> bool:
-        if position < self.indexed_to:  # the index already holds later n-grams: rebuild
+    def lookup(self, context: Sequence[int], position: int, k: int, stop_price: float | None = None) -> list[int]:
+        if position < self.indexed_to:  # the index holds later n-grams (a new prompt): rebuild, never peek ahead
             self.reset()
         self._index_until(context, position)
-        return self._lookup(context, position) is not None
+        start = self._continuation(context, position)
+        return [] if start is None else list(context[start : min(start + k, position)])
 
-    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
-              hidden: Hidden | None = None) -> torch.Tensor:
-        # Each position is scored by the one token a fresh lookup there would propose:
-        # gamma = p(proposal), 0 when the lookup finds nothing.
-        if start < self.indexed_to:  # the index already holds later n-grams: rebuild, never peek ahead
-            self.reset()
-        proposals = []
-        for position in range(start, start + count):
-            self._index_until(context, position)
-            found = self._lookup(context, position)
-            proposals.append(context[found] if found is not None else -1)
-        tokens = torch.tensor(proposals, dtype=torch.long, device=target_probs.device)
-        picked = target_probs.gather(-1, tokens.clamp_min(0).view(-1, 1)).squeeze(-1)
-        return torch.where(tokens >= 0, picked, torch.zeros_like(picked))
-
-    def trajectory_scores(self, context: list[int], prompt_len: int, target_probs: torch.Tensor,
-                          k: int) -> TrajectoryScores:
-        self.reset()
-        return proposal_trajectory_scores(lambda position: self.propose(context[:position], k).tokens.tolist(),
-                                          context, prompt_len, target_probs)
-
-    def _lookup(self, context: Sequence[int], length: int) -> int | None:
+    def _continuation(self, context: Sequence[int], length: int) -> int | None:
         """Where the continuation of context[:length] starts, for the longest suffix found."""
         for n in self.sizes:
             if length > n:

@@ -11,6 +11,8 @@ from specdraft.learning.confidence import StopRule
 
 
 class PlainDecoding(Drafter):
+    """Never asleep: it is the round every asleep drafter would have turned into."""
+
     kind = "none"
 
     def __init__(self, ctx: DraftContext, name: str = "none"):
@@ -18,9 +20,6 @@ class PlainDecoding(Drafter):
 
     def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
         return self.empty_draft()
-
-    def proposes_at(self, context: Sequence[int], position: int) -> bool:
-        return False
 
     def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
               hidden: Hidden | None = None) -> torch.Tensor:

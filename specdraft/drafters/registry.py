@@ -66,7 +66,7 @@ def build_pool(configs: Sequence[DrafterConfig], pool: "PoolContext", warn_absen
     drafters, absent = [], {}
     for i, config in enumerate(configs):
         try:
-            drafters.append(kind_class(config.kind).build(config.name, config.options, pool, f"drafters[{i}]"))
+            drafters.append(kind_class(config.kind).build(config.name, config.options, pool, f"drafters[{i}]", i))
         except DrafterUnavailable as exc:
             if warn_absent:
                 log.warning('drafter "%s" left out of the pool: %s', config.name, exc)

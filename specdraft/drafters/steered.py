@@ -12,12 +12,13 @@ Committed tokens the drafter's cache has not seen (the prompt, the verify's own 
 whatever full-information scoring feeds) are steered each from its own position, two
 back, never from a later one: training only ever steers a position from its past, so a
 prompt fed under the block's biases would put states the trained drafter never saw
-into every later draft's attention. Everything else is the `model` kind's.
+into every later draft's attention. Everything else is the `model` kind's
+(`model_base.py`, `CausalLMDrafter`).
 
 A round projects the steering once: the last committed token is steered from the latest
 verified state, which is the block's, so the catch-up's last row is the block's bias
 (computed lazily when there is no catch-up). Where bf16 matmuls are native the projection
-runs on a bf16 copy of the steering.
+runs on a bf16 copy of the steering, since it reads all of the steering's weights.
 
 A steering folder written with `--no-steering` holds a distilled drafter (the paper's
 baseline): trained weights, no steering. One written with `--freeze-drafter` holds no
@@ -33,12 +34,13 @@ from typing import Sequence
 import torch
 
 from specdraft.drafters.base import Draft, DraftContext, DrafterUnavailable, Hidden, PoolContext, TrajectoryScores
-from specdraft.drafters.model import ModelDrafter
+from specdraft.drafters.model_base import CausalLMDrafter
 from specdraft.drafters.options import SteeredOptions
 from specdraft.drafters.steering import (FIRST_OFFSET, Steering, SteeringFileError, SteeringHooks, load_steering,
                                          read_steering_config)
 from specdraft.errors import ProfileError
 from specdraft.learning.confidence import StopRule
+from specdraft.models.cached_lm import CachedLM
 from specdraft.models.loading import native_bf16
 
 
@@ -47,21 +49,21 @@ from specdraft.models.loading import native_bf16
 CONTEXT_CHUNK = 64
 
 
-class SteeredDrafter(ModelDrafter):
+class SteeredDrafter(CausalLMDrafter):
     kind = "steered"
     draft_alignment_is_score = False  # a block's later tokens are steered from its start
+    lm: CachedLM
 
     def __init__(self, name: str, ctx: DraftContext, model: torch.nn.Module, steering: Steering,
-                 target: torch.nn.Module, stop_below: float | None = None, lm=None):
-        super().__init__(name, ctx, model, stop_below, lm=lm)
+                 target: torch.nn.Module, stop_below: float | None = None, lm: CachedLM | None = None):
+        super().__init__(name, ctx, lm if lm is not None else CachedLM(model, logits_size=ctx.vocab_size), stop_below)
         weight = next(model.parameters())
         self.steering = steering.to(weight.device)
         if weight.dtype != torch.float64 and native_bf16(weight.device) \
                 and self.steering.w_s.weight.dtype == torch.float32:
-            # Each round's projection reads the whole of W_s (~120 MB in float32 for
-            # Qwen2.5-0.5B): in bf16 it took 3.9 ms instead of 12.8 on a 2-core AVX512-BF16
-            # CPU, where training adds the biases in bf16 anyway (autocast). A copy: the
-            # loaded steering may be shared.
+            # Each round's projection reads the whole of W_s, so it runs at half the bytes
+            # where bf16 is native (training adds the biases in bf16 there anyway, under
+            # autocast). A copy: the loaded steering may be shared.
             self.steering = copy.deepcopy(self.steering).to(torch.bfloat16)
         self.hooks = SteeringHooks(model) if steering.config.steering else None
         self.target = target
@@ -72,7 +74,8 @@ class SteeredDrafter(ModelDrafter):
         self._verified = 0
 
     @classmethod
-    def build(cls, name: str, options: SteeredOptions, pool: PoolContext, key: str) -> "SteeredDrafter":
+    def build(cls, name: str, options: SteeredOptions, pool: PoolContext, key: str,
+              index: int) -> "SteeredDrafter":
         from specdraft.models.loading import check_tokenizers, load_model
 
         if options.optional and not options.steering.exists():
@@ -163,16 +166,16 @@ class SteeredDrafter(ModelDrafter):
         return biases.unsqueeze(0)
 
     def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
-        with self._steered():
+        with self.steering_on():
             return super().propose(context, k, stop)
 
     def prepare_scoring(self, context: Sequence[int]) -> None:
-        with self._steered():
+        with self.steering_on():
             super().prepare_scoring(context)
 
     def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
               hidden: Hidden | None = None) -> torch.Tensor:
-        with self._steered():
+        with self.steering_on():
             return super().score(context, start, count, target_probs, hidden)
 
     @torch.inference_mode()
@@ -192,7 +195,9 @@ class SteeredDrafter(ModelDrafter):
         finally:
             self.hooks.bias = None
 
-    def _steered(self):
+    def steering_on(self):
+        """A context in which the shared small model's gate projections carry this drafter's
+        biases (and only then: a `model` drafter over the same weights stays unsteered)."""
         return _Biased(self)
 
     @torch.inference_mode()

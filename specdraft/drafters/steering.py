@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from specdraft.atomic_files import staged_file, write_text
+from specdraft.storage.atomic_files import staged_file, write_text
 from specdraft.drafters.head_model import TargetSignature
 
 CONFIG, STEERING_WEIGHTS, DRAFTER_WEIGHTS = "steer.json", "steer.safetensors", "drafter.safetensors"
@@ -105,9 +105,10 @@ class SteeringHooks:
         self.pending: Callable[[], torch.Tensor] | None = None
         self.handles = []
         for index, mlp in enumerate(gated_mlps(model)):
-            self.handles.append(mlp.gate_proj.register_forward_hook(self._hook(index)))
+            self.handles.append(mlp.gate_proj.register_forward_hook(self.hook(index)))
 
-    def _hook(self, index: int):
+    def hook(self, index: int):
+        """The forward hook of gate projection `index`: adds that layer's steering bias."""
         def add_bias(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
             if self.bias is None:
                 if self.pending is None:

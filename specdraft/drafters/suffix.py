@@ -19,16 +19,14 @@ import math
 from typing import Sequence
 
 import numpy as np
-import torch
 
-from specdraft.drafters.base import (Draft, DraftContext, Drafter, Hidden, PoolContext, TrajectoryScores,
-                                     proposal_trajectory_scores)
+from specdraft.drafters.base import DraftContext, PoolContext
 from specdraft.drafters.datastore import StoreError, open_store, tokenizer_fingerprint
 from specdraft.drafters.learned_store import LearnedStore
+from specdraft.drafters.lookup_base import LookupDrafter
 from specdraft.drafters.options import SuffixOptions
 from specdraft.drafters.suffix_index import ContextIndex, Occurrences, SuffixIndex, continue_occurrences
 from specdraft.errors import ProfileError
-from specdraft.learning.confidence import StopRule
 
 log = logging.getLogger("specdraft")
 
@@ -68,12 +66,11 @@ class ProcessHistory:
         self.recent = SuffixIndex.from_documents(self.recent_docs, self.depth) if self.recent_docs else None
 
 
-class SuffixDrafter(Drafter):
+class SuffixDrafter(LookupDrafter):
     kind = "suffix"
-    may_stay_silent = True
 
     @classmethod
-    def build(cls, name: str, options: SuffixOptions, pool: PoolContext, key: str) -> "SuffixDrafter":
+    def build(cls, name: str, options: SuffixOptions, pool: PoolContext, key: str, index: int) -> "SuffixDrafter":
         fingerprint = tokenizer_fingerprint(pool.target.tokenizer) if options.store or options.learn else ""
         store = None
         if options.store is not None:
@@ -83,7 +80,7 @@ class SuffixDrafter(Drafter):
                 raise ProfileError(pool.file, f"{key}.store", str(exc)) from None
         learned = None
         if options.learn:
-            from specdraft.models.gguf_cache import cache_dir
+            from specdraft.storage.cache_root import cache_dir
 
             learned = LearnedStore(cache_dir() / "suffix" / fingerprint[:16], fingerprint, options.max_match,
                                    options.learn_max_tokens, pool.draft.vocab_size)
@@ -117,16 +114,9 @@ class SuffixDrafter(Drafter):
         self.context_index = ContextIndex()
         # The last lookup (position and the context's last max_match tokens there) and what
         # the sources found: a round asks about the same position up to three times (its
-        # draft, then, when evaluated, whether the drafter was silent there and its score
+        # draft, then, when evaluated, whether the drafter was awake there and its score
         # there). Dropped when the history changes (end_prompt, forget_run).
         self._matched: tuple[tuple[int, tuple[int, ...]], list[list[Occurrences]]] | None = None
-
-    def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
-        tokens = self._draft(context, len(context), k, stop.price if stop else None)
-        return Draft(torch.tensor(tokens, dtype=torch.long, device=self.ctx.device), None)
-
-    def proposes_at(self, context: Sequence[int], position: int) -> bool:
-        return bool(self._draft(context, position, 1, None))
 
     def end_prompt(self, context: Sequence[int]) -> None:
         self._matched = None
@@ -145,26 +135,9 @@ class SuffixDrafter(Drafter):
         if self.history is not None:
             self.history = ProcessHistory(self.options.max_match, self._loaded)
 
-    def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,
-              hidden: Hidden | None = None) -> torch.Tensor:
-        # Each position is scored by the one token a fresh lookup there would propose.
-        proposals = []
-        for position in range(start, start + count):
-            first = self._draft(context, position, 1, None)
-            proposals.append(first[0] if first else -1)
-        tokens = torch.tensor(proposals, dtype=torch.long, device=target_probs.device)
-        picked = target_probs.gather(-1, tokens.clamp_min(0).view(-1, 1)).squeeze(-1)
-        return torch.where(tokens >= 0, picked, torch.zeros_like(picked))
-
-    def trajectory_scores(self, context: list[int], prompt_len: int, target_probs: torch.Tensor,
-                          k: int) -> TrajectoryScores:
-        self.reset()  # another prompt's text must not stand in for this one's
-        return proposal_trajectory_scores(lambda position: self._draft(context, position, k, None),
-                                          context, prompt_len, target_probs)
-
     # --- matching ----------------------------------------------------------------------
 
-    def _draft(self, context: Sequence[int], position: int, k: int, stop_price: float | None) -> list[int]:
+    def lookup(self, context: Sequence[int], position: int, k: int, stop_price: float | None = None) -> list[int]:
         """Up to k tokens continuing context[:position]: each source's continuation of its
         longest match, the best-supported one wins (ties: the longer match, then the source
         closer to this prompt)."""

@@ -20,18 +20,19 @@ class ConfidenceCalibration:
         self.hits = [0.0] * bins
         self.seen = [0.0] * bins
 
-    def _bin(self, confidence: float) -> int:
+    def bin_of(self, confidence: float) -> int:
+        """The bin of `hits` and `seen` that a token drafted with `confidence` counts in."""
         return min(self.bins - 1, max(0, int(confidence * self.bins)))
 
     def acceptance(self, confidence: float) -> float:
         """Estimated P(accepted | reached, drafter's confidence); the confidence itself is
         the prior, so an unseen bin trusts the drafter."""
-        b = self._bin(confidence)
+        b = self.bin_of(confidence)
         return (self.hits[b] + confidence * self.prior_weight) / (self.seen[b] + self.prior_weight)
 
     def observe_one(self, confidence: float, accepted: bool) -> None:
         """One token reached (every earlier one accepted) and judged."""
-        b = self._bin(confidence)
+        b = self.bin_of(confidence)
         self.seen[b] += 1
         self.hits[b] += accepted
 
@@ -54,16 +55,13 @@ class StopRule:
     the plan's K, so a run of sure tokens carries a draft beyond what the plan expected.
 
     Later tokens are judged by the position rates, not by the current token's confidence:
-    confidence says little about the tokens after it (Qwen2.5-Coder 0.5B drafting for the
-    1.5B, 9 held-out prompts: after a token drafted with confidence >= 0.97, the next 10
-    all matched 54% of the time, against 41% for ten tokens at the average rate and 100%
-    for ten at that confidence's calibrated rate).
+    a token's confidence says little about the tokens after it (measured: README, "Policies").
 
-    Looking ahead matters because verify costs are steps, not a line: on a CPU a forward
-    over 4 tokens can cost twice one over 3 and as much as one over 17, so a rule that
-    judged only the next token would stop at every step even when the round as planned
-    is the fastest. Judging the next token against the planned round's rate instead would
-    set the bar at the optimistic end and cut drafts whose tokens were all being accepted.
+    Looking ahead matters because verify costs are steps, not a line (a wider forward can
+    cost far more than one token more, or less), so a rule that judged only the next token
+    would stop at every step even when the round as planned is the fastest. Judging the
+    next token against the planned round's rate instead would set the bar at the
+    optimistic end and cut drafts whose tokens were all being accepted.
     `price` is that planned-rate bar per token, for drafters whose confidence is a vote
     share rather than a calibrated probability (the suffix drafter's floor)."""
 

@@ -1,17 +1,22 @@
 """Driving a policy through the rounds of one prompt: the one piece of code that live
 decoding and offline replay share, so the two cannot drift apart.
 
-Per round the caller asks `choose(produced)` for a RoundPlan (arm, draft length, early-stop
-price, expected tokens and seconds), runs the
-round (live: draft and verify; replay: read the trace), and hands the outcome to
-`finish_round`. The driver decides what the policy learns from and when:
+The driver owns the round planner (`learning/planner.py`) and binds it to the policy. Per
+round the caller asks `choose(produced)` for a RoundPlan: the policy selects the arm, the
+planner plans the rest (draft length, early stop, expected tokens and seconds). The caller
+runs the round (live: draft and verify; replay: read the trace) and hands the outcome to
+`finish_round`. Every round teaches the planner; the driver decides what the policy learns
+from and when:
 - bandit feedback: the chosen drafter's round, at once;
 - full information: the round waits in a queue until the policy's evaluation interval
   is reached (or the prompt ends, unless the policy is about to forget what it would
-  learn from them), then an `Evaluator` scores every drafter on all the
-  queued rounds at once; a policy that samples evaluation instead has one round in m
-  scored and the others only observed (timings, the chosen drafter's acceptance) (live: drafter forwards; replay: the trace's teacher-forced
-  gammas) and the policy learns from each round in order.
+  learn from them), then an `Evaluator` scores every drafter on all the queued rounds at
+  once (live: drafter forwards; replay: the trace's teacher-forced gammas) and the policy
+  learns from each round in order; a policy that samples evaluation instead has one round
+  in m scored and the others only observed by the planner (timings, the chosen drafter's
+  acceptance).
+The driver also saves and loads the learned state: the policy's, with the planner's
+learned costs and acceptance beside it in the same JSON object.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from specdraft.decoding.stopwatch import Clock, host_clock
+from specdraft.learning.clock import Clock, host_clock
 from specdraft.learning.feedback import RoundFeedback
-from specdraft.learning.policies.base import Policy, RoundPlan
+from specdraft.learning.planner import RoundPlan, RoundPlanner
+from specdraft.learning.policies.base import Policy
 from specdraft.learning.policies.objective import round_values
 
 Gammas = list[list[float] | None]  # [arm][committed position of the round]; None: not scored
@@ -63,6 +69,8 @@ NOTHING_LEARNED = Learned([])
 class PolicyDriver:
     def __init__(self, policy: Policy, draft_tokens: int, max_new_tokens: int, clock: Clock = host_clock):
         self.policy = policy
+        self.planner = RoundPlanner.for_policy(policy)
+        policy.bind(self.planner)
         self.clock = clock  # the target device's: evaluation runs drafters' forwards there
         self.draft_tokens = draft_tokens
         self.max_new_tokens = max_new_tokens
@@ -81,6 +89,7 @@ class PolicyDriver:
             raise ValueError(f'policy "{self.policy.name}" needs an evaluator (evaluate = "all")')
         if self.policy.resets_per_prompt:
             self.policy.reset()
+            self.planner.reset()
         self.evaluator = evaluator
         self.pending = []
         self.skipped = 0
@@ -93,16 +102,23 @@ class PolicyDriver:
     def choose(self, produced: int, awake: Sequence[bool] | None = None) -> RoundPlan:
         """The plan for the next round after `produced` new tokens, among the `awake` arms.
         Never draft past the budget: a round commits at most draft length + 1 tokens."""
-        return self.policy.plan(max(0, min(self.draft_tokens, self.max_new_tokens - produced - 1)), awake)
+        cap = max(0, min(self.draft_tokens, self.max_new_tokens - produced - 1))
+        return self.planner.plan(self.policy.select(awake), cap)
 
     def verify_width(self, tokens: int) -> int:
         """How many tokens to run a verify of `tokens` over: wider when that is cheaper."""
-        return self.policy.costs.verify.padded_width(tokens)
+        return self.planner.verify_width(tokens)
+
+    def learn(self, feedback: RoundFeedback) -> None:
+        """One round for the policy to learn from: the planner learns its costs and
+        acceptance first (the policy's rewards are built on them)."""
+        self.planner.observe(feedback)
+        self.policy.update(feedback)
 
     def finish_round(self, outcome: RoundOutcome, last: bool) -> Learned:
         """Let the policy learn from a finished round; `last` = the prompt ends with it."""
         if not self.policy.full_information:
-            self.policy.update(outcome.feedback)
+            self.learn(outcome.feedback)
             return NOTHING_LEARNED
         if last and self.policy.forgets_per_prompt and self.policy.goodput:
             # Nothing would use an evaluation now: the policy forgets what it learned before
@@ -110,13 +126,13 @@ class PolicyDriver:
             # cost time (a model drafter's forward over every token it did not draft). The
             # rounds still teach the costs, which are kept.
             for round_ in [*self.pending, outcome]:
-                self.policy.observe(round_.feedback)
+                self.planner.observe(round_.feedback)
             self.pending, self.skipped = [], 0
             return NOTHING_LEARNED
         if self.policy.evaluation_sampled:  # one round in m is scored, the others are skipped
             self.skipped += 1
             if not last and self.skipped < self.policy.evaluation_interval():
-                self.policy.observe(outcome.feedback)
+                self.planner.observe(outcome.feedback)
                 return NOTHING_LEARNED
             self.skipped = 0
             self.pending.append(outcome)  # scored now, alone
@@ -124,9 +140,13 @@ class PolicyDriver:
             self.pending.append(outcome)
             if not last and len(self.pending) < self.policy.evaluation_interval():
                 return NOTHING_LEARNED
+        return self._evaluate()
+
+    def _evaluate(self) -> Learned:
+        """Score the drafters on the queued rounds and learn from each, in order."""
         # Arms that cannot be the fastest are not scored (asleep for these rounds); the
         # chosen arms always are: their own rounds are what is measured.
-        skip = list(self.policy.evaluation_skips())
+        skip = [False] * len(self.policy.arms) if self.policy.scores_every_arm else self.planner.evaluation_skips()
         for round_ in self.pending:
             skip[round_.feedback.arm] = False
         start = self.clock()
@@ -140,9 +160,26 @@ class PolicyDriver:
                 quiet = silent(round_)
             if any(skip):
                 quiet = [bool(q) or s for q, s in zip(quiet or [False] * len(skip), skip)]
-            self.policy.update(replace(round_.feedback, gammas=gammas, silent=quiet))
+            self.learn(replace(round_.feedback, gammas=gammas, silent=quiet))
             evaluated.append((round_.feedback.arm, gammas))
-            values.append(round_values(self.policy, gammas))
+            values.append(round_values(self.planner, gammas))
         self.pending = []
         self.policy.after_evaluation()
         return Learned(evaluated, evaluate_s, values)
+
+    # --- the learned state, saved as one JSON object (`--policy-state`) ---------------------
+
+    def state_dict(self) -> dict:
+        """The policy's state_dict with the planner's learned fields ("costs", "acceptance")
+        added to its "state" object."""
+        saved = self.policy.state_dict()
+        saved["state"].update(self.planner.state())
+        return saved
+
+    def load_state_dict(self, saved: dict) -> None:
+        """Start every later prompt from `saved` (as written by state_dict). Garbage raises
+        ValueError before the policy or the planner keeps anything."""
+        state = self.policy.saved_state(saved)
+        self.planner.check_state(state)
+        self.policy.load_state_dict(saved)
+        self.planner.load_state(state)

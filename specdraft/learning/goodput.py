@@ -4,9 +4,10 @@ drafter's acceptance by draft position, and the draft length that maximises good
 - Round cost `T(i, K) = c_verify(K + 1) + K * c_draft(i)`: the verify cost of a forward
   over K + 1 tokens, and draft cost per token per drafter (a moving average).
   `c_verify` is a measured cost curve by width (`VerifyCosts`), scaled online to this
-  run's timings: a forward's cost is not a line in its width (on a CPU, BLAS switches
-  kernels: a 1.5B model took 1.97 s for 15 tokens and 1.03 s for 16), so the verify pads a
-  width to any wider one that is cheaper, and `c_verify(w)` is the cheapest width >= w.
+  run's timings: a forward's cost is not a line in its width (BLAS switches kernels by
+  matrix shape, GPUs compute in tiles), so a wider forward can be cheaper than a narrower
+  one; the verify pads a width to any wider one that is cheaper, and `c_verify(w)` is the
+  cheapest width >= w.
   Without a measured curve, a line fitted to the verify timings (fixed + per token).
 - Acceptance by position `a_i(m)` = P(position m accepted | positions before it accepted),
   from the chosen drafter's alignment up to its first rejection and, under full
@@ -191,9 +192,8 @@ class AcceptanceByPosition:
 
         Planning K on draws keeps deep positions explored: a position is measured only
         when a round drafts that deep, so one early rejection there would otherwise hold
-        its mean down, keep every plan short of it and never be corrected (seen on the
-        Qwen pair: one miss at position 5 kept K at 2 for the rest of a prompt whose drafts
-        were all accepted). Where evidence is plentiful the draws stay close to the mean."""
+        its mean down, keep every plan short of it and never be corrected. Where evidence
+        is plentiful the draws stay close to the mean."""
         out, anchor, w = [], self.prior, self.prior_weight
         hits, seen = self.hits[arm], self.seen[arm]
         for m in range(k):
@@ -205,9 +205,6 @@ class AcceptanceByPosition:
                 anchor = rng.betavariate(alpha + 1e-6, beta + 1e-6)
             out.append(anchor)
         return out
-
-    def rate(self, arm: int, position: int) -> float:
-        return self.rates(arm, position)[-1]
 
     def carried_over(self, rounds: float) -> "AcceptanceByPosition":
         """A fresh estimate for the next prompt that starts from this one's rates, worth at

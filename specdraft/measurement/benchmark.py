@@ -9,13 +9,12 @@ is compared token for token with plain decoding.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 from specdraft.measurement.datasets import Example
 from specdraft.errors import UsageError
-from specdraft.config.profile import Profile
+from specdraft.profile import Profile
 from specdraft.runtime import Runtime, build_runtime
 from specdraft.session.prompt_run import PromptRun
 
@@ -185,95 +184,3 @@ def run_bench(configs: Sequence[Config], examples: Sequence[Example], repeat: in
             samples.extend(done[config.label] for config in configs)
             on_prompt(list(done.values()))
     return samples
-
-
-NOISY_SPREAD = 1.5  # slowest / fastest repeat of one prompt beyond this: the timing is noise-dominated
-PLAUSIBLE_MARGIN = 1.2  # a speedup above mean accepted x this cannot come from fewer target forwards
-
-
-def summarize(samples: Sequence[Sample]) -> list[dict]:
-    """Per task and configuration, plus an "all" row per configuration.
-
-    Two checks mark a number that should not be trusted. `repeat_spread`: the largest ratio
-    of slowest to fastest repeat of one prompt (None with one repeat); above NOISY_SPREAD
-    the row is `noisy`. `implausible`: the speedup exceeds mean accepted tokens x
-    PLAUSIBLE_MARGIN, yet a round of K + 1 positions costs at least a plain step, so
-    speculation saves at most a factor of mean accepted (plain decoding's own noise makes
-    every speedup wrong that way)."""
-    groups: dict[tuple[str, str], list[Sample]] = defaultdict(list)
-    for s in samples:
-        groups[(s.task, s.config)].append(s)
-        groups[("all", s.config)].append(s)
-    plain_time = defaultdict(float)
-    for (task, config), group in groups.items():
-        if config == PLAIN:
-            plain_time[task] = sum(s.elapsed_s for s in group)
-    order = list(dict.fromkeys(s.config for s in samples))
-    rows = []
-    for (task, config), group in sorted(groups.items(),
-                                        key=lambda kv: (kv[0][0] == "all", kv[0][0], order.index(kv[0][1]))):
-        elapsed = sum(s.elapsed_s for s in group)
-        tokens = sum(s.tokens for s in group)
-        rounds = sum(s.rounds for s in group)
-        k = max((len(s.drafted_at) for s in group), default=0)
-        drafted = [sum(s.drafted_at[j] for s in group if j < len(s.drafted_at)) for j in range(k)]
-        accepted = [sum(s.accepted_at[j] for s in group if j < len(s.accepted_at)) for j in range(k)]
-        regrets = [s.regret for s in group if s.regret is not None]
-        units = {s.regret_unit for s in group if s.regret is not None}
-        split = defaultdict(float)
-        lengths: dict[str, int] = defaultdict(int)
-        for s in group:
-            for phase, seconds in s.time_s.items():
-                split[phase] += seconds
-            for k_drafted, n in s.draft_lengths.items():
-                lengths[k_drafted] += n
-        ideals = [s.ideal_speedup for s in group if s.ideal_speedup is not None]
-        shares = [s.best_arm_share for s in group if s.best_arm_share is not None]
-        rows.append({
-            "task": task, "config": config, "prompts": len({(s.id, s.repeat) for s in group}),
-            "speedup": plain_time[task] / elapsed if elapsed else None,
-            "mean_accepted": tokens / rounds if rounds else None,
-            "acceptance_at": [a / d if d else None for a, d in zip(accepted, drafted)],
-            "tokens_per_s": tokens / elapsed if elapsed else 0.0,
-            "best_arm_share": sum(shares) / len(shares) if shares else None,
-            "regret": sum(regrets) / len(regrets) if regrets else None,
-            # one policy per config, so one unit ("mixed" only if samples disagree)
-            "regret_unit": (units.pop() if len(units) == 1 else "mixed") if units else None,
-            "mismatches": None if group[0].peer else sum(s.mismatch for s in group),
-            "identical": sum(bool(s.identical) for s in group) / len(group) if group[0].peer else None,
-            "failed": sum(s.failed is not None for s in group),
-            "time_share": {phase: seconds / elapsed for phase, seconds in split.items()} if elapsed else {},
-            "draft_lengths": dict(sorted(lengths.items(), key=lambda kv: int(kv[0]))),
-            "ideal_speedup": sum(ideals) / len(ideals) if ideals else None,
-        })
-        row = rows[-1]
-        row["repeat_spread"] = _repeat_spread(group)
-        row["noisy"] = row["repeat_spread"] is not None and row["repeat_spread"] > NOISY_SPREAD
-        row["implausible"] = (row["speedup"] is not None and row["mean_accepted"] is not None and rounds > 0
-                              and row["speedup"] > row["mean_accepted"] * PLAUSIBLE_MARGIN)
-    return rows
-
-
-def _repeat_spread(group: Sequence[Sample]) -> float | None:
-    times: dict[str, list[float]] = defaultdict(list)
-    for s in group:
-        times[s.id].append(s.elapsed_s)
-    spreads = [max(t) / min(t) for t in times.values() if len(t) > 1 and min(t) > 0]
-    return round(max(spreads), 3) if spreads else None
-
-
-def noise_warnings(rows: Sequence[dict]) -> list[str]:
-    """One line per problem `summarize` marked, saying what it means."""
-    lines = []
-    noisy = [r for r in rows if r.get("noisy") and r["task"] == "all"]
-    if noisy:
-        worst = max(noisy, key=lambda r: r["repeat_spread"])
-        lines.append(f"noisy timing: repeats of one prompt differ by up to {worst['repeat_spread']:.1f}x "
-                     f"({worst['config']}; marked ?): the machine is busy or throttling, so speedups may be off by "
-                     f"as much; rerun on an idle machine or with more --repeat")
-    for r in rows:
-        if r.get("implausible"):
-            lines.append(f"implausible speedup: {r['config']} ({r['task']}) {r['speedup']:.2f}x with mean accepted "
-                         f"{r['mean_accepted']:.2f} (marked ?): speculation saves at most a factor of mean accepted, "
-                         f"so plain decoding's timing was disturbed")
-    return lines

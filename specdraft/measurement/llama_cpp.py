@@ -19,13 +19,13 @@ import os
 import time
 from pathlib import Path
 
-from specdraft.config.profile import Profile
+from specdraft.profile import Profile
 from specdraft.errors import UsageError
 from specdraft.measurement.benchmark import Config, Sample, same_text_as
 from specdraft.measurement.datasets import Example
 from specdraft.models.loading import eos_token_ids, resolve_location
 from specdraft.runtime import Runtime
-from specdraft.session.prompt_run import prompt_token_ids
+from specdraft.session.prompt_ids import prompt_token_ids
 
 log = logging.getLogger("specdraft")
 

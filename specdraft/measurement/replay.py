@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from specdraft.config.profile import PolicyConfig
+from specdraft.profile import PolicyConfig
 from specdraft.learning.driver import Gammas, PolicyDriver, RoundOutcome
 from specdraft.learning.feedback import RegretTracker, RoundFeedback
 from specdraft.learning.policies import build_policy, option_value
@@ -40,7 +40,8 @@ class ReplayResult:
     drafted_at: list[int] = field(default_factory=list)  # per draft position: times drafted
 
     @property
-    def mean_accepted(self) -> float:
+    def tokens_per_round(self) -> float:
+        """Committed tokens per round, the bonus token included (mean accepted tokens)."""
         return self.tokens / self.rounds if self.rounds else 0.0
 
 
@@ -62,7 +63,7 @@ def _replay_prompt(head: TraceHeader, prompt: PromptTrace, driver: PolicyDriver,
     total, target = len(prompt.tokens), head.costs["target"]
     result = ReplayResult(prompt.id, prompt.task, total, 0, 0.0, total * target(1),
                           accepted_at=[0] * head.draft_tokens, drafted_at=[0] * head.draft_tokens)
-    tracker = RegretTracker(arms, value_unit(driver.policy)) if driver.full_information else None
+    tracker = RegretTracker(arms, value_unit(driver.planner)) if driver.full_information else None
     driver.start_prompt(_TraceEvaluator(prompt, arms) if driver.full_information else None)
     position = 0
     while position < total:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from specdraft.errors import UsageError
 from specdraft.learning.policies import POLICIES
-from specdraft.config.profile import PolicyConfig
+from specdraft.profile import PolicyConfig
 from specdraft.measurement.replay import replay
 from specdraft.measurement.traces import Trace
 
@@ -26,7 +26,7 @@ PAPER_DEFAULTS = {("ucb", "beta"): 0.01, ("ducb", "beta"): 0.01, ("swucb", "beta
 @dataclass
 class SweepRow:
     value: float
-    mean_accepted: float
+    tokens_per_round: float  # committed tokens per round, the bonus token included (mean accepted tokens)
     simulated_speedup: float
     regret: float | None
     regret_unit: str | None = None  # "tokens" or "tok/s": the policy's objective
@@ -58,4 +58,4 @@ def sweep(trace: Trace, base: PolicyConfig, param: str, grid: list[float], seed:
 def best_row(rows: list[SweepRow], prefer: float | None = None) -> SweepRow:
     """Fastest by simulated speedup; mean accepted tokens breaks ties, then the `prefer`red
     (published) value, so a flat sweep does not move a setting for nothing."""
-    return max(rows, key=lambda r: (round(r.simulated_speedup, 6), round(r.mean_accepted, 6), r.value == prefer))
+    return max(rows, key=lambda r: (round(r.simulated_speedup, 6), round(r.tokens_per_round, 6), r.value == prefer))

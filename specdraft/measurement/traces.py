@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from specdraft.decoding.sampling import distributions
+from specdraft.core.sampling import distributions
 from specdraft.drafters.base import TrajectoryScores
 from specdraft.errors import UsageError
 from specdraft.measurement.datasets import Example

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from specdraft.decoding.stopwatch import device_clock
+from specdraft.core.stopwatch import device_clock
 from specdraft.models.cuda_graphs import Capture, GraphedForward, Outputs
 from specdraft.models.kv_cache import new_kv_cache
 from specdraft.models.lean_decoder import LeanDecoder
@@ -41,7 +41,7 @@ class CachedLM:
         self.kv = None if lean else new_kv_cache(model, static)
         # graphs need buffers that never move: only over a static cache (which a model with
         # sliding-window layers does not get)
-        self.graphs = (GraphedForward(self._forward, self.device, capture)
+        self.graphs = (GraphedForward(self.eager_forward, self.device, capture)
                        if graphs and self.kv is not None and self.kv.static else None)
         self.length = 0
 
@@ -87,13 +87,14 @@ class CachedLM:
             ids = tokens.view(1, n).to(self.device)
             positions = torch.arange(self.length, self.length + n, device=self.device).view(1, n)
             outputs = self.graphs(ids, positions, keep, layers) if self.graphs is not None else None
-            logits, hidden = outputs if outputs is not None else self._forward(ids, positions, keep, layers)
+            logits, hidden = outputs if outputs is not None else self.eager_forward(ids, positions, keep, layers)
         self.length += n
         if self.timed:
             self.forward_seconds += self.clock() - start
         return self._fit(logits), hidden
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, keep: int, layers: Sequence[int]) -> Outputs:
+    def eager_forward(self, ids: torch.Tensor, positions: torch.Tensor, keep: int, layers: Sequence[int]) -> Outputs:
+        """transformers' forward over the cache, with no captured graph (what a graph captures)."""
         out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache, use_cache=True,
                          logits_to_keep=keep, output_hidden_states=bool(layers))
         return out.logits[0], {layer: out.hidden_states[layer][0] for layer in layers}

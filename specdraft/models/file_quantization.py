@@ -13,14 +13,12 @@ Conversion reads the file twice: transformers dequantizes it (which gives the co
 tokenizer, the float tensors and, for every matrix, the reference its codes are checked
 against: a mismatch, e.g. a permutation this module does not know, falls back to int8 rows
 of transformers' weight with a warning), and `gguf` reads the raw blocks. What is cached is
-what runs: the kernel's codes, scales and offsets, the embedding's blocks and the float
-tensors (`save_entry`); later loads build the model around them without allocating float
-weights (`load_entry`).
+what runs (quantized_entry.py); the embedding modules are in quantized_embedding.py, the
+header read that decides whether a file runs here in gguf_header.py.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -33,66 +31,20 @@ from torch import nn
 
 from specdraft.config.model_spec import ModelSpec
 from specdraft.errors import ProfileError
-from specdraft.models.block_linear import BlockLinear, kernel_layout
+from specdraft.models.block_linear import BlockLinear
 from specdraft.models.gguf_blocks import EXACT_TYPES, GROUP, Int4Terms, Int8Codes, block_terms, int8_rows
+from specdraft.models.gguf_header import gguf_architecture
 from specdraft.models.native import kernel_problem
+from specdraft.models.quantized_embedding import QuantizedEmbedding, TiedEmbedding
 
 log = logging.getLogger("specdraft")
 
-WEIGHTS_FILE = "quantized.safetensors"
-FORMAT = "specdraft-file-quantization-3"
 ARCHITECTURES = ("llama", "qwen2", "mistral")  # whose GGUF tensor names are mapped below
 # GGUF's names of a decoder layer's matrices -> transformers' module paths inside the layer
 _LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                 "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                 "ffn_down": "mlp.down_proj"}
 _TOLERANCE = 1e-5  # relative to a matrix's largest weight: float32 rounding of the reference, nothing more
-_FLOAT_TYPES = {"F32": np.float32, "F16": np.float16}
-
-
-class TiedEmbedding(nn.Module):
-    """The input embedding of a model whose head is the same matrix: rows are read from the
-    head's codes, so the table is held once."""
-
-    def __init__(self, head: BlockLinear):
-        super().__init__()
-        self.head = head
-        self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head.rows(ids.reshape(-1)).reshape(*ids.shape, self.embedding_dim)
-
-    @property
-    def weight(self) -> torch.Tensor:
-        """The whole table dequantized (a fresh tensor, for one-off readers)."""
-        return self.head.rows(torch.arange(self.num_embeddings))
-
-
-class QuantizedEmbedding(nn.Module):
-    """An embedding table kept as the file's own blocks ([V, bytes per row] uint8): a lookup
-    dequantizes only the rows it reads, exactly as the file defines them."""
-
-    def __init__(self, blocks: torch.Tensor, type_name: str, dim: int):
-        super().__init__()
-        self.type_name = type_name
-        self.num_embeddings, self.embedding_dim = blocks.shape[0], dim
-        self.register_buffer("blocks", blocks.contiguous())
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.rows(ids.reshape(-1)).reshape(*ids.shape, self.embedding_dim)
-
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Dequantized rows `ids` [n] -> [n, D] float32."""
-        raw = self.blocks.index_select(0, ids.cpu()).numpy()
-        codes = block_terms(self.type_name, raw, (len(raw), self.embedding_dim))
-        values = codes.dense() if codes is not None else raw.view(_FLOAT_TYPES[self.type_name])
-        return torch.from_numpy(np.asarray(values, dtype=np.float32))
-
-    @property
-    def weight(self) -> torch.Tensor:
-        """The whole table dequantized (a fresh tensor: for one-off readers such as a draft
-        head's signature, not for a step)."""
-        return self.rows(torch.arange(self.num_embeddings))
 
 
 @dataclass
@@ -138,45 +90,6 @@ def runs_on_file_codes(spec: ModelSpec, gguf: Path, device: torch.device, file: 
                     spec.describe(), problem)
         return False
     return True
-
-
-_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUF value types
-_STRING, _ARRAY = 8, 9
-
-
-def gguf_architecture(gguf: Path) -> str | None:
-    """The file's `general.architecture`, or None when its header cannot be read. Reads the
-    header's key-value pairs only up to that key (llama.cpp writes it first): the `gguf`
-    package's reader parses the whole tokenizer vocabulary, seconds on every load."""
-    import struct
-
-    def skip(fh, kind: int) -> None:
-        if kind == _STRING:
-            fh.seek(struct.unpack("<Q", fh.read(8))[0], 1)
-        elif kind == _ARRAY:
-            element, count = struct.unpack("<IQ", fh.read(12))
-            if element in _SCALAR_SIZES:
-                fh.seek(_SCALAR_SIZES[element] * count, 1)
-            else:
-                for _ in range(count):
-                    skip(fh, element)
-        else:
-            fh.seek(_SCALAR_SIZES[kind], 1)
-
-    try:
-        with open(gguf, "rb") as fh:
-            magic, version, _, pairs = struct.unpack("<4sIQQ", fh.read(24))
-            if magic != b"GGUF" or version < 2:
-                return None
-            for _ in range(pairs):
-                key = fh.read(struct.unpack("<Q", fh.read(8))[0]).decode("utf-8")
-                (kind,) = struct.unpack("<I", fh.read(4))
-                if key == "general.architecture" and kind == _STRING:
-                    return fh.read(struct.unpack("<Q", fh.read(8))[0]).decode("utf-8")
-                skip(fh, kind)
-    except (OSError, KeyError, UnicodeDecodeError, struct.error):
-        return None
-    return None
 
 
 def read_file_codes(gguf: Path, model: nn.Module) -> FileCodes:
@@ -274,76 +187,6 @@ def quantized_in_place(model: nn.Module, codes: FileCodes) -> nn.Module:
                             QuantizedEmbedding(torch.from_numpy(blocks.copy()), type_name, model.config.hidden_size))
     model.config.tie_word_embeddings = False  # two modules now: transformers must not re-tie them
     return model.float().eval()
-
-
-# ---- the cache entry: what runs, and nothing else ----
-
-def save_entry(model: nn.Module, codes: FileCodes, folder: Path) -> None:
-    """Write the kernel layouts, the embedding's blocks and the model's remaining float
-    tensors to `folder`/WEIGHTS_FILE."""
-    from safetensors.torch import save_file
-
-    tensors: dict[str, torch.Tensor] = {}
-    layout: dict[str, dict] = {}
-    for path, weights in codes.matrices.items():
-        target = "lm_head" if codes.tied and path == "model.embed_tokens" else path
-        if isinstance(weights, Int8Codes):
-            tensors[f"{target}.codes"] = torch.from_numpy(weights.codes)
-            tensors[f"{target}.scales"] = torch.from_numpy(weights.scales)
-            layout[target] = {"bits": 8}
-            continue
-        kernel_codes, scales, offsets = kernel_layout(weights)
-        tensors[f"{target}.codes"] = torch.from_numpy(kernel_codes)
-        tensors[f"{target}.scales"] = torch.from_numpy(scales)
-        tensors[f"{target}.offsets"] = torch.from_numpy(offsets)
-        layout[target] = {"bits": 4, "terms": len(weights.codes)}
-    embedding = None
-    if codes.tied:
-        embedding = {"tied": True}
-    elif codes.embedding is not None:
-        type_name, blocks = codes.embedding
-        tensors["model.embed_tokens.blocks"] = torch.from_numpy(blocks.copy())  # the reader's memory map is read-only
-        embedding = {"type": type_name, "dim": int(model.config.hidden_size)}
-    replaced = {f"{path}.weight" for path in layout}
-    if embedding is not None:
-        replaced.add("model.embed_tokens.weight")
-    for name, tensor in model.state_dict().items():
-        if name not in replaced and name not in tensors:
-            tensors[name] = tensor.detach().float().clone()
-    metadata = {"format": FORMAT, "layout": json.dumps(layout), "embedding": json.dumps(embedding)}
-    save_file(tensors, str(folder / WEIGHTS_FILE), metadata=metadata)
-
-
-def load_entry(folder: Path) -> nn.Module:
-    """The model of a cache entry written by `save_entry`, its matrices on their codes."""
-    from accelerate import init_empty_weights
-    from safetensors import safe_open
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(folder)
-    config.tie_word_embeddings = False  # two modules: transformers must not tie them
-    with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with safe_open(str(folder / WEIGHTS_FILE), framework="pt") as weights:
-        metadata = weights.metadata() or {}
-        if metadata.get("format") != FORMAT:
-            raise ValueError(f"{WEIGHTS_FILE} is not in {FORMAT}")
-        layout, embedding = json.loads(metadata["layout"]), json.loads(metadata["embedding"])
-        stored = {name: weights.get_tensor(name) for name in weights.keys()}
-    for path, entry in layout.items():
-        offsets = stored.pop(f"{path}.offsets") if entry["bits"] == 4 else None
-        model.set_submodule(path, BlockLinear(stored.pop(f"{path}.codes"), stored.pop(f"{path}.scales"), offsets,
-                                              entry.get("terms", 1), stored.pop(f"{path}.bias", None)))
-    if embedding is not None and embedding.get("tied"):
-        model.set_submodule("model.embed_tokens", TiedEmbedding(model.lm_head))
-    elif embedding is not None:
-        model.set_submodule("model.embed_tokens", QuantizedEmbedding(stored.pop("model.embed_tokens.blocks"),
-                                                                     embedding["type"], embedding["dim"]))
-    model.load_state_dict(stored, strict=False, assign=True)
-    missing = [name for name, p in list(model.named_parameters()) + list(model.named_buffers()) if p.is_meta]
-    if missing:
-        raise ValueError(f"{len(missing)} tensors were not in the cache entry (first: {missing[0]})")
-    return model.eval()
 
 
 def weight_bytes(model: nn.Module) -> int:

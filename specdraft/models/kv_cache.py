@@ -29,13 +29,11 @@ class KVCache:
     static = False
 
     def __init__(self, config: Any):
-        from transformers import DynamicCache  # here, so that importing this module stays light
-
         self.config = config
         self.reset()
 
     def reset(self) -> None:
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # here, so that importing this module stays light
 
         self.cache = DynamicCache(config=self.config)
         # Sliding-window layers drop what falls out of the window at every update, so a

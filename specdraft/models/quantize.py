@@ -6,9 +6,9 @@ fused CPU kernels that read the packed weights and multiply in bfloat16
 (`aten._weight_int8pack_mm`, `aten._weight_int4pack_mm_for_cpu`); activations are cast to
 bfloat16 around each layer and back, so the rest of the model keeps its dtype.
 
-Why not torchao: 0.18.0 installs here, but its eager int8 weight-only layer dequantizes and
-then multiplies, which measured slower than float32 (0.43 vs 0.28 ms for a 576x1536 layer),
-and its int4 layout needs a package that is not on PyPI for this machine.
+Why not torchao: its eager int8 weight-only layer dequantizes and then multiplies, which
+reads more bytes than the float32 layer it replaces and so runs slower, and its int4 layout
+needs a package that is not on PyPI for every CPU.
 
 Only drafters are meant to be quantized: the target decides the output, and a quantized
 target decides a different output (still what that quantized model would say).
@@ -24,7 +24,7 @@ from torch import nn
 log = logging.getLogger("specdraft")
 
 INT4_GROUP = 32  # columns sharing one scale and zero point; the kernel takes 32..256, smaller is more exact
-_COMPUTE = torch.bfloat16  # the kernels' activation dtype (float32 activations take a path ~6x slower)
+_COMPUTE = torch.bfloat16  # the kernels' activation dtype (float32 activations take a far slower path)
 
 
 class Int8Linear(nn.Module):

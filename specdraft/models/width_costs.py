@@ -2,8 +2,8 @@
 shape, weight format, device and thread count, and kept on disk.
 
 The verify of a round is one target forward over K + 1 tokens, and its cost is not a line
-in K: BLAS libraries switch kernels by matrix shape. On a 2-core CPU, Qwen2.5-Coder-1.5B
-in float32 took 0.35 s for 1 token, 1.97 s for 15 and 1.03 s for 16; on GPUs, tensor-core
+in K: BLAS libraries switch kernels by matrix shape, so a wider forward can cost less than a
+narrower one (ARCHITECTURE.md, "Goodput", has a measured example); on GPUs, tensor-core
 tiles make similar steps. The round cost model (`learning/goodput.py` `VerifyCosts`) plans
 draft lengths with this curve and the engine pads a verify to any wider width that is
 cheaper. Timings depend on shapes, not on weight values, so the key ignores the weights.
@@ -21,9 +21,9 @@ from typing import Callable
 
 import torch
 
-from specdraft.atomic_files import write_text
+from specdraft.storage.atomic_files import write_text
 from specdraft.models.cached_lm import CachedLM
-from specdraft.models.gguf_cache import cache_dir
+from specdraft.storage.cache_root import cache_dir
 
 log = logging.getLogger("specdraft")
 

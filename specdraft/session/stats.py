@@ -46,7 +46,7 @@ class GenerationStats:
     estimated_rounds_s: float = 0.0  # measured draft + verify seconds of those same rounds
     estimated_rounds_tokens: int = 0
     plain_step_s: float | None = None  # the cost model's plain decoding step, c_verify(1)
-    ideal_speedup: float | None = None  # G(best arm, best K) * c_verify(1), from the policy
+    ideal_speedup: float | None = None  # G(best arm, best K) * c_verify(1), from the round planner
     usage: dict[str, DrafterUsage] = field(default_factory=dict)
     regret_tracker: RegretTracker | None = None  # only with full-information evaluation
 
@@ -84,8 +84,10 @@ class GenerationStats:
         use.accepted += record.accepted
 
     @property
-    def mean_accepted(self) -> float:
-        """Committed tokens per target verify forward, bonus token included (plain decoding: 1)."""
+    def tokens_per_round(self) -> float:
+        """Committed tokens per round (per target verify forward), the bonus token included
+        (plain decoding: 1): mean accepted tokens (MAT), `mean_accepted` in --json. A round's
+        own `accepted` counts accepted draft tokens only."""
         return self.tokens / self.rounds if self.rounds else 0.0
 
     @property
@@ -125,10 +127,10 @@ class GenerationStats:
     def tokens_per_s(self) -> float:
         return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
-    def learn_estimates(self, policy) -> None:
-        """Read the policy's current view of this machine: plain step cost and ideal speedup."""
-        self.plain_step_s = policy.costs.round_seconds(0, 0)
-        best = policy.ideal_speedup()
+    def learn_estimates(self, planner) -> None:
+        """Read the round planner's current view of this machine: plain step cost and ideal speedup."""
+        self.plain_step_s = planner.costs.round_seconds(0, 0)
+        best = planner.ideal_speedup()
         self.ideal_speedup = best[2] if best else None
 
     @property
@@ -155,7 +157,7 @@ class GenerationStats:
         return {
             "tokens": self.tokens,
             "rounds": self.rounds,
-            "mean_accepted": round(self.mean_accepted, 4),
+            "mean_accepted": round(self.tokens_per_round, 4),
             "tokens_per_s": round(self.tokens_per_s, 3),
             "elapsed_s": round(self.elapsed_s, 4),
             "drafters": {n: {"rounds": u.rounds, "accepted": u.accepted, "drafted": u.drafted} for n, u in self.usage.items()},

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from specdraft.atomic_files import write_text
+from specdraft.storage.atomic_files import write_text
 from specdraft.models.packed_linear import packed_while
 from specdraft.training.corpus import Document
 

@@ -22,7 +22,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from specdraft.atomic_files import staged_file
+from specdraft.storage.atomic_files import staged_file
 from specdraft.errors import SpecdraftError, Terminated
 
 STATE = "training-state.pt"
@@ -66,6 +66,18 @@ def train(module: torch.nn.Module, settings: LoopSettings, step_loss: Callable[[
     """Run `settings.steps` optimizer steps of `step_loss(step) -> (loss, metrics)` on the
     trainable parameters of `module`, resuming from `out/training-state.pt` when it was
     written by a run with the same identity."""
+    loop = _Loop(module, settings, save, out, console, label)
+    try:
+        loop.run(step_loss)
+    except KeyboardInterrupt as stop:
+        loop.interrupted(stop)
+        raise
+    loop.keep()
+    return LoopResult(loop.step, loop.resumed_from, time.perf_counter() - loop.started, loop.metrics)
+
+
+def _optimizer(module: torch.nn.Module, settings: LoopSettings) -> tuple[list[torch.nn.Parameter], torch.optim.AdamW]:
+    """The trainable parameters, and AdamW over them in one group per learning-rate scale."""
     groups: dict[float, list[torch.nn.Parameter]] = {}
     for name, parameter in module.named_parameters():
         if parameter.requires_grad:
@@ -74,69 +86,86 @@ def train(module: torch.nn.Module, settings: LoopSettings, step_loss: Callable[[
     params = [p for group in groups.values() for p in group]
     optimizer = torch.optim.AdamW([{"params": group, "scale": scale} for scale, group in groups.items()],
                                   lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    state_path = out / STATE
-    step = _resume(state_path, module, optimizer, settings, console)
-    resumed_from = step
-    kept = step if step else None  # the step of the checkpoint in `out` (a resumed run's is there already)
-    started = last_checkpoint = time.perf_counter()
-    metrics: dict[str, float] = {}
+    return params, optimizer
 
-    def diverged(what: str, at: int) -> TrainingDiverged:
-        where = (f"{out} keeps the checkpoint of step {kept}" if kept is not None else
-                 f"nothing was saved to {out}")
-        return TrainingDiverged(f"{label}: {what} at step {at} of {settings.steps}, so training stopped; {where} "
-                                "(a lower --lr may train; --restart starts over)")
 
-    def keep(metrics: dict[str, float]) -> None:
-        """Checkpoint and save the drafter, unless its weights are no longer finite."""
-        nonlocal kept
-        if not _finite(params):
-            raise diverged("the weights became nan or infinite", step)
-        _checkpoint(state_path, module, optimizer, settings, step)
-        save(step, metrics)
-        kept = step
+class _Loop:
+    """One run of `train`: the optimizer, the step reached, the checkpoint kept in `out`."""
 
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[metrics]}"), TimeElapsedColumn(), TextColumn("eta"),
-                        TimeRemainingColumn(), console=console, transient=True, disable=not console.is_terminal)
-    try:
+    def __init__(self, module: torch.nn.Module, settings: LoopSettings, save: Callable[[int, dict[str, float]], None],
+                 out: Path, console: Console, label: str):
+        self.module, self.settings, self.save, self.out, self.console, self.label = \
+            module, settings, save, out, console, label
+        self.params, self.optimizer = _optimizer(module, settings)
+        self.state_path = out / STATE
+        self.step = _resume(self.state_path, module, self.optimizer, settings, console)
+        self.resumed_from = self.step
+        self.kept = self.step if self.step else None  # the step of the checkpoint in `out` (a resumed run's is there)
+        self.started = self.last_checkpoint = time.perf_counter()
+        self.metrics: dict[str, float] = {}
+
+    def run(self, step_loss: Callable[[int], tuple[torch.Tensor, dict]]) -> None:
+        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[metrics]}"), TimeElapsedColumn(), TextColumn("eta"),
+                            TimeRemainingColumn(), console=self.console, transient=True,
+                            disable=not self.console.is_terminal)
         with progress:
-            task = progress.add_task(label, total=settings.steps, completed=step, metrics="")
-            while step < settings.steps:
-                for group in optimizer.param_groups:
-                    group["lr"] = learning_rate(step, settings) * group["scale"]
-                loss, metrics = step_loss(step)
-                if not bool(torch.isfinite(loss.detach())):
-                    raise diverged(f"the loss became {float(loss.detach())}", step + 1)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                norm = torch.nn.utils.clip_grad_norm_(params, settings.clip)
-                if not bool(torch.isfinite(norm)):
-                    raise diverged(f"the gradient norm became {float(norm)}", step + 1)
-                optimizer.step()
-                step += 1
-                shown = "  ".join(f"{k} {v:.3f}" for k, v in metrics.items())
+            task = progress.add_task(self.label, total=self.settings.steps, completed=self.step, metrics="")
+            while self.step < self.settings.steps:
+                self._step(step_loss)
+                shown = "  ".join(f"{k} {v:.3f}" for k, v in self.metrics.items())
                 progress.update(task, advance=1, metrics=shown)
-                now = time.perf_counter()
-                if now - last_checkpoint >= settings.checkpoint_seconds and step < settings.steps:
-                    keep(metrics)
-                    last_checkpoint = now
-                    if not console.is_terminal:  # a log gets a line per checkpoint instead of a bar
-                        left = (now - started) / max(1, step - resumed_from) * (settings.steps - step)
-                        console.print(f"{label}: step {step}/{settings.steps}  {shown}  ~{left / 60:.1f} min left",
-                                      markup=False, highlight=False)
-    except KeyboardInterrupt as stop:
+                self._checkpoint_when_due(shown)
+
+    def _step(self, step_loss: Callable[[int], tuple[torch.Tensor, dict]]) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(self.step, self.settings) * group["scale"]
+        loss, self.metrics = step_loss(self.step)
+        if not bool(torch.isfinite(loss.detach())):
+            raise self._diverged(f"the loss became {float(loss.detach())}", self.step + 1)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.settings.clip)
+        if not bool(torch.isfinite(norm)):
+            raise self._diverged(f"the gradient norm became {float(norm)}", self.step + 1)
+        self.optimizer.step()
+        self.step += 1
+
+    def _checkpoint_when_due(self, shown: str) -> None:
+        now = time.perf_counter()
+        if now - self.last_checkpoint < self.settings.checkpoint_seconds or self.step >= self.settings.steps:
+            return
+        self.keep()
+        self.last_checkpoint = now
+        if not self.console.is_terminal:  # a log gets a line per checkpoint instead of a bar
+            left = (now - self.started) / max(1, self.step - self.resumed_from) * (self.settings.steps - self.step)
+            self.console.print(f"{self.label}: step {self.step}/{self.settings.steps}  {shown}  ~{left / 60:.1f} min "
+                               "left", markup=False, highlight=False)
+
+    def keep(self) -> None:
+        """Checkpoint and save the drafter, unless its weights are no longer finite."""
+        if not _finite(self.params):
+            raise self._diverged("the weights became nan or infinite", self.step)
+        _checkpoint(self.state_path, self.module, self.optimizer, self.settings, self.step)
+        self.save(self.step, self.metrics)
+        self.kept = self.step
+
+    def interrupted(self, stop: KeyboardInterrupt) -> None:
+        """Ctrl-C or SIGTERM: save what was learned (unless the weights are not finite)."""
         how = "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
-        if not _finite(params):
-            console.print(f"{label}: {how} at step {step}/{settings.steps}; its weights were no longer finite "
-                          f"numbers, so nothing was saved", markup=False, highlight=False)
-            raise
-        keep(metrics)
-        console.print(f"{label}: {how} at step {step}/{settings.steps}; saved what it has learned to {out} "
-                      f"(run the same command again to continue)", markup=False, highlight=False)
-        raise
-    keep(metrics)
-    return LoopResult(step, resumed_from, time.perf_counter() - started, metrics)
+        if not _finite(self.params):
+            self.console.print(f"{self.label}: {how} at step {self.step}/{self.settings.steps}; its weights were no "
+                               "longer finite numbers, so nothing was saved", markup=False, highlight=False)
+            return
+        self.keep()
+        self.console.print(f"{self.label}: {how} at step {self.step}/{self.settings.steps}; saved what it has learned "
+                           f"to {self.out} (run the same command again to continue)", markup=False, highlight=False)
+
+    def _diverged(self, what: str, at: int) -> TrainingDiverged:
+        where = (f"{self.out} keeps the checkpoint of step {self.kept}" if self.kept is not None else
+                 f"nothing was saved to {self.out}")
+        return TrainingDiverged(f"{self.label}: {what} at step {at} of {self.settings.steps}, so training stopped; "
+                                f"{where} (a lower --lr may train; --restart starts over)")
 
 
 def _finite(params: list[torch.nn.Parameter]) -> bool:

@@ -30,7 +30,7 @@ def stats_panel(stats: GenerationStats, policy: str, scores: dict[str, float] | 
         f"drafter [bold cyan]{escape(stats.last_drafter or '-')}[/]",
         f"K [bold]{stats.last_planned}[/]",
         f"accepted [bold]{stats.last_accepted}/{stats.last_drafted}[/]",
-        f"mean accepted [bold]{stats.mean_accepted:.2f}[/]",
+        f"mean accepted [bold]{stats.tokens_per_round:.2f}[/]",
         f"[bold]{stats.tokens_per_s:.1f}[/] tok/s",
         f"tokens {stats.tokens}",
     ]
@@ -131,7 +131,7 @@ class LiveView:
 def summary_line(stats: GenerationStats) -> str:
     parts: Sequence[str] = (
         f"{stats.tokens} tokens in {stats.elapsed_s:.2f}s ({stats.tokens_per_s:.1f} tok/s)",
-        f"{stats.rounds} rounds, mean accepted {stats.mean_accepted:.2f}",
+        f"{stats.rounds} rounds, mean accepted {stats.tokens_per_round:.2f}",
         " · ".join(Text.from_markup(p).plain for p in _speed_parts(stats)),
         ", ".join(f"{n} {u.rounds}r/{u.accepted}acc" for n, u in stats.usage.items() if u.rounds),
     )

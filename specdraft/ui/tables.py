@@ -12,12 +12,15 @@ def _num(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def bench_table(rows: Sequence[dict], title: str, simulated: bool = False) -> Table:
+def bench_table(rows: Sequence[dict], title: str, simulated: bool = False, versus: str | None = None) -> Table:
+    """bench's summary; with `versus`, a column of each row's speed over that configuration's."""
     table = Table(title=escape(title), title_justify="left", show_lines=False)  # titles quote file names
-    for column in ("task", "config", "prompts", "simulated speedup" if simulated else "speedup", "mean accepted",
+    versus_column = (f"vs {versus}",) if versus else ()
+    for column in ("task", "config", "prompts", "simulated speedup" if simulated else "speedup", *versus_column,
+                   "mean accepted",
                    "acceptance by position", "tok/s", "best-arm share", "regret", "mismatches", "ideal",
                    "time d/v/e/p/o", "K: rounds"):
-        table.add_column(column, justify="left" if column in ("task", "config", "acceptance by position", "K: rounds")
+        table.add_column(escape(column), justify="left" if column in ("task", "config", "acceptance by position", "K: rounds")
                          else "right", no_wrap=True)
     for r in rows:
         accept = "/".join("-" if a is None else f"{a:.0%}" for a in r.get("acceptance_at") or [])
@@ -29,8 +32,10 @@ def bench_table(rows: Sequence[dict], title: str, simulated: bool = False) -> Ta
             differ += f" [bold red]{r['failed']} failed[/]"
         # "?": a speedup bench.summarize marked noisy or implausible (a warning line says why).
         doubt = "?" if r.get("noisy") or r.get("implausible") else ""
+        versus_cell = (_num(r.get("versus"), ".2f") + ("x" if r.get("versus") is not None else ""),) if versus else ()
         table.add_row(
             escape(str(r["task"])), escape(r["config"]), str(r["prompts"]), _num(r.get("speedup"), ".2f") + "x" + doubt,
+            *versus_cell,
             _num(r.get("mean_accepted"), ".2f"), accept or "-",
             _num(r.get("tokens_per_s"), ".1f") if not simulated else "-",
             _num(r.get("best_arm_share"), ".0%"), _regret(r.get("regret"), r.get("regret_unit")),
@@ -71,6 +76,6 @@ def sweep_table(policy: str, param: str, rows, best, paper: float | None) -> Tab
         table.add_column(column, justify="right")
     for r in rows:
         mark = "best" if r is best else ("paper" if paper is not None and r.value == paper else "")
-        table.add_row(f"{r.value:g}", f"{r.mean_accepted:.3f}", f"{r.simulated_speedup:.3f}x",
+        table.add_row(f"{r.value:g}", f"{r.tokens_per_round:.3f}", f"{r.simulated_speedup:.3f}x",
                       _regret(r.regret, r.regret_unit), mark, style="bold" if r is best else None)
     return table

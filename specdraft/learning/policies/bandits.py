@@ -17,7 +17,9 @@ import math
 from collections import deque
 from typing import Sequence
 
-from specdraft.learning.policies.base import OptionSpec, Policy, RoundFeedback, one_of, scaled
+from specdraft.learning.feedback import RoundFeedback
+from specdraft.learning.policies.base import OptionSpec, Policy, one_of, scaled
+from specdraft.learning.policies.objective import chosen_reward
 
 REWARD = OptionSpec((str,), "bd", one_of("bd", "be"), 'must be "bd" or "be"',
                     "bd: block divergence (mean 1 - TV); be: block efficiency (accepted / drafted)")
@@ -49,13 +51,13 @@ class UCBPolicy(Policy):
 
     def select(self, awake: Sequence[bool] | None = None) -> int:
         # Sleeping bandits (Kleinberg et al. 2010): the awake arm with the highest index.
-        probe = self.cost_probe(awake)
+        probe = self.planner.cost_probe(awake)
         if probe is not None:
             return probe
         return max(self.awake_arms(awake), key=self.index)
 
     def learn(self, fb: RoundFeedback) -> None:
-        reward = self.chosen_reward(fb, self.options["reward"])
+        reward = chosen_reward(self.planner, fb, self.options["reward"])
         self.t += 1
         self.pulls[fb.arm] += 1
         self.means[fb.arm] += (reward - self.means[fb.arm]) / self.pulls[fb.arm]
@@ -94,7 +96,7 @@ class DiscountedUCBPolicy(UCBPolicy):
         return self.sums[arm] / self.weights[arm] + self.options["beta"] * bonus
 
     def learn(self, fb: RoundFeedback) -> None:
-        reward = self.chosen_reward(fb, self.options["reward"])
+        reward = chosen_reward(self.planner, fb, self.options["reward"])
         g = self.options["discount"]
         self.weights = [w * g for w in self.weights]
         self.sums = [s * g for s in self.sums]
@@ -129,7 +131,7 @@ class SlidingWindowUCBPolicy(UCBPolicy):
         return sum(rewards) / len(rewards) + self.options["beta"] * bonus
 
     def learn(self, fb: RoundFeedback) -> None:
-        self.history.append((fb.arm, self.chosen_reward(fb, self.options["reward"])))
+        self.history.append((fb.arm, chosen_reward(self.planner, fb, self.options["reward"])))
         self.t += 1
 
     def scores(self) -> dict[str, float]:
@@ -157,7 +159,7 @@ class Exp3Policy(Policy):
         return [(1 - gamma) * wi / total + gamma / n for wi in w]
 
     def select(self, awake: Sequence[bool] | None = None) -> int:
-        probe = self.cost_probe(awake)
+        probe = self.planner.cost_probe(awake)
         if probe is not None:
             self.chosen_probability = 1.0
             return probe
@@ -171,7 +173,7 @@ class Exp3Policy(Policy):
 
     def learn(self, fb: RoundFeedback) -> None:
         p, self.chosen_probability = self.chosen_probability or self.probabilities()[fb.arm], None
-        estimate = self.chosen_reward(fb, self.options["reward"]) / p
+        estimate = chosen_reward(self.planner, fb, self.options["reward"]) / p
         self.log_weights[fb.arm] += self.options["gamma"] * estimate / len(self.arms)
 
     def scores(self) -> dict[str, float]:

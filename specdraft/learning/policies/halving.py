@@ -12,8 +12,10 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from specdraft.learning.policies.base import OptionSpec, Policy, RoundFeedback, one_of
+from specdraft.learning.feedback import RoundFeedback
 from specdraft.learning.policies.bandits import REWARD
+from specdraft.learning.policies.base import OptionSpec, Policy, one_of
+from specdraft.learning.policies.objective import chosen_reward
 
 
 class HalvingPolicy(Policy):
@@ -53,7 +55,7 @@ class HalvingPolicy(Policy):
     def select(self, awake: Sequence[bool] | None = None) -> int:
         # The exploration schedule is fixed (each survivor its share of pulls, in turn), so
         # the awake mask matters only once one arm is left, and there is nothing to choose.
-        probe = self.cost_probe()
+        probe = self.planner.cost_probe()
         if probe is not None:
             return probe
         return self.queue[0] if self.queue else self.survivors[0]
@@ -66,7 +68,7 @@ class HalvingPolicy(Policy):
         if not self.queue or fb.arm != self.queue[0]:
             return  # committed, or a cost probe outside the schedule
         self.queue.pop(0)
-        self.sums[fb.arm] += self.chosen_reward(fb, self.options["reward"])
+        self.sums[fb.arm] += chosen_reward(self.planner, fb, self.options["reward"])
         self.counts[fb.arm] += 1
         if not self.queue:
             ranked = sorted(self.survivors, key=lambda a: self.sums[a] / max(self.counts[a], 1), reverse=True)

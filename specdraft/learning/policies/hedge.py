@@ -25,9 +25,9 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from specdraft.learning.feedback import acceptance_loss, expected_accept_length, length_loss
-from specdraft.learning.policies.base import OptionSpec, Policy, RoundFeedback, one_of, scaled
-from specdraft.learning.policies.objective import judged_length
+from specdraft.learning.feedback import RoundFeedback, acceptance_loss, expected_accept_length, length_loss
+from specdraft.learning.policies.base import OptionSpec, Policy, one_of, scaled
+from specdraft.learning.policies.objective import judged_length, speed_score
 
 HEDGE_OPTIONS = {
     "evaluate": OptionSpec((str,), "all", one_of("all"), 'must be "all": these learners score every drafter'),
@@ -73,7 +73,7 @@ class HedgeFamily(Policy):
 
     def select(self, awake: Sequence[bool] | None = None) -> int:
         # Sleeping experts: only drafters that would propose something here compete.
-        probe = self.cost_probe(awake)
+        probe = self.planner.cost_probe(awake)
         if probe is not None:
             return probe
         p, arms = self.distribution(), self.awake_arms(awake)
@@ -82,7 +82,7 @@ class HedgeFamily(Policy):
             # weights, the arm the estimates favour (not the first listed).
             top = max(p[i] for i in arms)
             tied = [i for i in arms if p[i] >= top - 1e-12]
-            return tied[0] if len(tied) == 1 else max(tied, key=self.estimated_value)
+            return tied[0] if len(tied) == 1 else max(tied, key=self.planner.estimated_value)
         return self.rng.choices(arms, weights=[p[i] for i in arms])[0]
 
     def learn(self, fb: RoundFeedback) -> None:
@@ -115,10 +115,9 @@ class HedgeFamily(Policy):
         self.interval = min(2 * self.interval, self.MAX_INTERVAL) if steady else 1
         self.leader = leader
 
-    def evaluation_skips(self) -> list[bool]:
-        if self.options["game"] == "token":  # its delayed losses need every arm's gammas
-            return [False] * len(self.arms)
-        return super().evaluation_skips()
+    @property
+    def scores_every_arm(self) -> bool:
+        return self.options["game"] == "token"  # its delayed losses need every arm's gammas
 
     def _losses(self, fb: RoundFeedback) -> list[list[float]]:
         k = self.draft_tokens
@@ -157,8 +156,8 @@ class HedgeFamily(Policy):
         # The chunk is as long as the chosen arm's round committed: positions past it are
         # censored, so a drafter is judged at the draft length the chunk can show (else a
         # cheap arm would lock the learner in; see judged_length).
-        k = judged_length(self, arm, len(gammas))
-        return 1.0 - self.speed_score(arm, expected_accept_length(gammas[:k]), k)
+        k = judged_length(self.planner, arm, len(gammas))
+        return 1.0 - speed_score(self.planner, arm, expected_accept_length(gammas[:k]), k)
 
     def scores(self) -> dict[str, float]:
         return dict(zip(self.arms, self.distribution()))

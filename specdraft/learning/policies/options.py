@@ -4,7 +4,7 @@ small helpers policies use on their options and learned state."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 
 @dataclass(frozen=True)
@@ -18,6 +18,22 @@ class OptionSpec:
 
 def one_of(*values: str) -> Callable[[Any], bool]:
     return lambda value: value in values
+
+
+def option_problems(specs: Mapping[str, OptionSpec], options: Mapping[str, Any], policy: str) -> list[tuple[str, str]]:
+    """(option, message) for each of `options` that policy `policy` (declaring `specs`) does
+    not know, or whose value has the wrong type or fails its check."""
+    problems = []
+    for opt, value in options.items():
+        spec = specs.get(opt)
+        if spec is None:
+            problems.append((opt, f'unknown option for policy "{policy}"; its options: {", ".join(specs)}'))
+        elif (isinstance(value, bool) and bool not in spec.types) or not isinstance(value, spec.types):
+            expected = " or ".join(t.__name__ for t in spec.types)
+            problems.append((opt, f"expected {expected}, got {type(value).__name__}"))
+        elif not spec.check(value):
+            problems.append((opt, f"{spec.requirement} (got {value!r})"))
+    return problems
 
 
 def scaled(value: Any, factor: float) -> Any:

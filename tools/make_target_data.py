@@ -6,14 +6,15 @@ a dataset's reference answers).
 
 Prompts come one per line (.txt) or as JSONL lines with a "prompt" field; answers are
 written as JSONL {"prompt", "answer"} exchanges, which the training commands read in the
-chat template. Answers are cut at the target's end-of-turn token or at --max-new-tokens.
+chat template. Answers are cut at the first of the target's end tokens (`eos_token_ids`, the
+ones specdraft's own decoding stops at) or at --max-new-tokens.
 Resumable: prompts already answered in --out are skipped, and every batch is appended as
 soon as it is done (Ctrl-C loses at most the batch in flight).
 
 Batched greedy generation (left padded) is what makes this affordable on a CPU: a decode
 step is bound by reading the weights, so a batch of 16 costs little more than one row.
 
-    python benchmarks/make_target_data.py --pool benchmarks/qwen-steer.toml \
+    python tools/make_target_data.py --pool benchmarks/qwen-steer.toml \
         --prompts benchmarks/data/head-train-code.txt benchmarks/data/head-train-math.txt \
         --out /work/steer/target-answers.jsonl --limit 256 --max-new-tokens 128
 """
@@ -59,10 +60,10 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=16)
     args = parser.parse_args()
 
-    from specdraft.config.profile import load_profile
-    from specdraft.models.loading import load_model
+    from specdraft.profile import load_profile
+    from specdraft.models.loading import eos_token_ids, load_model
     from specdraft.models.packed_linear import pack_linears, packing_problem
-    from specdraft.session.prompt_run import prompt_token_ids
+    from specdraft.session.prompt_ids import prompt_token_ids
 
     profile = load_profile(args.pool)
     target = load_model(profile.target, str(profile.file), "target")
@@ -75,9 +76,9 @@ def main() -> int:
         with open(args.out, encoding="utf-8") as f:
             done = {json.loads(line)["prompt"] for line in f if line.strip()}
     todo = [p for p in prompts if p not in done]
-    end_ids = {tokenizer.eos_token_id, *(tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")
-                                         if t in tokenizer.get_vocab())} - {None}
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(end_ids))
+    end_ids = sorted(eos_token_ids(model, tokenizer))  # where specdraft's decoding of this target stops
+    # padding sits left of each prompt under a zero attention mask: any id serves
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (end_ids[0] if end_ids else 0)
     started, written = time.monotonic(), 0
     print(f"{len(done)} prompts already answered, {len(todo)} to go", file=sys.stderr)
     with open(args.out, "a", encoding="utf-8") as out:
@@ -90,7 +91,7 @@ def main() -> int:
             with torch.inference_mode():
                 generated = model.generate(input_ids=input_ids, attention_mask=mask, do_sample=False,
                                            max_new_tokens=args.max_new_tokens, pad_token_id=pad,
-                                           eos_token_id=sorted(end_ids))[:, width:]
+                                           eos_token_id=end_ids or None)[:, width:]
             for prompt, row in zip(batch, generated.tolist()):
                 cut = next((i for i, t in enumerate(row) if t in end_ids), len(row))
                 out.write(json.dumps({"prompt": prompt, "answer": tokenizer.decode(row[:cut])}) + "\n")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdraft.decoding.sampling import SamplingParams, distributions
+from specdraft.core.sampling import SamplingParams, distributions
 
 
 @dataclass(frozen=True)

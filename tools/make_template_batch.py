@@ -2,7 +2,7 @@
 of batch people pipe through `specdraft generate --each-line` (a fixed JSON schema filled
 from a free-text record). Deterministic: the same file every time.
 
-    python benchmarks/make_template_batch.py
+    python tools/make_template_batch.py
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def main() -> None:
     rng = random.Random(7)
     lines = [TEMPLATE.format(name=rng.choice(NAMES), age=rng.randrange(19, 80), city=rng.choice(CITIES),
                              job=_with_article(rng.choice(JOBS))) for _ in range(50)]
-    out = Path(__file__).parent / "data" / "template-batch.txt"
+    out = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "template-batch.txt"
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"wrote {len(lines)} prompts to {out}")
 

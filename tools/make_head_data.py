@@ -37,10 +37,10 @@ project's Python, where those packages are (1,976 prompts with the versions of
 task (head-eval.jsonl holds the first 8) to benchmarks/data/head-eval-code.jsonl (41) and
 head-eval-math.jsonl (69), for comparing heads on more prompts.
 
-    /work/qwen-parts-venv/bin/python benchmarks/make_head_data.py
-    /work/qwen-parts-venv/bin/python benchmarks/make_head_data.py --extra /work/heads
-    .venv/bin/python benchmarks/make_head_data.py --packages /work/heads
-    /work/qwen-parts-venv/bin/python benchmarks/make_head_data.py --eval-all
+    /work/qwen-parts-venv/bin/python tools/make_head_data.py
+    /work/qwen-parts-venv/bin/python tools/make_head_data.py --extra /work/heads
+    .venv/bin/python tools/make_head_data.py --packages /work/heads
+    /work/qwen-parts-venv/bin/python tools/make_head_data.py --eval-all
 """
 
 from __future__ import annotations
@@ -52,8 +52,7 @@ import os
 import re
 from typing import Any, Iterator
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-DATA = os.path.join(HERE, "data")
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "data")
 EVAL_PER_TASK = 8
 TRAIN_MATH = 200
 MATH_SUFFIX = " Explain step by step."

@@ -73,9 +73,6 @@ class Profile:
     policy: PolicyConfig
     drafters: tuple[DrafterConfig, ...]
 
-    def drafter_index(self, name: str) -> int | None:
-        return next((i for i, d in enumerate(self.drafters) if d.name == name), None)
-
     def with_overrides(self, **decode_overrides: Any) -> "Profile":
         """Apply command-line flags over the profile's values; None means 'not given'."""
         given = {k: v for k, v in decode_overrides.items() if v is not None}

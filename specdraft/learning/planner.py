@@ -1,0 +1,279 @@
+"""Planning a round (ARCHITECTURE.md, "Goodput"): the round cost model, each arm's
+acceptance by draft position, and from them the draft length K, the early-stop rule and what
+a round or an arm is expected to give (speedup, ceiling, ideal speedup, which arms are not
+worth scoring, which arm has never drafted).
+
+`RoundPlanner` is owned by the `PolicyDriver`: the driver asks the policy for an arm and the
+planner for the rest of the round's plan, and teaches the planner every round it sees. A
+policy reads the planner's estimates (to value rounds in its objective, break ties, probe
+an untried arm) but never changes them. Plain Python: no torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+from specdraft.learning.confidence import StopRule
+from specdraft.learning.feedback import RoundFeedback
+from specdraft.learning.goodput import AcceptanceByPosition, RoundCostModel, best_draft_length, committed_by_length
+
+PLAIN_ARM = "none"  # the arm that drafts nothing: a plain decoding round
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What was decided for one round, and what is expected of it."""
+
+    arm: int
+    draft_tokens: int  # K for this round (0 = a plain decoding round)
+    # Early stop: when one more draft token stops paying for its time; None before costs
+    # are known, and with draft_length = "fixed".
+    stop: StopRule | None = None
+    expected_tokens: float | None = None  # E[committed | arm, K]
+    expected_seconds: float | None = None  # T(arm, K)
+
+
+def awake_arms(count: int, awake: Sequence[bool] | None) -> list[int]:
+    """Indices of the awake arms among `count` (all of them when `awake` is None or none is awake)."""
+    arms = [i for i in range(count) if awake is None or awake[i]]
+    return arms or list(range(count))
+
+
+class RoundPlanner:
+    """Plans each round of a pool of `arms` drafting at most `draft_tokens` tokens.
+
+    `objective` ("goodput" or "acceptance") is what the policy optimises, `draft_length`
+    ("goodput": the best K by the estimates; "fixed": always the cap), `full_information`
+    whether every drafter is scored each round. The cost model describes the machine and
+    is never reset; acceptance by position carries over from prompt to prompt worth
+    `carried_rounds` rounds."""
+
+    REPROBE = 8  # rounds at K = 0 before a drafter (bandit feedback) drafts one token again
+    MAX_PROBE_GAP = 256
+
+    def __init__(self, arms: Sequence[str], draft_tokens: int, *, objective: str = "goodput",
+                 draft_length: str = "goodput", full_information: bool = False, seed: int | None = None,
+                 carried_rounds: float = 4.0):
+        self.arms = list(arms)
+        self.draft_tokens = draft_tokens
+        self.goodput = objective == "goodput"
+        self.dynamic_length = draft_length == "goodput"
+        self.full_information = full_information
+        self.carried_rounds = carried_rounds
+        # Its own random stream (the policy draws arms from seed): K's exploration never
+        # changes which arms a seeded policy picks.
+        self.rng = random.Random(None if seed is None else seed + 1)
+        self.costs = RoundCostModel(len(self.arms))
+        self.acceptance = AcceptanceByPosition(len(self.arms), draft_tokens)
+        self.initial_state: dict | None = None  # loaded: where every reset starts
+        self._idle = [0] * len(self.arms)  # rounds each arm was planned at K = 0 since its last draft
+        self._probe_gap = [self.REPROBE] * len(self.arms)
+
+    @classmethod
+    def for_policy(cls, policy) -> "RoundPlanner":
+        """The planner for `policy`'s arms, K and shared options (objective, draft_length, evaluate)."""
+        return cls(policy.arms, policy.draft_tokens, objective=policy.options["objective"],
+                   draft_length=policy.options["draft_length"], full_information=policy.full_information,
+                   seed=policy.seed, carried_rounds=policy.CARRIED_ROUNDS)
+
+    def reset(self) -> None:
+        """Before a prompt that the policy resets at: acceptance by position starts from the
+        earlier prompts' rates worth a few rounds (a pair's acceptance changes from prompt
+        to prompt, far less than a flat prior says), the reprobe schedule starts over, and
+        a loaded state is where it all starts. The cost model is kept: it describes this
+        machine and these models, not the prompt."""
+        self.acceptance = self.acceptance.carried_over(self.carried_rounds)
+        self._idle = [0] * len(self.arms)
+        self._probe_gap = [self.REPROBE] * len(self.arms)
+        if self.initial_state is not None:
+            self._apply(self.initial_state, self.costs, self.acceptance)
+
+    def observe(self, feedback: RoundFeedback) -> None:
+        """A round's timings and acceptance: what every round teaches, also one that
+        full-information evaluation skipped."""
+        self.costs.observe(feedback.arm, feedback.drafted, feedback.draft_seconds, feedback.verify_seconds,
+                           feedback.verify_width)
+        if feedback.gammas is None:
+            self.acceptance.observe(feedback.arm, feedback.alphas)
+            return
+        for arm, gammas in enumerate(feedback.gammas):  # every arm's acceptance along the committed chunk
+            # A drafter silent here would not have drafted: its acceptance *when it
+            # drafts*, which plans K, learns nothing from this chunk.
+            if self.arms[arm] != PLAIN_ARM and not (feedback.silent and feedback.silent[arm]):
+                self.acceptance.observe(arm, gammas)
+
+    def verify_width(self, tokens: int) -> int:
+        """How many tokens to run a verify of `tokens` over: wider when that is cheaper."""
+        return self.costs.verify.padded_width(tokens)
+
+    # --- one round's plan ----------------------------------------------------------------
+
+    def plan(self, arm: int, cap: int) -> RoundPlan:
+        """The plan for a round of `arm`: its draft length (at most `cap`), early stop and
+        expectations. One posterior draw of the arm's acceptance by position plans both K
+        and how far the early stop looks ahead (Thompson sampling: see
+        AcceptanceByPosition.rates), so a plan that explores deeper is not cut back by the
+        means it set out to test."""
+        rates = self._drawn_rates(arm, cap)
+        k = self.draft_length(arm, cap, rates)
+        expected, seconds = self.estimate(arm, k)
+        return RoundPlan(arm, k, self.stop_rule(arm, k, expected, seconds, rates, horizon=cap), expected, seconds)
+
+    def draft_length(self, arm: int, cap: int, rates: Sequence[float] | None = None) -> int:
+        """How many tokens `arm` drafts this round, at most `cap`: always `cap` with
+        draft_length = "fixed"; with "goodput", the K in 0..cap with the best estimated
+        tokens per second (one token until the arm's draft cost is known: one token
+        measures it, and a slow drafter's probe must not cost K of its forwards)."""
+        best = self.best_length(arm, cap, rates if rates is not None else self._drawn_rates(arm, cap))
+        if not self.dynamic_length or self.arms[arm] == PLAIN_ARM or cap == 0 or self.full_information:
+            return best
+        # Under bandit feedback a drafter planned at K = 0 teaches nothing about its
+        # acceptance (full information scores it anyway), so after REPROBE such rounds it
+        # drafts one token; each probe that changes nothing doubles the wait (a slow
+        # drafter's probes must not add up), and drafting again resets it.
+        if best > 0:
+            self._idle[arm], self._probe_gap[arm] = 0, self.REPROBE
+            return best
+        self._idle[arm] += 1
+        if self._idle[arm] < self._probe_gap[arm]:
+            return 0
+        self._idle[arm], self._probe_gap[arm] = 0, min(2 * self._probe_gap[arm], self.MAX_PROBE_GAP)
+        return 1
+
+    def best_length(self, arm: int, cap: int, rates: Sequence[float] | None = None) -> int:
+        """The draft length the estimates favour for `arm`: under `rates` (a posterior draw
+        of its acceptance by position, so that deep positions unlucky once are tried
+        again), else under the means (no side effects)."""
+        if self.arms[arm] == PLAIN_ARM:
+            return 0
+        if not self.dynamic_length or cap == 0:
+            return cap
+        seconds = [self.costs.round_seconds(arm, k) for k in range(cap + 1)]
+        if any(s is None for s in seconds):
+            return 1
+        committed = (self.acceptance.committed_by_length(arm, cap) if rates is None
+                     else committed_by_length(rates[:cap]))
+        return best_draft_length(committed, seconds)
+
+    def stop_rule(self, arm: int, k: int, expected: float, seconds: float | None,
+                  rates: Sequence[float] | None = None, horizon: int | None = None) -> StopRule | None:
+        """When a draft planned at `k` tokens from `arm` stops (None with draft_length =
+        "fixed", where every round drafts K tokens, or while costs are unknown). It looks
+        ahead with `rates` (the plan's draw), else the arm's mean acceptance by position,
+        up to `horizon` >= k tokens: a drafter whose tokens are surer than the plan
+        expected may draft past k while the longer round is expected to pay off (the plan
+        judged K on average acceptance; the drafter sees each token's own confidence)."""
+        if not self.dynamic_length or not seconds or k == 0:
+            return None
+        horizon = max(k, horizon or k)
+        by_length = [self.costs.round_seconds(arm, j) for j in range(horizon + 1)]
+        per_token = self.costs.token_seconds(arm, k)
+        if per_token is None or any(t is None or t <= 0 for t in by_length):
+            return None
+        ahead = list(rates[:horizon]) if rates is not None else self.acceptance.rates(arm, horizon)
+        return StopRule(by_length, ahead, expected / seconds * per_token)
+
+    def _drawn_rates(self, arm: int, cap: int) -> list[float] | None:
+        """One posterior draw of `arm`'s acceptance at positions 1 .. cap, where the draft
+        length is planned from acceptance (None for the plain arm and fixed lengths)."""
+        if not self.dynamic_length or self.arms[arm] == PLAIN_ARM:
+            return None
+        return self.acceptance.rates(arm, cap, self.rng)
+
+    # --- what an arm is expected to give ---------------------------------------------------
+
+    def estimate(self, arm: int, k: int) -> tuple[float, float | None]:
+        """(E[committed | arm, k], T(arm, k) or None while unknown)."""
+        return self.acceptance.expected_committed(arm, k), self.costs.round_seconds(arm, k)
+
+    def speedup(self, arm: int, expected_tokens: float, k: int) -> float | None:
+        """Estimated speedup over plain decoding of a round of `arm` drafting `k` tokens that
+        commits `expected_tokens`: (tokens / T(arm, k)) / (1 / T(plain)); None while unknown."""
+        seconds, plain = self.costs.round_seconds(arm, k), self.costs.round_seconds(arm, 0)
+        if seconds is None or plain is None or seconds <= 0:
+            return None
+        return expected_tokens / seconds * plain
+
+    def estimated_value(self, arm: int) -> float:
+        """What `arm` is expected to give in the objective's units, at its best draft length:
+        with the goodput objective its estimated speedup over plain decoding (0 while
+        unknown), else its expected committed tokens. Learners break ties with it."""
+        k = self.best_length(arm, self.draft_tokens)
+        expected = self.acceptance.expected_committed(arm, k)
+        return (self.speedup(arm, expected, k) or 0.0) if self.goodput else expected
+
+    def ceiling(self, arm: int) -> float | None:
+        """`arm`'s estimated speedup if every token it drafted were accepted, at the best
+        draft length for that (None while its costs are unknown): no acceptance could take
+        it past this, so its draft cost alone decides it."""
+        values = [self.speedup(arm, k + 1.0, k) for k in range(1, self.draft_tokens + 1)]
+        return None if not values or any(v is None for v in values) else max(values)
+
+    def evaluation_skips(self) -> list[bool]:
+        """Per arm: not worth scoring now. With the goodput objective, a drafter whose
+        ceiling is below the leading arm's estimated speedup cannot be the fastest choice
+        whatever its acceptance, so full-information evaluation skips it (its regret does
+        not move: it is asleep for the round) until the leader's estimate falls to its
+        ceiling. This spares the scoring of drafters whose every draft token costs about
+        as much as a target forward."""
+        if not self.goodput or not self.dynamic_length:
+            return [False] * len(self.arms)
+        leader = max(self.estimated_value(i) for i in range(len(self.arms)))
+        out = []
+        for arm, name in enumerate(self.arms):
+            ceiling = None if name == PLAIN_ARM else self.ceiling(arm)
+            out.append(ceiling is not None and ceiling < leader)
+        return out
+
+    def ideal_speedup(self) -> tuple[int, int, float] | None:
+        """(arm, K, speedup) of the best arm at its best K by the current estimates:
+        `G(best i, best K) * c_verify(1)`, the limit of what this pool can give."""
+        best = None
+        for arm in range(len(self.arms)):
+            k = self.best_length(arm, self.draft_tokens)
+            value = self.speedup(arm, self.acceptance.expected_committed(arm, k), k)
+            if value is not None and (best is None or value > best[2]):
+                best = (arm, k, value)
+        return best
+
+    def cost_probe(self, awake: Sequence[bool] | None = None) -> int | None:
+        """With the goodput objective, an awake arm that never drafted yet (try it once: its
+        draft cost is unknown until then)."""
+        if not self.goodput:
+            return None
+        return next((i for i in awake_arms(len(self.arms), awake)
+                     if self.costs.draft[i] is None and self.arms[i] != PLAIN_ARM), None)
+
+    # --- persistence: saved beside the policy's own state --------------------------------
+
+    def state(self) -> dict:
+        """What the planner learned, as JSON: the "costs" and "acceptance" fields of a saved
+        policy state."""
+        return {"costs": self.costs.state(), "acceptance": self.acceptance.state()}
+
+    def check_state(self, state: dict) -> dict:
+        """The planner's fields of a saved `state`, a private copy; ValueError on garbage."""
+        mine = {key: copy.deepcopy(state[key]) for key in ("costs", "acceptance") if key in state}
+        # A state saved before the round cost model (its "costs" a list of per-arm seconds)
+        # still loads: its learner state is kept and the costs are measured again.
+        if isinstance(mine.get("costs"), list):
+            del mine["costs"]
+        self._apply(mine, RoundCostModel(len(self.arms)), AcceptanceByPosition(len(self.arms), self.draft_tokens))
+        return mine
+
+    def load_state(self, state: dict) -> None:
+        """Start every later reset from the planner's fields of a saved `state` (checked
+        first: garbage raises ValueError and nothing is kept)."""
+        self.initial_state = self.check_state(state)
+        self.reset()
+
+    @staticmethod
+    def _apply(state: dict, costs: RoundCostModel, acceptance: AcceptanceByPosition) -> None:
+        for key, part in (("costs", costs), ("acceptance", acceptance)):
+            if key in state:
+                if not isinstance(state[key], dict):
+                    raise ValueError(f"state field {key}: expected an object")
+                part.load(state[key])

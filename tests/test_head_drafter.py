@@ -1,0 +1,125 @@
+"""The `head` drafter kind: lossless drafting from the target's features under every
+policy, exact full-information scores, the draft-vocabulary mapping, its own forward's
+timing, the handed-over features, and a head a profile names that is missing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from heads import HEAD_POOL, PROMPTS, engine_for
+from specdraft.cli import app
+from specdraft.core.sampling import SamplingParams, distributions
+from specdraft.drafters import DraftContext
+from specdraft.drafters.head_model import Readout
+from specdraft.models.cached_lm import CachedLM
+from tiny import VOCAB, plain_greedy, random_head, tiny_llama
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0, layers=3)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("policy, options", [("fixed", {"draft_length": "fixed"}), ("fixed", {}), ("ucb", {}),
+                                             ("normalhedge", {"update_every": 1, "evaluate": "all"}),
+                                             ("normalhedge", {})])
+def test_greedy_output_with_a_head_is_plain_greedy(target, prompt, policy, options):
+    # whole vocabulary, half of it, and a head that also reads the target's lower layers
+    for vocab, lower in ((None, ()), (list(range(0, VOCAB, 2)), ()), (None, (1, 2))):
+        engine, drafters = engine_for(target, random_head(target, vocab, lower_layers=lower), policy, **options)
+        out = [t for r in engine.generate(prompt) for t in r.tokens]
+        assert out == plain_greedy(target, prompt, 32)
+
+
+@pytest.mark.parametrize("params, lower", [(SamplingParams(), ()), (SamplingParams(soft_feedback=True), ()),
+                                           (SamplingParams(0.9, top_k=20), ()), (SamplingParams(), (1,)),
+                                           (SamplingParams(0.9, top_k=20), (1, 2))])
+def test_full_information_scores_equal_a_fresh_draft_at_each_position(target, params, lower):
+    """What the evaluator scores the head with at a committed position is the first-token
+    alignment of a draft made from scratch there (trajectory_scores recomputes it), also
+    for a head that reads lower target layers (handed over with the verify)."""
+    generator = torch.Generator().manual_seed(0)
+    engine, drafters = engine_for(target, random_head(target, list(range(40)), lower_layers=lower), "fixed",
+                                  params=params,
+                                  drafter="lookup", evaluate="all", update_every=1,
+                                  reset="never")  # "prompt" would leave the prompt's last round unscored
+    engine.generator = generator
+    for drafter in drafters:
+        drafter.ctx = DraftContext(params, generator, torch.device("cpu"), VOCAB)
+    prompt = PROMPTS[2]
+    gammas, context = [], list(prompt)
+    for record in engine.generate(prompt):
+        for _, g in record.evaluated or ():
+            gammas.extend(g[1])
+        context.extend(record.tokens)
+    p = distributions(CachedLM(target).uncached_logits(context)[len(prompt) - 1 : -1], params)
+    fresh = drafters[1].trajectory_scores(context, len(prompt), p, 3).alpha
+    assert len(gammas) == len(fresh) > 10
+    assert gammas == pytest.approx(fresh, abs=1e-9)
+
+
+def test_the_draft_vocabulary_maps_back_to_target_ids_exactly(target):
+    ids = torch.tensor([3, 7, 8, 20, 41, 63])
+    readout = Readout(target, ids)
+    features = torch.randn(5, target.config.hidden_size, dtype=torch.float64)
+    small = readout.small(features)
+    wide = readout.widen(small, VOCAB)
+    full = target.lm_head(features).detach()
+    # a smaller matmul may sum in another order (BLAS blocking): equal to rounding, and a
+    # wrong id mapping would be off by the logits' own scale
+    torch.testing.assert_close(wide[:, ids], full[:, ids], rtol=0, atol=1e-12)
+    outside = torch.ones(VOCAB, dtype=torch.bool)
+    outside[ids] = False
+    assert torch.isneginf(wide[:, outside]).all()
+    q = distributions(wide, SamplingParams(1.0))
+    assert torch.allclose(q.sum(-1), torch.ones(5, dtype=q.dtype)) and (q[:, outside] == 0).all()
+    # every drafted token is a draft-vocabulary id
+    engine, drafters = engine_for(target, random_head(target, ids.tolist()), "fixed", draft_length="fixed")
+    for record in engine.generate(PROMPTS[0]):
+        pass
+    drafted = drafters[1].propose(PROMPTS[0] + [3, 9], 4)
+    assert set(drafted.tokens.tolist()) <= set(ids.tolist())
+
+
+def test_a_head_times_its_own_forward_for_traces(target):
+    engine, drafters = engine_for(target, random_head(target), "fixed")
+    seconds = drafters[1].forward_seconds((1, 5), repeats=2)
+    assert set(seconds) == {1, 5} and all(s > 0 for s in seconds.values())
+    assert drafters[1].head_cache.length == 0  # left reset
+    out = [t for r in engine.generate(PROMPTS[0]) for t in r.tokens]
+    assert out == plain_greedy(target, PROMPTS[0], 32)
+
+
+def test_handed_over_features_grow_past_the_buffer_and_can_be_rewritten(target):
+    from specdraft.drafters.head import HeadCache
+
+    cache = HeadCache(random_head(target), target, VOCAB)
+    rows = torch.randn(300, target.config.hidden_size, dtype=torch.float64)
+    cache.observe(0, rows[:200])
+    cache.observe(200, rows[200:])  # past the initial 256 rows
+    assert torch.equal(cache.features, rows)
+    cache.observe(150, rows[:10])  # a position handed over again replaces what followed it
+    assert cache.known == 160 and torch.equal(cache.features[150:], rows[:10])
+    with pytest.raises(ValueError, match="before those at 160"):
+        cache.observe(170, rows[:1])
+
+
+def test_a_missing_head_is_a_profile_error_unless_optional(tiny_models, tmp_path):
+    runner = CliRunner()
+    profile = tmp_path / "pool.toml"
+    profile.write_text(HEAD_POOL.format(root=tiny_models, head=tmp_path / "nope", policy="normalhedge",
+                                        policy_extra="", head_extra=""))
+    result = runner.invoke(app, ["generate", "--pool", str(profile), "hi"])
+    assert result.exit_code == 2 and "drafters[1].path" in result.stderr and "no such folder" in result.stderr
+    profile.write_text(HEAD_POOL.format(root=tiny_models, head=tmp_path / "nope", policy="normalhedge",
+                                        policy_extra="", head_extra="optional = true"))
+    result = runner.invoke(app, ["generate", "--pool", str(profile), "hi"])
+    assert result.exit_code == 0 and 'drafter "head" left out of the pool' in result.stderr
+    profile.write_text(HEAD_POOL.format(root=tiny_models, head=tmp_path / "nope", policy="fixed",
+                                        policy_extra='drafter = "head"', head_extra="optional = true"))
+    result = runner.invoke(app, ["generate", "--pool", str(profile), "hi"])
+    assert result.exit_code == 2 and 'drafts with "head", which is not available' in result.stderr
+
