@@ -22,7 +22,7 @@ from specdraft.models.block_linear import BlockLinear
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.file_quantization import FileCodes, quantized_in_place
 from specdraft.models.gguf_blocks import Int8Codes, block_terms, int8_rows
-from specdraft.models.native import causal_attention, kernel_problem, rms_norm
+from specdraft.models.native import causal_attention, kernel_isa, kernel_problem, rms_norm, vnni_available
 from specdraft.models.quantized_embedding import QuantizedEmbedding
 
 pytestmark = pytest.mark.skipif(kernel_problem() is not None, reason=f"no CPU kernels here: {kernel_problem()}")
@@ -75,8 +75,10 @@ def _block_linear(rows: int, cols: int, type_name: str = "Q4_1", seed: int = 0, 
 
 
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q5_0", "Q8_0"])
-def test_the_block_kernel_multiplies_by_the_files_weights(type_name):
-    layer, dense, bias = _block_linear(96, 256, type_name, bias=True)
+@pytest.mark.parametrize("columns", [96, 83])  # 83: the last block of 16 columns is partial
+def test_the_block_kernel_multiplies_by_the_files_weights(type_name, columns):
+    layer, dense, bias = _block_linear(columns, 256, type_name, bias=True)
+    assert torch.equal(layer.weight, dense)  # the block layout reads back as the file's weights
     x = torch.randn(7, 256)
     expected = x.double() @ dense.t() + bias.double()
     got = layer(x).double()
@@ -85,14 +87,35 @@ def test_the_block_kernel_multiplies_by_the_files_weights(type_name):
 
 
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q5_0", "Q8_0"])
-def test_each_row_of_a_wide_product_equals_its_one_row_product(type_name):
-    layer, _, _ = _block_linear(80, 576, type_name, bias=True)
+@pytest.mark.parametrize("columns", [80, 71])
+def test_each_row_of_a_wide_product_equals_its_one_row_product(type_name, columns):
+    layer, _, _ = _block_linear(columns, 576, type_name, bias=True)
     x = torch.randn(17, 576) * 3
     wide = layer(x)
     for width in (2, 3, 5, 11, 17):
         torch.testing.assert_close(layer(x[:width]), wide[:width], rtol=0, atol=0)
     one_by_one = torch.cat([layer(x[i:i + 1]) for i in range(17)])
     assert torch.equal(one_by_one, wide)
+
+
+@pytest.mark.skipif(kernel_problem() is not None or not vnni_available(), reason="no AVX-512 VNNI on this CPU")
+@pytest.mark.parametrize("type_name, cols", [("Q4_1", 576), ("Q5_0", 576), ("Q8_0", 576), ("Q4_1", 544),
+                                             ("Q8_0", 544)])
+def test_the_vnni_kernels_give_the_avx2_kernels_products_bit_for_bit(type_name, cols):
+    """544 columns are 17 groups: a group pair's odd half is empty at the end of each term."""
+    layer, _, _ = _block_linear(72, cols, type_name, seed=3)
+    x = torch.randn(9, cols) * 2
+    x[3] = 0.0  # a row of zeros: every group scale 0
+    x[4, :40] = 1e-30  # tiny values next to ordinary ones
+    try:
+        products = {}
+        for isa in (0, 1):
+            assert kernel_isa(isa) == isa
+            products[isa] = [layer(x[:width]) for width in (1, 2, 3, 4, 5, 9)]
+    finally:
+        kernel_isa(1)
+    for avx2, vnni in zip(products[0], products[1]):
+        assert torch.equal(avx2, vnni)
 
 
 def test_attention_rows_are_the_same_at_every_block_width_and_match_sdpa():
@@ -116,12 +139,13 @@ def test_rms_norm_rows_do_not_depend_on_each_other():
     torch.testing.assert_close(wide, F.rms_norm(x, (200,), weight, 1e-5))
 
 
-def quantized_tiny(seed: int = 0, layers: int = 3, sharpen: float = 4.0) -> LlamaForCausalLM:
+def quantized_tiny(seed: int = 0, layers: int = 3, sharpen: float = 4.0, heads: int = 4,
+                   kv_heads: int = 2) -> LlamaForCausalLM:
     """A tiny llama on GGUF block codes (Q4_0 matrices, a Q8_0 embedding), as a file-quantized
     target loads."""
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
                          tie_word_embeddings=False, eos_token_id=2)
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
@@ -161,7 +185,12 @@ def test_a_quantized_embedding_looks_up_the_files_rows(qtarget):
     np.testing.assert_array_equal(embedding(ids)[0].numpy(), expected[[5, 0, 95, 5]])
 
 
-def test_verify_logits_equal_one_token_logits_bit_for_bit(qtarget):
+@pytest.mark.parametrize("narrow", [False, True])
+def test_verify_logits_equal_one_token_logits_bit_for_bit(qtarget, narrow):
+    """narrow: key and value projections of 8 columns, half a weight block: the lean forward
+    runs them unfused."""
+    if narrow:
+        qtarget = quantized_tiny(seed=1, heads=8, kv_heads=1)
     tokens = torch.randint(3, VOCAB, (140,), generator=torch.Generator().manual_seed(4))
     steps = CachedLM(qtarget, lean=True)
     one_by_one = torch.cat([steps.feed(tokens[i:i + 1]) for i in range(140)])  # [140, V]

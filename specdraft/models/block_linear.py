@@ -1,14 +1,14 @@
-"""Linear layers on 4-bit weight groups, multiplied by specdraft's own CPU kernel.
+"""Linear layers on 4-bit and 8-bit weight groups, multiplied by specdraft's own CPU kernels.
 
 torch's int4/int8 weight-only kernels (`quantize.py`) dequantize every weight again for
-each row of activations, so on an AVX2 CPU a product over 11 rows costs about five times
-one row, and even one row runs far below the memory bandwidth. A verify over K + 1 tokens
-must cost little more than one token, or speculation gains nothing. `block_kernel.c` works
-as llama.cpp's CPU backend does: the activations are quantized to int8 per row and group of
-32, and each weight group's codes, expanded once, meet every row in integer dot products
-(AVX2 `maddubs`). It is width-invariant by construction (see cpu_kernels.c): each row's
-result is bit for bit the same whatever the number of rows, which is what lossless
-speculation on the quantized target needs. native.py builds and loads it.
+each row of activations, so a verify over K + 1 tokens costs several one-token steps. A
+verify must cost little more than one token, or speculation gains nothing. The kernels
+(cpu_kernels.c, native.py builds them) work as llama.cpp's repacked CPU GEMMs do: the
+activations are quantized to int8 per row and group of 32, the weights are stored with
+output columns in vector lanes (blocks of 16 columns, `to_blocks`), and each block's codes,
+expanded once, meet every row in integer dot products. They are width-invariant by
+construction (cpu_kernels_shared.h): each row's result is bit for bit the same whatever the
+number of rows, which is what lossless speculation on the quantized target needs.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from torch import nn
 
 from specdraft.models.gguf_blocks import GROUP, Int4Terms, Int8Codes
 from specdraft.models.native import library
+
+BLOCK = 16  # output columns per weight block (cpu_kernels_shared.h)
 
 
 def kernel_layout(terms: Int4Terms) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -33,16 +35,36 @@ def kernel_layout(terms: Int4Terms) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return np.ascontiguousarray(codes), np.ascontiguousarray(scales), np.ascontiguousarray(offsets)
 
 
-class BlockLinear(nn.Module):
-    """y = x W^T + b on the block kernel: W a sum of `terms` 4-bit group weights over x
-    (`bits` = 4: codes [N, G * 16], scales and offsets [N, G]), or int8 codes with a scale
-    per group (`bits` = 8: codes [N, K], scales [N, K / 32], no offsets)."""
+def to_blocks(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None) -> tuple:
+    """A weight's row layout (one output column a row: codes [N, G * 16] packed 4-bit or [N, G *
+    32] int8, scales and offsets [N, G]) -> the kernels' block layout (codes [NB, G * 256] or
+    [NB, G * 512], scales and offsets [NB, G * 16]; NB = ceil(N / 16), the last block padded
+    with zero columns): in each group, chunk k holds bytes 4k..4k+3 of the block's 16 columns."""
+    columns, groups = scales.shape
+    blocks = -(-columns // BLOCK)
+    pad = blocks * BLOCK - columns
 
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, terms: int = 1,
-                 bias: torch.Tensor | None = None):
+    def padded(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t, t.new_zeros(pad, t.shape[1])]) if pad else t
+
+    group_bytes = codes.shape[1] // groups
+    coded = padded(codes).view(blocks, BLOCK, groups, group_bytes // 4, 4).permute(0, 2, 3, 1, 4)
+    spread = [None if t is None else padded(t).view(blocks, BLOCK, groups).permute(0, 2, 1).reshape(blocks, -1)
+              for t in (scales, offsets)]
+    return coded.reshape(blocks, -1).contiguous(), spread[0].contiguous(), \
+        None if spread[1] is None else spread[1].contiguous()
+
+
+class BlockLinear(nn.Module):
+    """y = x W^T + b on the block kernels: W a sum of `terms` 4-bit group weights over x
+    (`bits` = 4), or int8 codes with a scale per group (`bits` = 8, no offsets), held in the
+    kernels' block layout (`to_blocks`); `from_rows` takes the row layout."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, terms: int,
+                 bias: torch.Tensor | None, out_features: int):
         super().__init__()
         self.bits = 4 if offsets is not None else 8
-        self.out_features, groups = scales.shape
+        self.out_features, groups = out_features, scales.shape[1] // BLOCK
         self.terms, self.in_features = terms, groups // terms * GROUP
         self.register_buffer("codes", codes.contiguous())
         self.register_buffer("scales", scales.float().contiguous())
@@ -53,12 +75,19 @@ class BlockLinear(nn.Module):
         self._pointers()
 
     @classmethod
+    def from_rows(cls, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, terms: int = 1,
+                  bias: torch.Tensor | None = None) -> "BlockLinear":
+        """From the row layout (`kernel_layout`'s, or int8 codes [N, K] with scales [N, K / 32])."""
+        blocked = to_blocks(codes, scales.float(), None if offsets is None else offsets.float())
+        return cls(*blocked, terms, bias, scales.shape[0])
+
+    @classmethod
     def of(cls, weights: Int4Terms | Int8Codes, bias: torch.Tensor | None = None) -> "BlockLinear":
         if isinstance(weights, Int8Codes):
-            return cls(torch.from_numpy(weights.codes), torch.from_numpy(weights.scales), None, 1, bias)
+            return cls.from_rows(torch.from_numpy(weights.codes), torch.from_numpy(weights.scales), None, 1, bias)
         codes, scales, offsets = kernel_layout(weights)
-        return cls(torch.from_numpy(codes), torch.from_numpy(scales), torch.from_numpy(offsets), len(weights.codes),
-                   bias)
+        return cls.from_rows(torch.from_numpy(codes), torch.from_numpy(scales), torch.from_numpy(offsets),
+                             len(weights.codes), bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32 or not x.is_contiguous():
@@ -89,19 +118,25 @@ class BlockLinear(nn.Module):
 
     def _pointers(self) -> None:
         """The buffers' addresses, read once (a step calls this layer a hundred times)."""
-        self.groups = self.scales.shape[1]
+        self.groups = self.scales.shape[1] // BLOCK
         self._codes, self._scales, self._offsets = (self.codes.data_ptr(), self.scales.data_ptr(),
                                                     self.offsets.data_ptr())
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` [n] of W dequantized [n, K] float32, exactly as the kernel's weights (a
         tied embedding looks its rows up here instead of keeping a second copy)."""
+        block, lane = ids // BLOCK, ids % BLOCK
+        blocks, groups = self.codes.shape[0], self.groups
+
+        def per_group(t: torch.Tensor) -> torch.Tensor:  # [n, G] of a [NB, G * 16] buffer
+            return t.view(blocks, groups, BLOCK)[block, :, lane]
+
+        chunks = 8 if self.bits == 8 else 4
+        grouped = self.codes.view(blocks, groups, chunks, BLOCK, 4)[block, :, :, lane, :].reshape(len(ids), groups, -1)
         if self.bits == 8:
-            codes = self.codes.index_select(0, ids).view(len(ids), -1, GROUP).float()  # [n, G, 32]
-            return (codes * self.scales.index_select(0, ids)[..., None]).view(len(ids), self.in_features)
-        packed = self.codes.index_select(0, ids).view(len(ids), -1, 16)  # [n, G, 16]
-        codes = torch.cat([packed & 0x0F, packed >> 4], dim=-1).float()  # [n, G, 32]
-        values = codes * self.scales.index_select(0, ids)[..., None] + self.offsets.index_select(0, ids)[..., None]
+            return (grouped.float() * per_group(self.scales)[..., None]).view(len(ids), self.in_features)
+        codes = torch.cat([grouped & 0x0F, grouped >> 4], dim=-1).float()  # [n, G, 32]
+        values = codes * per_group(self.scales)[..., None] + per_group(self.offsets)[..., None]
         return values.view(len(ids), self.terms, self.in_features).sum(1)
 
     @property

@@ -1,19 +1,14 @@
-/* specdraft's CPU kernels (models/native.py loads them): the product for weights in 4-bit
- * groups (models/block_linear.py) and causal attention for the lean forward (lean_decoder.py).
+/* specdraft's CPU kernels (models/native.py loads them): the products for weights in 4-bit and
+ * 8-bit groups of a GGUF file (models/block_linear.py), and attention, RMSNorm and SwiGLU for the
+ * lean forward (lean_decoder.py).
  *
- * The product:
- *
- * y[m, n] = sum over groups g of  dx[m, g] * ( s[n, g] * <c[n, g], qx[m, g]> + o[n, g] * sx[m, g] )
- *
- * c: a weight group's 32 codes in 0..15 (16 bytes: byte j holds code j low, code j + 16 high);
- * s, o: its scale and offset (the weight is c * s + o);
- * qx: the activations quantized per row and group of 32 to int8 with scale dx, sx their sum.
- * A weight with several terms repeats the activation groups (g modulo the groups of a row).
- *
- * Width invariance: every output y[m, n] is computed by one thread with the same sequence of
- * operations whatever the number of rows M and whichever rows share a block; the integer dot
- * products are exact, and the float sums run over groups in one fixed order. So a verify over
- * K + 1 rows gives each row bit for bit what a one-row step gives.
+ * The products: y[m, n] = sum over groups g of dx[m, g] * (s[n, g] * <c[n, g], qx[m, g]>
+ * + o[n, g] * sx[m, g]), c a group's 32 codes (0..15, or int8 without offsets), s and o its
+ * scale and offset (the weight is c * s + o), qx the activations quantized per row and group
+ * of 32 to int8 with scale dx, sx their sum (as llama.cpp quantizes them). The weight layout,
+ * and why every row's result is the same whatever the number of rows, is in
+ * cpu_kernels_shared.h. These are the AVX2 products; cpu_kernels_vnni.c has the same on
+ * AVX-512 VNNI, chosen at run time, bit for bit the same.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -21,8 +16,34 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GROUP 32
-#define ROWS 4 /* activation rows sharing one expansion of the weight codes */
+#include "cpu_kernels_shared.h"
+
+#define ROWS 4      /* rows an AVX2 call takes at once: the block's codes are expanded once for them */
+#define VNNI_ROWS 8 /* the same for the VNNI products (cpu_kernels_vnni.c): 32 registers hold more */
+
+void block4_vnni_any(const uint8_t *codes, const float *scale, const float *offset, int G, int xgroups,
+                     const Activations *a, int m0, int rows, int b, int N, float *y, int ldy);
+void block8_vnni_any(const int8_t *codes, const float *scale, int G, const Activations *a, int m0, int rows,
+                     int b, int N, float *y, int ldy);
+
+static int use_vnni = -1; /* -1: not decided yet */
+
+/* Whether this CPU runs the AVX-512 VNNI products. */
+int vnni_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+           && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")
+           && __builtin_cpu_supports("avx512vnni");
+}
+
+/* Which products run: `request` 0 asks for AVX2, 1 for AVX-512 VNNI where the CPU has it, -1
+ * keeps the choice (made on first use: VNNI where available). Returns 1 for VNNI. Both give the
+ * same numbers; the choice is speed only (and lets tests and benchmarks compare the two). */
+int kernel_isa(int request) {
+    if (request >= 0) use_vnni = request && vnni_supported();
+    else if (use_vnni < 0) use_vnni = vnni_supported();
+    return use_vnni;
+}
 
 static void quantize_row(const float *x, int groups, int8_t *q, float *d, int32_t *s) {
     for (int g = 0; g < groups; g++) {
@@ -46,106 +67,6 @@ static void quantize_row(const float *x, int groups, int8_t *q, float *d, int32_
     }
 }
 
-static inline float hsum(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
-}
-
-/* One weight group gx of term t met by every row, into accumulator `which`. */
-#define GROUP_STEP(gx_, which)                                                                     \
-    do {                                                                                           \
-        __m128i packed = _mm_loadu_si128((const __m128i *)(ct + (gx_) * 16));                     \
-        __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low_mask); \
-        const __m256 s = _mm256_set1_ps(st[(gx_)]);                                                \
-        for (int r = 0; r < rows; r++) {                                                           \
-            const int m = m0 + r;                                                                  \
-            __m256i q = _mm256_loadu_si256((const __m256i *)(qx + (size_t)m * xk + (gx_) * GROUP)); \
-            __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(c, q), ones);                    \
-            const __m256 d = _mm256_mul_ps(_mm256_set1_ps(dx[(size_t)m * xgroups + (gx_)]), s);     \
-            acc##which[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc##which[r]);           \
-        }                                                                                          \
-    } while (0)
-
-static inline float hmax(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
-/* Rows m0 .. m0 + ROWS_ - 1 of the output, columns n0 .. n1 - 1. `ax` [M, xgroups] is dx * sx.
- * Inlined for each row count, so the accumulators stay in registers; every row is computed
- * by the same sequence whatever the count (two accumulators, even and odd groups). */
-static inline __attribute__((always_inline)) void block(
-        const uint8_t *codes, const float *scale, const float *offset, int groups, int xgroups,
-        const int8_t *qx, const float *dx, const float *ax, int m0, const int rows, int n0, int n1,
-        float *y, int ldy) {
-    const __m256i low_mask = _mm256_set1_epi8(0x0F);
-    const __m256i ones = _mm256_set1_epi16(1);
-    const int xk = xgroups * GROUP, terms = groups / xgroups;
-    for (int n = n0; n < n1; n++) {
-        const uint8_t *cn = codes + (size_t)n * groups * 16;
-        const float *sn = scale + (size_t)n * groups, *on = offset + (size_t)n * groups;
-        __m256 acc0[ROWS], acc1[ROWS];
-        for (int r = 0; r < rows; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
-        for (int t = 0; t < terms; t++) {
-            const uint8_t *ct = cn + (size_t)t * xgroups * 16;
-            const float *st = sn + t * xgroups;
-            /* Even groups into acc[r][0], odd ones into acc[r][1]: two chains hide the FMA latency. */
-            for (int gx = 0; gx < xgroups; gx += 2) {
-                const int pair = gx + 1 < xgroups;
-                GROUP_STEP(gx, 0);
-                if (pair) GROUP_STEP(gx + 1, 1);
-            }
-        }
-        __m256 tail[ROWS];
-        for (int r = 0; r < rows; r++) tail[r] = _mm256_setzero_ps();
-        for (int t = 0; t < terms; t++) {
-            /* the offsets' share: sum over groups of ax[m, g] * o[n, g], 8 groups a step */
-            const float *ot = on + t * xgroups;
-            int gx = 0;
-            for (; gx + 8 <= xgroups; gx += 8) {
-                const __m256 o = _mm256_loadu_ps(ot + gx);
-                for (int r = 0; r < rows; r++)
-                    tail[r] = _mm256_fmadd_ps(_mm256_loadu_ps(ax + (size_t)(m0 + r) * xgroups + gx), o, tail[r]);
-            }
-            if (gx < xgroups) {
-                float o_rest[8] = {0}, a_rest[8] = {0};
-                memcpy(o_rest, ot + gx, sizeof(float) * (xgroups - gx));
-                const __m256 o = _mm256_loadu_ps(o_rest);
-                for (int r = 0; r < rows; r++) {
-                    memcpy(a_rest, ax + (size_t)(m0 + r) * xgroups + gx, sizeof(float) * (xgroups - gx));
-                    tail[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a_rest), o, tail[r]);
-                }
-            }
-        }
-        for (int r = 0; r < rows; r++)
-            y[(size_t)(m0 + r) * ldy + n] = hsum(_mm256_add_ps(acc0[r], acc1[r])) + hsum(tail[r]);
-    }
-}
-
-static void block_any(const uint8_t *codes, const float *scale, const float *offset, int groups, int xgroups,
-                      const int8_t *qx, const float *dx, const float *ax, int m0, int rows, int n0, int n1,
-                      float *y, int ldy) {
-    switch (rows) {
-    case 1: block(codes, scale, offset, groups, xgroups, qx, dx, ax, m0, 1, n0, n1, y, ldy); break;
-    case 2: block(codes, scale, offset, groups, xgroups, qx, dx, ax, m0, 2, n0, n1, y, ldy); break;
-    case 3: block(codes, scale, offset, groups, xgroups, qx, dx, ax, m0, 3, n0, n1, y, ldy); break;
-    default: block(codes, scale, offset, groups, xgroups, qx, dx, ax, m0, 4, n0, n1, y, ldy); break;
-    }
-}
-
-/* Activations quantized for the products: per row and group of 32, int8 codes qx, scale dx,
- * code sum sx and ax = dx * sx (the offsets' weight). */
-typedef struct {
-    int8_t *qx;
-    float *dx, *ax;
-    int32_t *sx;
-} Activations;
-
 static void free_activations(Activations *a) {
     free(a->qx); free(a->dx); free(a->sx); free(a->ax);
 }
@@ -168,84 +89,168 @@ static int quantize_activations(const float *x, int M, int K, Activations *a) {
     return 0;
 }
 
-/* x [M, K] float32 -> y [M, N] float32 for a weight of `groups` groups per row (K / 32 per
- * term). Columns are split evenly between threads in chunks of 16, rows go in blocks of ROWS.
- * Returns 0, or -1 when scratch memory cannot be had. */
+/* Eight columns from `first` of rows m0 .. m0 + rows - 1 (fewer where the weight ends). */
+static inline __attribute__((always_inline)) void store8(const __m256 *acc, int rows, int m0, int first, int N,
+                                                         float *y, int ldy) {
+    const int valid = N - first < 8 ? N - first : 8;
+    for (int r = 0; r < rows; r++) {
+        float *out = y + (size_t)(m0 + r) * ldy + first;
+        if (valid == 8) {
+            _mm256_storeu_ps(out, acc[r]);
+        } else {
+            float lanes[8];
+            _mm256_storeu_ps(lanes, acc[r]);
+            memcpy(out, lanes, sizeof(float) * valid);
+        }
+    }
+}
+
+/* Rows m0 .. m0 + rows - 1 of 4-bit weight block b, eight columns (one half) at a time. The
+ * 16 products of a column and a group add up in int16 (at most 16 x 15 x 127) before one madd. */
+static inline __attribute__((always_inline)) void block4(
+        const uint8_t *codes, const float *scale, const float *offset, int G, int xgroups, const Activations *a,
+        int m0, const int rows, int b, int N, float *y, int ldy) {
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const int K = xgroups * GROUP;
+    for (int h = 0; h < 2 && b * BLOCK + h * 8 < N; h++) {
+        __m256 acc[ROWS];
+        for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
+        for (int g = 0; g < G; g++) {
+            const int xg = g % xgroups;
+            const uint8_t *group = codes + ((size_t)b * G + g) * 256 + h * 32;
+            __m256i lo[4], hi[4];
+            for (int k = 0; k < 4; k++) {
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(group + k * 64));
+                lo[k] = _mm256_and_si256(raw, low);
+                hi[k] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+            }
+            const size_t at = ((size_t)b * G + g) * BLOCK + h * 8;
+            const __m256 s = _mm256_loadu_ps(scale + at), o = _mm256_loadu_ps(offset + at);
+            for (int r = 0; r < rows; r++) {
+                const size_t m = m0 + r;
+                const int8_t *q = a->qx + m * K + xg * GROUP;
+                __m256i pairs = _mm256_setzero_si256();
+                for (int k = 0; k < 4; k++) {
+                    pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(lo[k], _mm256_set1_epi32(four_bytes(q + 4 * k))));
+                    pairs = _mm256_add_epi16(
+                        pairs, _mm256_maddubs_epi16(hi[k], _mm256_set1_epi32(four_bytes(q + 16 + 4 * k))));
+                }
+                const __m256i isum = _mm256_madd_epi16(pairs, ones);
+                const __m256 d = _mm256_mul_ps(_mm256_set1_ps(a->dx[m * xgroups + xg]), s);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(a->ax[m * xgroups + xg]), o, acc[r]);
+            }
+        }
+        store8(acc, rows, m0, b * BLOCK + h * 8, N, y, ldy);
+    }
+}
+
+static void block4_any(const uint8_t *codes, const float *scale, const float *offset, int G, int xgroups,
+                       const Activations *a, int m0, int rows, int b, int N, float *y, int ldy) {
+    switch (rows) {
+    case 1: block4(codes, scale, offset, G, xgroups, a, m0, 1, b, N, y, ldy); break;
+    case 2: block4(codes, scale, offset, G, xgroups, a, m0, 2, b, N, y, ldy); break;
+    case 3: block4(codes, scale, offset, G, xgroups, a, m0, 3, b, N, y, ldy); break;
+    default: block4(codes, scale, offset, G, xgroups, a, m0, 4, b, N, y, ldy); break;
+    }
+}
+
+/* The same for int8 codes: maddubs takes |w| and sign(q, w) (each pair at most 2 x 128 x 127). */
+static inline __attribute__((always_inline)) void block8(
+        const int8_t *codes, const float *scale, int G, const Activations *a, int m0, const int rows, int b, int N,
+        float *y, int ldy) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int K = G * GROUP;
+    for (int h = 0; h < 2 && b * BLOCK + h * 8 < N; h++) {
+        __m256 acc[ROWS];
+        for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
+        for (int g = 0; g < G; g++) {
+            const int8_t *group = codes + ((size_t)b * G + g) * 512 + h * 32;
+            const __m256 s = _mm256_loadu_ps(scale + ((size_t)b * G + g) * BLOCK + h * 8);
+            for (int r = 0; r < rows; r++) {
+                const size_t m = m0 + r;
+                const int8_t *q = a->qx + m * K + (size_t)g * GROUP;
+                __m256i isum = _mm256_setzero_si256();
+                for (int k = 0; k < 8; k++) {
+                    const __m256i w = _mm256_loadu_si256((const __m256i *)(group + k * 64));
+                    const __m256i x = _mm256_sign_epi8(_mm256_set1_epi32(four_bytes(q + 4 * k)), w);
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), x), ones));
+                }
+                const __m256 d = _mm256_mul_ps(_mm256_set1_ps(a->dx[m * G + g]), s);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc[r]);
+            }
+        }
+        store8(acc, rows, m0, b * BLOCK + h * 8, N, y, ldy);
+    }
+}
+
+static void block8_any(const int8_t *codes, const float *scale, int G, const Activations *a, int m0, int rows,
+                       int b, int N, float *y, int ldy) {
+    switch (rows) {
+    case 1: block8(codes, scale, G, a, m0, 1, b, N, y, ldy); break;
+    case 2: block8(codes, scale, G, a, m0, 2, b, N, y, ldy); break;
+    case 3: block8(codes, scale, G, a, m0, 3, b, N, y, ldy); break;
+    default: block8(codes, scale, G, a, m0, 4, b, N, y, ldy); break;
+    }
+}
+
+/* x [M, K] float32 -> y [M, N] float32 for a 4-bit weight of `groups` groups per column (K / 32
+ * per term) in the block layout. Weight blocks are split evenly between threads; rows go in
+ * tiles that share each block's expanded codes. Returns 0, or -1 when scratch memory cannot be
+ * had. */
 int block_matmul(const float *x, int M, int K, const uint8_t *codes, const float *scale, const float *offset,
                  int N, int groups, float *y, int threads) {
     Activations a;
     if (quantize_activations(x, M, K, &a)) return -1;
-    const int chunks = (N + 15) / 16;
+    const int blocks = (N + BLOCK - 1) / BLOCK, vnni = kernel_isa(-1), tile = vnni ? VNNI_ROWS : ROWS;
     #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int chunk = 0; chunk < chunks; chunk++) {
-        const int n0 = chunk * 16, n1 = n0 + 16 < N ? n0 + 16 : N;
-        for (int m0 = 0; m0 < M; m0 += ROWS)
-            block_any(codes, scale, offset, groups, K / GROUP, a.qx, a.dx, a.ax, m0, M - m0 < ROWS ? M - m0 : ROWS,
-                      n0, n1, y, N);
-    }
+    for (int b = 0; b < blocks; b++)
+        for (int m0 = 0; m0 < M; m0 += tile) {
+            const int rows = M - m0 < tile ? M - m0 : tile;
+            if (vnni)
+                block4_vnni_any(codes, scale, offset, groups, K / GROUP, &a, m0, rows, b, N, y, N);
+            else
+                block4_any(codes, scale, offset, groups, K / GROUP, &a, m0, rows, b, N, y, N);
+        }
     free_activations(&a);
     return 0;
 }
 
-/* The same product for weights stored as int8 codes with one scale per group of 32 (GGUF
- * Q8_0, and the int8 rows other formats become): y[m, n] = sum_g dx[m, g] s[n, g] <w[n, g],
- * qx[m, g]>, with |w| and sign(qx, w) fed to maddubs. Same invariance as block_matmul. */
-#define GROUP_STEP8(gx_, which)                                                                     \
-    do {                                                                                            \
-        __m256i w = _mm256_loadu_si256((const __m256i *)(cn + (size_t)(gx_) * GROUP));               \
-        __m256i aw = _mm256_sign_epi8(w, w);                                                        \
-        const __m256 s = _mm256_set1_ps(sn[(gx_)]);                                                 \
-        for (int r = 0; r < rows; r++) {                                                            \
-            const int m = m0 + r;                                                                   \
-            __m256i q = _mm256_loadu_si256((const __m256i *)(qx + (size_t)m * K + (gx_) * GROUP));    \
-            __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(q, w)), ones); \
-            const __m256 d = _mm256_mul_ps(_mm256_set1_ps(dx[(size_t)m * groups + (gx_)]), s);        \
-            acc##which[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc##which[r]);            \
-        }                                                                                           \
-    } while (0)
-
-static inline __attribute__((always_inline)) void block8(
-        const int8_t *codes, const float *scale, int groups, const int8_t *qx, const float *dx, int m0,
-        const int rows, int n0, int n1, float *y, int ldy) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    const int K = groups * GROUP;
-    for (int n = n0; n < n1; n++) {
-        const int8_t *cn = codes + (size_t)n * K;
-        const float *sn = scale + (size_t)n * groups;
-        __m256 acc0[ROWS], acc1[ROWS];
-        for (int r = 0; r < rows; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
-        for (int gx = 0; gx < groups; gx += 2) {
-            GROUP_STEP8(gx, 0);
-            if (gx + 1 < groups) GROUP_STEP8(gx + 1, 1);
-        }
-        for (int r = 0; r < rows; r++) y[(size_t)(m0 + r) * ldy + n] = hsum(_mm256_add_ps(acc0[r], acc1[r]));
-    }
-}
-
-static void block8_any(const int8_t *codes, const float *scale, int groups, const int8_t *qx, const float *dx,
-                       int m0, int rows, int n0, int n1, float *y, int ldy) {
-    switch (rows) {
-    case 1: block8(codes, scale, groups, qx, dx, m0, 1, n0, n1, y, ldy); break;
-    case 2: block8(codes, scale, groups, qx, dx, m0, 2, n0, n1, y, ldy); break;
-    case 3: block8(codes, scale, groups, qx, dx, m0, 3, n0, n1, y, ldy); break;
-    default: block8(codes, scale, groups, qx, dx, m0, 4, n0, n1, y, ldy); break;
-    }
-}
-
+/* The same for an 8-bit weight (GGUF Q8_0, and the int8 rows other formats become): K / 32
+ * groups per column, one scale each, no offsets. */
 int block_matmul8(const float *x, int M, int K, const int8_t *codes, const float *scale, int N, float *y,
                   int threads) {
     Activations a;
     if (quantize_activations(x, M, K, &a)) return -1;
-    const int chunks = (N + 15) / 16;
+    const int blocks = (N + BLOCK - 1) / BLOCK, vnni = kernel_isa(-1), tile = vnni ? VNNI_ROWS : ROWS;
     #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int chunk = 0; chunk < chunks; chunk++) {
-        const int n0 = chunk * 16, n1 = n0 + 16 < N ? n0 + 16 : N;
-        for (int m0 = 0; m0 < M; m0 += ROWS)
-            block8_any(codes, scale, K / GROUP, a.qx, a.dx, m0, M - m0 < ROWS ? M - m0 : ROWS, n0, n1, y, N);
-    }
+    for (int b = 0; b < blocks; b++)
+        for (int m0 = 0; m0 < M; m0 += tile) {
+            const int rows = M - m0 < tile ? M - m0 : tile;
+            if (vnni)
+                block8_vnni_any(codes, scale, K / GROUP, &a, m0, rows, b, N, y, N);
+            else
+                block8_any(codes, scale, K / GROUP, &a, m0, rows, b, N, y, N);
+        }
     free_activations(&a);
     return 0;
 }
+
+static inline float hsum(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+static inline float hmax(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
 
 /* exp(x) for x <= 0 (Cephes' single-precision polynomial): the same operations for every
  * lane, so a score's weight never depends on its neighbours. */

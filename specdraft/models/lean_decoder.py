@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdraft.models.block_linear import BlockLinear
+from specdraft.models.block_linear import BLOCK, BlockLinear
 from specdraft.models.native import add_rms_norm, attention_block, rms_norm, swiglu
 from specdraft.models.quantize import Int4Linear, Int8Linear
 
@@ -102,12 +102,14 @@ class _Concatenated(nn.Module):
 def _fuse(parts: Sequence[nn.Module]) -> nn.Module:
     """One layer computing [p(x) for p in parts] concatenated, sharing the parts' weights:
     the big weight tensors are concatenated once and each part is re-pointed at its slice.
-    Packed int4 rows concatenate only at block boundaries; parts in different formats (a
-    GGUF file may store the value projection with more bits than the query's) stay separate."""
+    Packed int4 rows and block-layout columns concatenate only at block boundaries; parts in
+    different formats (a GGUF file may store the value projection with more bits than the
+    query's) stay separate."""
     first = parts[0]
     if len({type(p) for p in parts}) > 1 or len({getattr(p, "group", 0) for p in parts}) > 1 \
             or len({(getattr(p, "terms", 1), getattr(p, "bits", 0)) for p in parts}) > 1 \
-            or (isinstance(first, Int4Linear) and any(p.out_features % INT4_PACK_ROWS for p in parts[:-1])):
+            or (isinstance(first, Int4Linear) and any(p.out_features % INT4_PACK_ROWS for p in parts[:-1])) \
+            or (isinstance(first, BlockLinear) and any(p.out_features % BLOCK for p in parts[:-1])):
         return _Concatenated(parts)
     if isinstance(first, BlockLinear):
         return _fuse_blocks(parts)
@@ -147,15 +149,16 @@ def _fuse(parts: Sequence[nn.Module]) -> nn.Module:
 def _fuse_blocks(parts: Sequence[BlockLinear]) -> BlockLinear:
     """BlockLinear parts fused along their output rows (their buffers become slices)."""
     sizes = [p.out_features for p in parts]
+    blocks = [p.codes.shape[0] for p in parts]  # the buffers' first dimension: blocks of columns
     tensors = {"offsets": None}
     for name in ("codes", "scales", "offsets")[:3 if parts[0].bits == 4 else 2]:
         tensors[name] = torch.cat([getattr(p, name) for p in parts])
-        for p, piece in zip(parts, tensors[name].split(sizes)):
+        for p, piece in zip(parts, tensors[name].split(blocks)):
             setattr(p, name, piece)
     some = next((p.bias for p in parts if p.bias is not None), None)
     bias = None if some is None else torch.cat(
         [p.bias.detach() if p.bias is not None else some.new_zeros(p.out_features) for p in parts])
-    return BlockLinear(tensors["codes"], tensors["scales"], tensors["offsets"], parts[0].terms, bias)
+    return BlockLinear(tensors["codes"], tensors["scales"], tensors["offsets"], parts[0].terms, bias, sum(sizes))
 
 
 class LeanDecoder:

@@ -3,8 +3,10 @@
 The C file needs no torch headers: the machine's C compiler builds it in about a second into
 SPECDRAFT_CACHE_DIR/kernels/, keyed by the source, the flags and the compiler, so an upgrade
 or another machine builds its own. It targets AVX2 with FMA (every x86 CPU of the last ten
-years; AVX-512 CPUs run it too). Without those, or without a compiler, `kernel_problem` says
-why, and callers keep torch's kernels.
+years); the block products also come in an AVX-512 VNNI build (cpu_kernels_vnni.c, compiled
+for that target alone and chosen at run time where the CPU has it) that gives the same
+numbers bit for bit in fewer instructions a row. Without AVX2, or without a compiler,
+`kernel_problem` says why, and callers keep torch's kernels.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
+SOURCES = (SOURCE, Path(__file__).with_name("cpu_kernels_vnni.c"))
+HEADER = Path(__file__).with_name("cpu_kernels_shared.h")  # included by both
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 
 
@@ -37,32 +41,49 @@ def kernel_problem() -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def library() -> ctypes.CDLL:
+    """The built kernels, loaded (built first where this source, compiler and flags never were)."""
     if not _cpu_has("avx2", "fma", "f16c"):
         raise RuntimeError("this CPU lacks AVX2/FMA")
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler (cc or gcc) is installed to build it")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    digest = hashlib.sha256(SOURCE.read_bytes() + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    code = b"".join(source.read_bytes() for source in (*SOURCES, HEADER))
+    digest = hashlib.sha256(code + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
     from specdraft.storage.cache_root import cache_dir
 
-    folder = cache_dir() / "kernels"
-    target = folder / f"cpu_kernels-{digest}.so"
+    target = cache_dir() / "kernels" / f"cpu_kernels-{digest}.so"
     if not target.exists():
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            fd, partial = tempfile.mkstemp(dir=folder, prefix=".partial-", suffix=".so")
-        except OSError as exc:
-            raise RuntimeError(f"the kernel folder {folder} cannot be written ({exc.strerror or exc})") from None
-        os.close(fd)
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", partial, "-lm"], capture_output=True, text=True)
-        if done.returncode != 0:
-            os.unlink(partial)
-            first = (done.stderr.strip().splitlines() or ["no output"])[0]
-            raise RuntimeError(f"compiling {SOURCE.name} failed: {first}")
-        os.replace(partial, target)  # atomic: a concurrent process sees the whole file or none
-    loaded = ctypes.CDLL(str(target))
+        _build(compiler, target)
+    loaded = _declared(ctypes.CDLL(str(target)))
+    loaded.build_id = digest
+    return loaded
+
+
+def _build(compiler: str, target: Path) -> None:
+    folder = target.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, partial = tempfile.mkstemp(dir=folder, prefix=".partial-", suffix=".so")
+    except OSError as exc:
+        raise RuntimeError(f"the kernel folder {folder} cannot be written ({exc.strerror or exc})") from None
+    os.close(fd)
+    done = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", partial, "-lm"], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        os.unlink(partial)
+        first = (done.stderr.strip().splitlines() or ["no output"])[0]
+        raise RuntimeError(f"compiling {' and '.join(s.name for s in SOURCES)} failed: {first}")
+    os.replace(partial, target)  # atomic: a concurrent process sees the whole file or none
+
+
+def _declared(loaded: ctypes.CDLL) -> ctypes.CDLL:
+    """The kernels' C signatures, so ctypes passes each argument as the C side reads it."""
     pointer, integer = ctypes.c_void_p, ctypes.c_int
+    loaded.kernel_isa.restype = integer
+    loaded.kernel_isa.argtypes = [integer]
+    loaded.vnni_supported.restype = integer
+    loaded.vnni_supported.argtypes = []
     loaded.block_matmul.restype = integer
     loaded.block_matmul.argtypes = [pointer, integer, integer, pointer, pointer, pointer, integer, integer, pointer,
                                     integer]
@@ -93,6 +114,24 @@ def _cpu_has(*flags: str) -> bool:
     return all(flag in have for flag in flags)
 
 
+
+
+def vnni_available() -> bool:
+    """Whether this CPU runs the block products on AVX-512 VNNI."""
+    return bool(library().vnni_supported())
+
+
+def kernel_version() -> str:
+    """Which kernels run: the build (source, flags, compiler) and the products' instruction set.
+    Measured costs of a model on these kernels are keyed by it."""
+    return f"{library().build_id}-{'vnni' if kernel_isa() else 'avx2'}"
+
+
+def kernel_isa(request: int = -1) -> int:
+    """Choose the block products' kernels for this process: 0 AVX2, 1 AVX-512 VNNI where the
+    CPU has it, -1 keeps the current choice (VNNI where available). Returns 1 when VNNI runs.
+    Both give the same numbers bit for bit; benchmarks and tests compare them."""
+    return int(library().kernel_isa(request))
 
 
 def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:

@@ -83,8 +83,9 @@ def load_entry(folder: Path) -> nn.Module:
         stored = {name: weights.get_tensor(name) for name in weights.keys()}
     for path, entry in layout.items():
         offsets = stored.pop(f"{path}.offsets") if entry["bits"] == 4 else None
-        model.set_submodule(path, BlockLinear(stored.pop(f"{path}.codes"), stored.pop(f"{path}.scales"), offsets,
-                                              entry.get("terms", 1), stored.pop(f"{path}.bias", None)))
+        layer = BlockLinear.from_rows(stored.pop(f"{path}.codes"), stored.pop(f"{path}.scales"), offsets,
+                                      entry.get("terms", 1), stored.pop(f"{path}.bias", None))
+        model.set_submodule(path, layer)
     if embedding is not None and embedding.get("tied"):
         model.set_submodule("model.embed_tokens", TiedEmbedding(model.lm_head))
     elif embedding is not None:

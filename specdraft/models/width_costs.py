@@ -21,8 +21,10 @@ from typing import Callable
 
 import torch
 
-from specdraft.storage.atomic_files import write_text
+from specdraft.models.block_linear import runs_on_file_quantization
 from specdraft.models.cached_lm import CachedLM
+from specdraft.models.native import kernel_version
+from specdraft.storage.atomic_files import write_text
 from specdraft.storage.cache_root import cache_dir
 
 log = logging.getLogger("specdraft")
@@ -102,6 +104,8 @@ def _key_parts(lm: CachedLM, max_width: int) -> dict:
         "torch": torch.__version__,
         "widths": max_width,
         "context": PROBE_CONTEXT,
+        # a model on specdraft's own kernels costs what that build of them costs
+        "kernels": kernel_version() if runs_on_file_quantization(model) else None,
     }
 
 

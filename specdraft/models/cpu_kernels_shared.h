@@ -1,0 +1,53 @@
+/* What cpu_kernels.c (AVX2) and cpu_kernels_vnni.c (AVX-512 VNNI) share: the weight layout
+ * the block products read, the quantized activations, and the per-column float steps both run
+ * in the same order, so that the two builds give the same numbers bit for bit.
+ *
+ * The weight layout ("columns in lanes", as llama.cpp's repacked GEMMs): output columns go in
+ * blocks of BLOCK = 16. For a 4-bit weight with G groups of 32 per column, block b's group g
+ * is 256 bytes at codes + (b G + g) 256, four chunks of 64: chunk k holds, for each column c of
+ * the block, bytes 4k .. 4k + 3 of that column's 16-byte group (byte j: code j in the low
+ * nibble, code j + 16 in the high one) at + 64 k + 4 c. For an 8-bit weight the group is 512
+ * bytes, eight chunks of 64, chunk k holding codes 4k .. 4k + 3 of each column. Scales and
+ * offsets of block b, group g, column c are at (b G + g) 16 + c. A vector lane is then one
+ * column: a 4-byte dot product of its codes with four activation bytes (broadcast) adds into
+ * that column's lane, so one group's integer sum per column is ready without any shuffle, and
+ * the float work (convert, scale, add) is one vector operation for 8 or 16 columns.
+ *
+ * Per column and row the float steps are, for each group g in order:
+ *   acc = fma(float(isum), dx[m, g'] * s[g, c], acc);  acc = fma(ax[m, g'], o[g, c], acc)
+ * (g' = g modulo the activation groups: a weight of several terms repeats them; 8-bit weights
+ * have no offsets). isum is the exact integer sum of the group's 32 products, however a build
+ * forms it. So each output depends only on its own row and column, never on the number of rows
+ * or on which rows share a call: a verify over K + 1 rows gives each row what a one-row step
+ * gives, bit for bit.
+ */
+#ifndef SPECDRAFT_CPU_KERNELS_SHARED_H
+#define SPECDRAFT_CPU_KERNELS_SHARED_H
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define GROUP 32
+#define BLOCK 16 /* output columns of one weight block */
+
+/* Activations quantized for the products: per row and group of 32, int8 codes qx (-127..127),
+ * scale dx, code sum sx and ax = dx * sx (the offsets' weight). */
+typedef struct {
+    int8_t *qx;
+    float *dx, *ax;
+    int32_t *sx;
+} Activations;
+
+/* The columns of one block that exist (the last block of a weight may be partial). */
+static inline int block_columns(int b, int N) {
+    return N - b * BLOCK < BLOCK ? N - b * BLOCK : BLOCK;
+}
+
+static inline __attribute__((always_inline)) int32_t four_bytes(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+#endif

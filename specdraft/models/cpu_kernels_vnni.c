@@ -1,0 +1,115 @@
+/* The block products of cpu_kernels.c on AVX-512 VNNI, for the CPUs that have it (chosen at run
+ * time by cpu_kernels.c), giving bit for bit what the AVX2 products give.
+ *
+ * Why they are the same: a 512-bit register holds one weight block's 16 columns, one per lane
+ * (the layout in cpu_kernels_shared.h). `vpdpbusd` adds each column's four code x activation
+ * products into its lane, so after a group's eight steps a lane holds the column's exact integer
+ * sum of 32 products, the integer the AVX2 build forms with maddubs and madd. For 8-bit codes,
+ * which vpdpbusd cannot take signed, the codes are shifted to w + 128 and 128 times the
+ * activations' sum is taken off again: the same integer. The float steps that follow are the
+ * shared ones, lane for lane. What changes is the work a row costs: one instruction per four
+ * bytes of sixteen columns, where AVX2 takes two or three for eight.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu_kernels_shared.h"
+
+#define VNNI_ROWS 8 /* rows one call takes at once: 8 accumulators beside a group's 8 code registers */
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")))
+#define INLINE inline __attribute__((always_inline))
+
+static VNNI INLINE void store16(const __m512 *acc, int rows, int m0, int b, int N, float *y, int ldy) {
+    const int valid = block_columns(b, N);
+    const __mmask16 lanes = valid == BLOCK ? 0xFFFF : (__mmask16)((1u << valid) - 1);
+    for (int r = 0; r < rows; r++) _mm512_mask_storeu_ps(y + (size_t)(m0 + r) * ldy + b * BLOCK, lanes, acc[r]);
+}
+
+static VNNI INLINE void block4_vnni(const uint8_t *codes, const float *scale, const float *offset, int G,
+                                    int xgroups, const Activations *a, int m0, const int rows, int b, int N,
+                                    float *y, int ldy) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const int K = xgroups * GROUP;
+    __m512 acc[VNNI_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int g = 0; g < G; g++) {
+        const int xg = g % xgroups;
+        const uint8_t *group = codes + ((size_t)b * G + g) * 256;
+        __m512i lo[4], hi[4];
+        for (int k = 0; k < 4; k++) {
+            const __m512i raw = _mm512_loadu_si512((const void *)(group + k * 64));
+            lo[k] = _mm512_and_si512(raw, low);
+            hi[k] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+        }
+        const size_t at = ((size_t)b * G + g) * BLOCK;
+        const __m512 s = _mm512_loadu_ps(scale + at), o = _mm512_loadu_ps(offset + at);
+        for (int r = 0; r < rows; r++) {
+            const size_t m = m0 + r;
+            const int8_t *q = a->qx + m * K + xg * GROUP;
+            __m512i isum = _mm512_setzero_si512();
+            for (int k = 0; k < 4; k++) {
+                isum = _mm512_dpbusd_epi32(isum, lo[k], _mm512_set1_epi32(four_bytes(q + 4 * k)));
+                isum = _mm512_dpbusd_epi32(isum, hi[k], _mm512_set1_epi32(four_bytes(q + 16 + 4 * k)));
+            }
+            const __m512 d = _mm512_mul_ps(_mm512_set1_ps(a->dx[m * xgroups + xg]), s);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), d, acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a->ax[m * xgroups + xg]), o, acc[r]);
+        }
+    }
+    store16(acc, rows, m0, b, N, y, ldy);
+}
+
+VNNI void block4_vnni_any(const uint8_t *codes, const float *scale, const float *offset, int G, int xgroups,
+                          const Activations *a, int m0, int rows, int b, int N, float *y, int ldy) {
+    switch (rows) {
+    case 1: block4_vnni(codes, scale, offset, G, xgroups, a, m0, 1, b, N, y, ldy); break;
+    case 2: block4_vnni(codes, scale, offset, G, xgroups, a, m0, 2, b, N, y, ldy); break;
+    case 3: block4_vnni(codes, scale, offset, G, xgroups, a, m0, 3, b, N, y, ldy); break;
+    case 4: block4_vnni(codes, scale, offset, G, xgroups, a, m0, 4, b, N, y, ldy); break;
+    case 5: block4_vnni(codes, scale, offset, G, xgroups, a, m0, 5, b, N, y, ldy); break;
+    case 6: block4_vnni(codes, scale, offset, G, xgroups, a, m0, 6, b, N, y, ldy); break;
+    case 7: block4_vnni(codes, scale, offset, G, xgroups, a, m0, 7, b, N, y, ldy); break;
+    default: block4_vnni(codes, scale, offset, G, xgroups, a, m0, 8, b, N, y, ldy); break;
+    }
+}
+
+static VNNI INLINE void block8_vnni(const int8_t *codes, const float *scale, int G, const Activations *a, int m0,
+                                    const int rows, int b, int N, float *y, int ldy) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const int K = G * GROUP;
+    __m512 acc[VNNI_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int g = 0; g < G; g++) {
+        const int8_t *group = codes + ((size_t)b * G + g) * 512;
+        __m512i shifted[8]; /* w + 128, read unsigned */
+        for (int k = 0; k < 8; k++)
+            shifted[k] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(group + k * 64)), flip);
+        const __m512 s = _mm512_loadu_ps(scale + ((size_t)b * G + g) * BLOCK);
+        for (int r = 0; r < rows; r++) {
+            const size_t m = m0 + r;
+            const int8_t *q = a->qx + m * K + (size_t)g * GROUP;
+            __m512i isum = _mm512_setzero_si512();
+            for (int k = 0; k < 8; k++)
+                isum = _mm512_dpbusd_epi32(isum, shifted[k], _mm512_set1_epi32(four_bytes(q + 4 * k)));
+            isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(a->sx[m * G + g] * 128));
+            const __m512 d = _mm512_mul_ps(_mm512_set1_ps(a->dx[m * G + g]), s);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), d, acc[r]);
+        }
+    }
+    store16(acc, rows, m0, b, N, y, ldy);
+}
+
+VNNI void block8_vnni_any(const int8_t *codes, const float *scale, int G, const Activations *a, int m0, int rows,
+                          int b, int N, float *y, int ldy) {
+    switch (rows) {
+    case 1: block8_vnni(codes, scale, G, a, m0, 1, b, N, y, ldy); break;
+    case 2: block8_vnni(codes, scale, G, a, m0, 2, b, N, y, ldy); break;
+    case 3: block8_vnni(codes, scale, G, a, m0, 3, b, N, y, ldy); break;
+    case 4: block8_vnni(codes, scale, G, a, m0, 4, b, N, y, ldy); break;
+    case 5: block8_vnni(codes, scale, G, a, m0, 5, b, N, y, ldy); break;
+    case 6: block8_vnni(codes, scale, G, a, m0, 6, b, N, y, ldy); break;
+    case 7: block8_vnni(codes, scale, G, a, m0, 7, b, N, y, ldy); break;
+    default: block8_vnni(codes, scale, G, a, m0, 8, b, N, y, ldy); break;
+    }
+}
