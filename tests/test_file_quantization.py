@@ -313,3 +313,46 @@ def test_the_architecture_is_read_from_the_header_alone(tmp_path):
     (tmp_path / "bad.gguf").write_bytes(b"GGUF\x03\x00")
     assert gguf_architecture(tmp_path / "bad.gguf") is None
     assert gguf_architecture(tmp_path / "missing.gguf") is None
+
+
+@pytest.mark.parametrize("value, expected", [("avx2", "0"), ("auto", None), ("sse", "SPECDRAFT_KERNEL_ISA=sse")])
+def test_the_kernels_instruction_set_can_be_chosen_by_the_environment(value, expected):
+    import os
+    import subprocess
+    import sys
+
+    code = ("from specdraft.models.native import kernel_isa, kernel_problem, vnni_available\n"
+            "problem = kernel_problem()\n"
+            "print(problem if problem else f'{kernel_isa()} {int(vnni_available())}')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SPECDRAFT_KERNEL_ISA": value})
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout.strip()
+    if expected is None:  # auto: VNNI exactly where the CPU has it
+        chosen, available = printed.split()
+        assert chosen == available
+    else:
+        assert printed.startswith(expected)
+
+
+@pytest.mark.parametrize("narrow", [False, True])
+def test_whole_layers_in_one_c_call_give_the_layer_by_layer_logits_bit_for_bit(narrow):
+    """The one-call path and the Python layer loop run the same kernels in the same order;
+    narrow: key and value projections run side by side with the query's (three matrices)."""
+    model = quantized_tiny(seed=2, heads=8, kv_heads=1) if narrow else quantized_tiny(seed=2)
+    tokens = torch.randint(3, VOCAB, (60,), generator=torch.Generator().manual_seed(5))
+    runs = []
+    for in_c in (True, False):
+        lm = CachedLM(model, lean=True)
+        lm.lean.whole_layers_in_c = in_c
+        logits = [lm.feed(tokens[:20])]
+        position = 20
+        for width in (1, 3, 7, 1, 11, 2):
+            logits.append(lm.feed(tokens[position:position + width], keep=0))
+            position += width
+        hidden = lm.lean.forward(tokens[position:position + 4], position, 0, hidden_layers=(0, 1, 2))[1]
+        runs.append((torch.cat(logits), hidden))
+    assert model._specdraft_native_layers is not None  # the table was built: the C path ran
+    assert torch.equal(runs[0][0], runs[1][0])
+    assert runs[0][1].keys() == runs[1][1].keys() == {0, 1, 2}
+    assert all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in (0, 1, 2))

@@ -122,6 +122,11 @@ class BlockLinear(nn.Module):
         self._codes, self._scales, self._offsets = (self.codes.data_ptr(), self.scales.data_ptr(),
                                                     self.offsets.data_ptr())
 
+    @property
+    def addresses(self) -> tuple[int, int, int | None]:
+        """Where the codes, scales and offsets (None for 8 bits) are, for C callers."""
+        return self._codes, self._scales, self._offsets if self.bits == 4 else None
+
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` [n] of W dequantized [n, K] float32, exactly as the kernel's weights (a
         tied embedding looks its rows up here instead of keeping a second copy)."""

@@ -67,12 +67,12 @@ static void quantize_row(const float *x, int groups, int8_t *q, float *d, int32_
     }
 }
 
-static void free_activations(Activations *a) {
+void free_activations(Activations *a) {
     free(a->qx); free(a->dx); free(a->sx); free(a->ax);
 }
 
 /* Returns 0, or -1 when memory cannot be had (then nothing is left allocated). */
-static int quantize_activations(const float *x, int M, int K, Activations *a) {
+int quantize_activations(const float *x, int M, int K, Activations *a) {
     const int groups = K / GROUP;
     a->qx = (int8_t *)malloc((size_t)M * K);
     a->dx = (float *)malloc(sizeof(float) * (size_t)M * groups);
@@ -194,48 +194,48 @@ static void block8_any(const int8_t *codes, const float *scale, int G, const Act
     }
 }
 
-/* x [M, K] float32 -> y [M, N] float32 for a 4-bit weight of `groups` groups per column (K / 32
- * per term) in the block layout. Weight blocks are split evenly between threads; rows go in
- * tiles that share each block's expanded codes. Returns 0, or -1 when scratch memory cannot be
- * had. */
+/* y [M, N] (row stride ldy) = the quantized activations `a` of M rows times a weight in the
+ * block layout: `bits` 4 (`groups` groups per column, K / 32 per term, with offsets) or 8
+ * (K / 32 groups, no offsets). Weight blocks are split evenly between threads; rows go in
+ * tiles that share each block's expanded codes. */
+void block_products(const Activations *a, int M, int K, const void *codes, const float *scale, const float *offset,
+                    int bits, int N, int groups, float *y, int ldy, int threads) {
+    const int blocks = (N + BLOCK - 1) / BLOCK, vnni = kernel_isa(-1), tile = vnni ? VNNI_ROWS : ROWS;
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int b = 0; b < blocks; b++)
+        for (int m0 = 0; m0 < M; m0 += tile) {
+            const int rows = M - m0 < tile ? M - m0 : tile;
+            if (bits == 8)
+                (vnni ? block8_vnni_any : block8_any)((const int8_t *)codes, scale, K / GROUP, a, m0, rows, b, N, y,
+                                                      ldy);
+            else
+                (vnni ? block4_vnni_any : block4_any)((const uint8_t *)codes, scale, offset, groups, K / GROUP, a, m0,
+                                                      rows, b, N, y, ldy);
+        }
+}
+
+/* x [M, K] float32 -> y [M, N] float32 for a 4-bit weight of `groups` groups per column.
+ * Returns 0, or -1 when scratch memory cannot be had. */
 int block_matmul(const float *x, int M, int K, const uint8_t *codes, const float *scale, const float *offset,
                  int N, int groups, float *y, int threads) {
     Activations a;
     if (quantize_activations(x, M, K, &a)) return -1;
-    const int blocks = (N + BLOCK - 1) / BLOCK, vnni = kernel_isa(-1), tile = vnni ? VNNI_ROWS : ROWS;
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int b = 0; b < blocks; b++)
-        for (int m0 = 0; m0 < M; m0 += tile) {
-            const int rows = M - m0 < tile ? M - m0 : tile;
-            if (vnni)
-                block4_vnni_any(codes, scale, offset, groups, K / GROUP, &a, m0, rows, b, N, y, N);
-            else
-                block4_any(codes, scale, offset, groups, K / GROUP, &a, m0, rows, b, N, y, N);
-        }
+    block_products(&a, M, K, codes, scale, offset, 4, N, groups, y, N, threads);
     free_activations(&a);
     return 0;
 }
 
-/* The same for an 8-bit weight (GGUF Q8_0, and the int8 rows other formats become): K / 32
- * groups per column, one scale each, no offsets. */
+/* The same for an 8-bit weight (GGUF Q8_0, and the int8 rows other formats become). */
 int block_matmul8(const float *x, int M, int K, const int8_t *codes, const float *scale, int N, float *y,
                   int threads) {
     Activations a;
     if (quantize_activations(x, M, K, &a)) return -1;
-    const int blocks = (N + BLOCK - 1) / BLOCK, vnni = kernel_isa(-1), tile = vnni ? VNNI_ROWS : ROWS;
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int b = 0; b < blocks; b++)
-        for (int m0 = 0; m0 < M; m0 += tile) {
-            const int rows = M - m0 < tile ? M - m0 : tile;
-            if (vnni)
-                block8_vnni_any(codes, scale, K / GROUP, &a, m0, rows, b, N, y, N);
-            else
-                block8_any(codes, scale, K / GROUP, &a, m0, rows, b, N, y, N);
-        }
+    block_products(&a, M, K, codes, scale, NULL, 8, N, K / GROUP, y, N, threads);
     free_activations(&a);
     return 0;
 }
 
+/* The horizontal sum of a vector (attention's normalizer, RMSNorm's sum of squares). */
 static inline float hsum(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
     lo = _mm_add_ps(lo, hi);

@@ -39,6 +39,17 @@ typedef struct {
     int32_t *sx;
 } Activations;
 
+/* Defined in cpu_kernels.c, used by cpu_decoder.c as well. */
+int quantize_activations(const float *x, int M, int K, Activations *a);
+void free_activations(Activations *a);
+void block_products(const Activations *a, int M, int K, const void *codes, const float *scale, const float *offset,
+                    int bits, int N, int groups, float *y, int ldy, int threads);
+void rms_norm_rows(const float *x, const float *weight, int rows, int dim, float eps, float *out);
+void add_rms_norm_rows(float *x, const float *delta, const float *weight, int rows, int dim, float eps, float *out);
+void swiglu_rows(const float *gate_up, int rows, int inner, float *out);
+int attention_block(const float *qkv, int n, int start, int H, int KVH, int D, const float *cos, const float *sin,
+                    float *keys, float *values, int capacity, float scale, float *out, int threads);
+
 /* The columns of one block that exist (the last block of a weight may be partial). */
 static inline int block_columns(int b, int N) {
     return N - b * BLOCK < BLOCK ? N - b * BLOCK : BLOCK;

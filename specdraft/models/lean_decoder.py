@@ -6,8 +6,8 @@ ops and module calls of every layer. This forward runs the same arithmetic with 
 token needs and no more:
 
 - the query, key and value projections are one matrix product per layer, and so are the
-  MLP's gate and up projections (their weights concatenated once; the original layers are
-  re-pointed at slices of the concatenation, so no weight is stored twice);
+  MLP's gate and up projections (`fused_linear.fuse`: their weights concatenated once, the
+  original layers re-pointed at slices of the concatenation, so no weight is stored twice);
 - keys and values go into one preallocated buffer per model (written in place, rolled back
   by moving a length), not a cache object that concatenates per layer;
 - fused RMSNorm, SDPA with grouped query heads, no masks for a single token, and the output
@@ -34,7 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdraft.models.block_linear import BLOCK, BlockLinear
+from specdraft.models.block_linear import BlockLinear
+from specdraft.models.fused_linear import fuse
+from specdraft.models.native_layers import NativeLayers
 from specdraft.models.native import add_rms_norm, attention_block, rms_norm, swiglu
 from specdraft.models.quantize import Int4Linear, Int8Linear
 
@@ -85,82 +87,6 @@ def _changing_hooks(module: nn.Module) -> list:
     return [hook for hook in hooks if "output_capturing_hook" not in getattr(hook, "__qualname__", "")]
 
 
-INT4_PACK_ROWS = 64  # torch's CPU int4 packing interleaves blocks of this many output rows
-
-
-class _Concatenated(nn.Module):
-    """[p(x) for p in parts] concatenated, for parts whose weights cannot be fused."""
-
-    def __init__(self, parts: Sequence[nn.Module]):
-        super().__init__()
-        self.parts = list(parts)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([p(x) for p in self.parts], dim=-1)
-
-
-def _fuse(parts: Sequence[nn.Module]) -> nn.Module:
-    """One layer computing [p(x) for p in parts] concatenated, sharing the parts' weights:
-    the big weight tensors are concatenated once and each part is re-pointed at its slice.
-    Packed int4 rows and block-layout columns concatenate only at block boundaries; parts in
-    different formats (a GGUF file may store the value projection with more bits than the
-    query's) stay separate."""
-    first = parts[0]
-    if len({type(p) for p in parts}) > 1 or len({getattr(p, "group", 0) for p in parts}) > 1 \
-            or len({(getattr(p, "terms", 1), getattr(p, "bits", 0)) for p in parts}) > 1 \
-            or (isinstance(first, Int4Linear) and any(p.out_features % INT4_PACK_ROWS for p in parts[:-1])) \
-            or (isinstance(first, BlockLinear) and any(p.out_features % BLOCK for p in parts[:-1])):
-        return _Concatenated(parts)
-    if isinstance(first, BlockLinear):
-        return _fuse_blocks(parts)
-    some = next((p.bias for p in parts if p.bias is not None), None)
-    bias = None if some is None else torch.cat(
-        [p.bias.detach() if p.bias is not None else some.new_zeros(p.out_features) for p in parts])
-    sizes = [p.out_features for p in parts]
-    if isinstance(first, nn.Linear):
-        weight = torch.cat([p.weight.detach() for p in parts])
-        for p, w in zip(parts, weight.split(sizes)):
-            p.weight = nn.Parameter(w, requires_grad=False)
-        fused = nn.Linear(first.in_features, sum(sizes), bias=bias is not None, device="meta")
-        fused.weight = nn.Parameter(weight, requires_grad=False)
-        if bias is not None:
-            fused.bias = nn.Parameter(bias.to(weight.dtype), requires_grad=False)
-        return fused
-    fused = type(first).__new__(type(first))
-    nn.Module.__init__(fused)
-    fused.in_features, fused.out_features = first.in_features, sum(sizes)
-    if isinstance(first, Int4Linear):
-        fused.group = first.group
-        packed = torch.cat([p.weight_int4 for p in parts])  # output rows stay rows (blocks of 64 aligned)
-        for p, w in zip(parts, packed.split(sizes)):
-            p.weight_int4 = w
-        fused.register_buffer("weight_int4", packed)
-        fused.register_buffer("scales_zeros", torch.cat([p.scales_zeros for p in parts], dim=1).contiguous())
-    else:
-        codes = torch.cat([p.weight_int8 for p in parts])
-        for p, w in zip(parts, codes.split(sizes)):
-            p.weight_int8 = w
-        fused.register_buffer("weight_int8", codes)
-        fused.register_buffer("scales", torch.cat([p.scales for p in parts]))
-    fused.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
-    return fused
-
-
-def _fuse_blocks(parts: Sequence[BlockLinear]) -> BlockLinear:
-    """BlockLinear parts fused along their output rows (their buffers become slices)."""
-    sizes = [p.out_features for p in parts]
-    blocks = [p.codes.shape[0] for p in parts]  # the buffers' first dimension: blocks of columns
-    tensors = {"offsets": None}
-    for name in ("codes", "scales", "offsets")[:3 if parts[0].bits == 4 else 2]:
-        tensors[name] = torch.cat([getattr(p, name) for p in parts])
-        for p, piece in zip(parts, tensors[name].split(blocks)):
-            setattr(p, name, piece)
-    some = next((p.bias for p in parts if p.bias is not None), None)
-    bias = None if some is None else torch.cat(
-        [p.bias.detach() if p.bias is not None else some.new_zeros(p.out_features) for p in parts])
-    return BlockLinear(tensors["codes"], tensors["scales"], tensors["offsets"], parts[0].terms, bias, sum(sizes))
-
-
 class LeanDecoder:
     """The model's decode forward over a KV buffer of its own (batch 1)."""
 
@@ -181,8 +107,8 @@ class LeanDecoder:
             self.layers = []
             for layer in self.inner.layers:
                 attn, mlp = layer.self_attn, layer.mlp
-                self.layers.append((layer.input_layernorm, _fuse([attn.q_proj, attn.k_proj, attn.v_proj]),
-                                    attn.o_proj, layer.post_attention_layernorm, _fuse([mlp.gate_proj, mlp.up_proj]),
+                self.layers.append((layer.input_layernorm, fuse([attn.q_proj, attn.k_proj, attn.v_proj]),
+                                    attn.o_proj, layer.post_attention_layernorm, fuse([mlp.gate_proj, mlp.up_proj]),
                                     mlp.down_proj, mlp.gate_proj.out_features))
             model._specdraft_lean_layers = self.layers
         norm = self.inner.norm.weight  # (the embedding may be a quantized table without one)
@@ -197,6 +123,13 @@ class LeanDecoder:
         # starts, so a rollback or a new prompt is only a smaller start next time.
         self.capacity = 0
         self.keys = self.values = torch.empty(0)
+        self.whole_layers_in_c = True  # False: layer by layer from Python (the same numbers)
+
+    def _native_table(self) -> NativeLayers | None:
+        """The C layer table of this model's lean layers (built once per model), or None."""
+        if not hasattr(self.model, "_specdraft_native_layers"):
+            self.model._specdraft_native_layers = NativeLayers.of(self.layers)
+        return self.model._specdraft_native_layers
 
     def _reserve(self, length: int, kept: int) -> None:
         """Room for `length` tokens, keeping the first `kept` when the buffer moves."""
@@ -273,6 +206,16 @@ class LeanDecoder:
         residual stream is updated in place, each update fused with the next norm."""
         hidden = {0: x} if 0 in hidden_layers else {}
         x = x[0].contiguous().clone()  # [n, H]: the residual stream, owned here
+        table = self._native_table() if self.whole_layers_in_c else None
+        if table is not None:  # the same kernels in one C call per run of layers
+            first = 0
+            for end in sorted({layer for layer in hidden_layers if 0 < layer <= len(layers)} | {len(layers)}):
+                if end > first:
+                    table.run(x, start, first, end - first, self.heads, self.keys, self.values, cos, sin)
+                if end in hidden_layers:
+                    hidden[end] = x.clone()[None]
+                first = end
+            return x[None], hidden
         pending = None  # the last MLP's output, not yet added to x
         for i, (norm1, qkv, out, norm2, gate_up, down, _) in enumerate(layers):
             h = rms_norm(x, norm1.weight, norm1.variance_epsilon) if pending is None else \

@@ -23,8 +23,12 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
-SOURCES = (SOURCE, Path(__file__).with_name("cpu_kernels_vnni.c"))
+SOURCES = (SOURCE, Path(__file__).with_name("cpu_kernels_vnni.c"), Path(__file__).with_name("cpu_decoder.c"))
 HEADER = Path(__file__).with_name("cpu_kernels_shared.h")  # included by both
+# SPECDRAFT_KERNEL_ISA: the block products' instruction set (auto: AVX-512 VNNI where the CPU
+# has it, else AVX2). The results are the same bit for bit; avx2 measures what an AVX2-only
+# CPU would run.
+ISA_CHOICES = {"auto": 1, "vnni": 1, "avx2": 0}
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 
 
@@ -57,6 +61,10 @@ def library() -> ctypes.CDLL:
         _build(compiler, target)
     loaded = _declared(ctypes.CDLL(str(target)))
     loaded.build_id = digest
+    chosen = os.environ.get("SPECDRAFT_KERNEL_ISA", "auto")
+    if chosen not in ISA_CHOICES:
+        raise RuntimeError(f"SPECDRAFT_KERNEL_ISA={chosen}: expected one of {', '.join(ISA_CHOICES)}")
+    loaded.kernel_isa(ISA_CHOICES[chosen])
     return loaded
 
 
@@ -98,6 +106,9 @@ def _declared(loaded: ctypes.CDLL) -> ctypes.CDLL:
     loaded.add_rms_norm_rows.argtypes = [pointer, pointer, pointer, integer, integer, ctypes.c_float, pointer]
     loaded.swiglu_rows.restype = None
     loaded.swiglu_rows.argtypes = [pointer, integer, integer, pointer]
+    loaded.decoder_layers.restype = integer
+    loaded.decoder_layers.argtypes = [pointer, integer, integer, integer, pointer, integer, integer, integer, integer,
+                                      integer, pointer, pointer, integer, pointer, pointer, ctypes.c_float, integer]
     loaded.attention_block.restype = integer
     loaded.attention_block.argtypes = [pointer, integer, integer, integer, integer, integer, pointer, pointer,
                                        pointer, pointer, integer, ctypes.c_float, pointer, integer]

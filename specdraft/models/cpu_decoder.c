@@ -1,0 +1,84 @@
+/* A run of the lean target's decoder layers in one call (models/lean_decoder.py), so that a
+ * decode step costs its arithmetic and not a hundred trips through Python: per layer the same
+ * kernels, in the same order, on the same numbers as the layer-by-layer path (RMSNorm, the
+ * fused query/key/value product, attention with the KV write, the output product, the residual
+ * update fused with the next RMSNorm, the gate/up product, SwiGLU, the down product), so the
+ * two paths give the same logits bit for bit and each row stays width-invariant.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_kernels_shared.h"
+
+/* A weight in the block layout (block_linear.BlockLinear): `bits` 4 (offsets) or 8. */
+typedef struct {
+    const void *codes;
+    const float *scale, *offset, *bias; /* offset NULL for 8 bits; bias NULL when none */
+    int N, groups, bits;
+} Matrix;
+
+#define MAX_PARTS 3 /* a projection stored as up to three matrices side by side (q, k, v) */
+
+typedef struct {
+    const float *norm1, *norm2;
+    float eps1, eps2;
+    Matrix qkv[MAX_PARTS], gate_up[MAX_PARTS], out, down;
+    int qkv_parts, gate_up_parts;
+} Layer;
+
+/* y [n, sum of the parts' N] = x [n, K] times the parts side by side, plus their biases; the
+ * activations are quantized once for all parts. Returns 0, or -1 without memory. */
+static int project(const float *x, int n, int K, const Matrix *parts, int count, float *y, int threads) {
+    int width = 0;
+    for (int p = 0; p < count; p++) width += parts[p].N;
+    Activations a;
+    if (quantize_activations(x, n, K, &a)) return -1;
+    int column = 0;
+    for (int p = 0; p < count; p++) {
+        const Matrix *w = &parts[p];
+        block_products(&a, n, K, w->codes, w->scale, w->offset, w->bits, w->N, w->groups, y + column, width, threads);
+        if (w->bias)
+            for (int r = 0; r < n; r++)
+                for (int c = 0; c < w->N; c++) y[(size_t)r * width + column + c] += w->bias[c];
+        column += w->N;
+    }
+    free_activations(&a);
+    return 0;
+}
+
+/* Layers 0 .. count - 1 of `layers` over the residual stream x [n, hidden] (updated in place) at
+ * positions start .. start + n - 1; keys and values [count, KVH, capacity, D] from the first of
+ * these layers on; cos, sin [n, D]. Returns 0, or -1 when scratch memory cannot be had. */
+int decoder_layers(float *x, int n, int hidden, int start, const Layer *layers, int count, int H, int KVH, int D,
+                   int inner, float *keys, float *values, int capacity, const float *cos, const float *sin,
+                   float scale, int threads) {
+    const size_t rows = (size_t)n, per_layer = (size_t)KVH * capacity * D;
+    const int qkv_width = (H + 2 * KVH) * D;
+    float *h = malloc(sizeof(float) * rows * hidden), *qkv = malloc(sizeof(float) * rows * qkv_width);
+    float *attended = malloc(sizeof(float) * rows * H * D), *delta = malloc(sizeof(float) * rows * hidden);
+    float *gate_up = malloc(sizeof(float) * rows * 2 * inner), *act = malloc(sizeof(float) * rows * inner);
+    int failed = !h || !qkv || !attended || !delta || !gate_up || !act;
+    int pending = 0; /* delta holds the last layer's MLP output, not yet added to x */
+    for (int i = 0; i < count && !failed; i++) {
+        const Layer *L = &layers[i];
+        if (pending)
+            add_rms_norm_rows(x, delta, L->norm1, n, hidden, L->eps1, h);
+        else
+            rms_norm_rows(x, L->norm1, n, hidden, L->eps1, h);
+        failed = project(h, n, hidden, L->qkv, L->qkv_parts, qkv, threads)
+                 || attention_block(qkv, n, start, H, KVH, D, cos, sin, keys + i * per_layer, values + i * per_layer,
+                                    capacity, scale, attended, threads)
+                 || project(attended, n, H * D, &L->out, 1, delta, threads);
+        if (failed) break;
+        add_rms_norm_rows(x, delta, L->norm2, n, hidden, L->eps2, h);
+        failed = project(h, n, hidden, L->gate_up, L->gate_up_parts, gate_up, threads);
+        if (failed) break;
+        swiglu_rows(gate_up, n, inner, act);
+        failed = project(act, n, inner, &L->down, 1, delta, threads);
+        pending = !failed;
+    }
+    if (pending && !failed)
+        for (size_t i = 0; i < rows * hidden; i++) x[i] += delta[i];
+    free(h); free(qkv); free(attended); free(delta); free(gate_up); free(act);
+    return failed ? -1 : 0;
+}

@@ -1,0 +1,89 @@
+"""Projections that read the same input computed as one layer (the query, key and value
+projections; the MLP's gate and up projections): their weight tensors concatenated once, each
+original layer re-pointed at its slice so no weight is stored twice, or, where formats differ
+or block boundaries do not meet, the parts run side by side (`Concatenated`)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from specdraft.models.block_linear import BLOCK, BlockLinear
+from specdraft.models.quantize import Int4Linear
+
+INT4_PACK_ROWS = 64  # torch's CPU int4 packing interleaves blocks of this many output rows
+
+
+class Concatenated(nn.Module):
+    """[p(x) for p in parts] concatenated, for parts whose weights cannot be fused."""
+
+    def __init__(self, parts: Sequence[nn.Module]):
+        super().__init__()
+        self.parts = list(parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+
+def fuse(parts: Sequence[nn.Module]) -> nn.Module:
+    """One layer computing [p(x) for p in parts] concatenated, sharing the parts' weights:
+    the big weight tensors are concatenated once and each part is re-pointed at its slice.
+    Packed int4 rows and block-layout columns concatenate only at block boundaries; parts in
+    different formats (a GGUF file may store the value projection with more bits than the
+    query's) stay separate."""
+    first = parts[0]
+    if len({type(p) for p in parts}) > 1 or len({getattr(p, "group", 0) for p in parts}) > 1 \
+            or len({(getattr(p, "terms", 1), getattr(p, "bits", 0)) for p in parts}) > 1 \
+            or (isinstance(first, Int4Linear) and any(p.out_features % INT4_PACK_ROWS for p in parts[:-1])) \
+            or (isinstance(first, BlockLinear) and any(p.out_features % BLOCK for p in parts[:-1])):
+        return Concatenated(parts)
+    if isinstance(first, BlockLinear):
+        return _fuse_blocks(parts)
+    some = next((p.bias for p in parts if p.bias is not None), None)
+    bias = None if some is None else torch.cat(
+        [p.bias.detach() if p.bias is not None else some.new_zeros(p.out_features) for p in parts])
+    sizes = [p.out_features for p in parts]
+    if isinstance(first, nn.Linear):
+        weight = torch.cat([p.weight.detach() for p in parts])
+        for p, w in zip(parts, weight.split(sizes)):
+            p.weight = nn.Parameter(w, requires_grad=False)
+        fused = nn.Linear(first.in_features, sum(sizes), bias=bias is not None, device="meta")
+        fused.weight = nn.Parameter(weight, requires_grad=False)
+        if bias is not None:
+            fused.bias = nn.Parameter(bias.to(weight.dtype), requires_grad=False)
+        return fused
+    fused = type(first).__new__(type(first))
+    nn.Module.__init__(fused)
+    fused.in_features, fused.out_features = first.in_features, sum(sizes)
+    if isinstance(first, Int4Linear):
+        fused.group = first.group
+        packed = torch.cat([p.weight_int4 for p in parts])  # output rows stay rows (blocks of 64 aligned)
+        for p, w in zip(parts, packed.split(sizes)):
+            p.weight_int4 = w
+        fused.register_buffer("weight_int4", packed)
+        fused.register_buffer("scales_zeros", torch.cat([p.scales_zeros for p in parts], dim=1).contiguous())
+    else:
+        codes = torch.cat([p.weight_int8 for p in parts])
+        for p, w in zip(parts, codes.split(sizes)):
+            p.weight_int8 = w
+        fused.register_buffer("weight_int8", codes)
+        fused.register_buffer("scales", torch.cat([p.scales for p in parts]))
+    fused.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+    return fused
+
+
+def _fuse_blocks(parts: Sequence[BlockLinear]) -> BlockLinear:
+    """BlockLinear parts fused along their output rows (their buffers become slices)."""
+    sizes = [p.out_features for p in parts]
+    blocks = [p.codes.shape[0] for p in parts]  # the buffers' first dimension: blocks of columns
+    tensors = {"offsets": None}
+    for name in ("codes", "scales", "offsets")[:3 if parts[0].bits == 4 else 2]:
+        tensors[name] = torch.cat([getattr(p, name) for p in parts])
+        for p, piece in zip(parts, tensors[name].split(blocks)):
+            setattr(p, name, piece)
+    some = next((p.bias for p in parts if p.bias is not None), None)
+    bias = None if some is None else torch.cat(
+        [p.bias.detach() if p.bias is not None else some.new_zeros(p.out_features) for p in parts])
+    return BlockLinear(tensors["codes"], tensors["scales"], tensors["offsets"], parts[0].terms, bias, sum(sizes))

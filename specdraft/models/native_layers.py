@@ -1,0 +1,101 @@
+"""The lean target's decoder layers as one C call a step (cpu_decoder.c): a table of every
+layer's weights, norms and biases (their addresses, taken once), and the call that runs a run
+of consecutive layers over the residual stream. The C side runs the same kernels in the same
+order as the layer-by-layer path in lean_decoder.py, so the two give the same logits bit for
+bit; only the hundred-odd trips through Python a step are gone.
+
+A layer fits the table when each projection is a BlockLinear, or (query/key/value, gate/up)
+up to three of them side by side, and its norms are RMSNorms with a weight; otherwise the
+model keeps the layer-by-layer path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from specdraft.models.block_linear import BlockLinear
+from specdraft.models.fused_linear import Concatenated
+from specdraft.models.native import library
+
+MAX_PARTS = 3  # cpu_decoder.c
+
+
+class _Matrix(ctypes.Structure):
+    _fields_ = [("codes", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("offset", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p), ("N", ctypes.c_int), ("groups", ctypes.c_int), ("bits", ctypes.c_int)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("norm1", ctypes.c_void_p), ("norm2", ctypes.c_void_p), ("eps1", ctypes.c_float),
+                ("eps2", ctypes.c_float), ("qkv", _Matrix * MAX_PARTS), ("gate_up", _Matrix * MAX_PARTS),
+                ("out", _Matrix), ("down", _Matrix), ("qkv_parts", ctypes.c_int), ("gate_up_parts", ctypes.c_int)]
+
+
+def _parts(module: nn.Module) -> list[BlockLinear] | None:
+    """A projection's matrices side by side, or None when one is not on the block kernels."""
+    parts = module.parts if isinstance(module, Concatenated) else [module]
+    if len(parts) > MAX_PARTS or not all(type(p) is BlockLinear for p in parts):
+        return None
+    return list(parts)
+
+
+def _matrix(layer: BlockLinear) -> _Matrix:
+    bias = layer.bias.data_ptr() if layer.bias is not None else None
+    return _Matrix(*layer.addresses, bias, layer.out_features, layer.groups, layer.bits)
+
+
+def _norm_weight(norm: nn.Module) -> torch.Tensor | None:
+    weight = getattr(norm, "weight", None)
+    ok = weight is not None and weight.dtype == torch.float32 and weight.is_contiguous() \
+        and hasattr(norm, "variance_epsilon")
+    return weight if ok else None
+
+
+class NativeLayers:
+    """The layer table of one model's lean layers (`LeanDecoder.layers`), built once."""
+
+    def __init__(self, table: ctypes.Array, inner: int, keep: list):
+        self.table, self.inner, self._keep = table, inner, keep  # _keep: what the addresses point into
+
+    @classmethod
+    def of(cls, layers: Sequence[tuple]) -> "NativeLayers | None":
+        """The table, or None when some layer does not fit it (module docstring)."""
+        table, keep, inners = (_Layer * len(layers))(), [], set()
+        for entry, (norm1, qkv, out, norm2, gate_up, down, inner) in zip(table, layers):
+            groups = [_parts(qkv), _parts(gate_up), _parts(out), _parts(down)]
+            weights = [_norm_weight(norm1), _norm_weight(norm2)]
+            if any(g is None for g in groups) or any(w is None for w in weights) \
+                    or len(groups[2]) != 1 or len(groups[3]) != 1:
+                return None
+            keep += weights + [p.bias for g in groups for p in g if p.bias is not None]
+            entry.norm1, entry.norm2 = weights[0].data_ptr(), weights[1].data_ptr()
+            entry.eps1, entry.eps2 = norm1.variance_epsilon, norm2.variance_epsilon
+            for slot, matrix in enumerate(groups[0]):
+                entry.qkv[slot] = _matrix(matrix)
+            for slot, matrix in enumerate(groups[1]):
+                entry.gate_up[slot] = _matrix(matrix)
+            entry.qkv_parts, entry.gate_up_parts = len(groups[0]), len(groups[1])
+            entry.out, entry.down = _matrix(groups[2][0]), _matrix(groups[3][0])
+            inners.add(inner)
+        if len(inners) != 1:
+            return None
+        return cls(table, inners.pop(), keep)
+
+    def run(self, x: torch.Tensor, start: int, first: int, count: int, heads: int, keys: torch.Tensor,
+            values: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """Layers first .. first + count - 1 over the residual stream x [n, H] (float32,
+        contiguous, updated in place) at positions start..; keys and values [layers, 1, KVH,
+        capacity, D]; cos, sin [n, D]."""
+        n, hidden = x.shape
+        _, _, kv_heads, capacity, dim = keys.shape
+        layer = ctypes.addressof(self.table) + first * ctypes.sizeof(_Layer)
+        status = library().decoder_layers(
+            x.data_ptr(), n, hidden, start, layer, count, heads, kv_heads, dim, self.inner,
+            keys[first].data_ptr(), values[first].data_ptr(), capacity, cos.data_ptr(), sin.data_ptr(),
+            dim ** -0.5, torch.get_num_threads())
+        if status:
+            raise MemoryError("the decoder layers could not allocate their scratch memory")
