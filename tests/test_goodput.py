@@ -276,3 +276,38 @@ def test_a_long_width_measurement_is_announced_first(monkeypatch):
     monkeypatch.setattr(width_costs, "ANNOUNCE_S", 0.0)
     width_costs.measure_width_costs(lm, 4, repeats=1, announce=said.append)
     assert len(said) == 1 and said[0] > 0
+
+
+def test_a_prompts_catch_up_is_split_off_at_what_a_one_token_step_costs():
+    """A fake clock makes a drafter's forward over n tokens take 10 ms + 1 ms per token, so a
+    draft of 3 tokens after a 50-token prompt spends 60 ms in its first forward, of which 49
+    ms are catch-up: what is left is 11 ms a drafted token, the cost of a step. A pro-rata
+    split (49/50 of the first forward) would leave the drafter looking 30% cheaper."""
+    _, drafter, _ = tiny_engine()
+    drafter.reset()
+    clock, real_feed = [0.0], drafter.lm.feed
+
+    def timed_feed(tokens, *args, **kwargs):
+        clock[0] += 0.010 + 0.001 * tokens.shape[-1]
+        return real_feed(tokens, *args, **kwargs)
+
+    drafter.lm.clock = lambda: clock[0]
+    drafter.lm.feed = timed_feed
+    context = [(7 * i) % 20 + 3 for i in range(50)]
+    draft = drafter.propose(context, 3)
+    assert draft.tokens.shape[0] == 3
+    charged = (clock[0] - draft.catch_up_seconds) / 3
+    assert charged == pytest.approx(0.011, rel=0.01)
+
+
+def test_a_drafters_cost_is_a_mean_over_rounds_not_anchored_on_the_first():
+    """The first round of a prompt often includes a catch-up the draft cannot fully split
+    off; it must weigh as one round among the rest, not as a moving average's start."""
+    costs = RoundCostModel(2)
+    costs.observe(1, 1, 0.001, 0.05)  # the odd first round
+    for _ in range(10):
+        costs.observe(1, 4, 4 * 0.030, 0.08)
+    assert costs.draft[1] == pytest.approx(0.030, rel=0.08)
+    costs.load(costs.state())  # a loaded cost counts as a few rounds of evidence
+    costs.observe(1, 1, 0.060, 0.05)
+    assert 0.030 < costs.draft[1] < 0.045

@@ -82,6 +82,7 @@ class ModelBackedDrafter(Drafter):
         # been accepted, so the calibration learns about the confidences it stops at, not
         # only about those it drafts (otherwise a bin it stops at never learns it was wrong).
         self._withheld: tuple[int, int, float] | None = None
+        self._step_seconds: float | None = None  # a one-token draft step, as last measured
 
     def reset(self) -> None:
         self.lm.reset()
@@ -93,10 +94,7 @@ class ModelBackedDrafter(Drafter):
         unseen = len(context) - min(self.lm.length, len(context) - 1)
         started = self.lm.clock()
         logits = self._start_draft(context)  # [1, V]
-        # The first forward consumed `unseen` committed tokens to draft the first one: the
-        # share beyond one token is catch-up (pro rata: a small model's forward on a CPU
-        # grows with its width).
-        catch_up = (self.lm.clock() - started) * (unseen - 1) / unseen if unseen > 1 else 0.0
+        first_forward = self.lm.clock() - started
         self._judge_withheld(context)
         stopping = self.stop_below is not None or stop is not None
         # The learned rule may carry a draft of sure tokens past the plan's k (its horizon).
@@ -129,7 +127,22 @@ class ModelBackedDrafter(Drafter):
         self._end_draft(context, fed)
         if not tokens:
             return self.empty_draft()
+        catch_up = self._catch_up(unseen, first_forward, self.lm.clock() - started - first_forward, fed)
         return Draft(torch.cat(tokens).to(self.ctx.device), torch.cat(probs).to(self.ctx.device), catch_up)
+
+    def _catch_up(self, unseen: int, first: float, rest: float, steps: int) -> float:
+        """The seconds of a draft's first forward (over `unseen` committed tokens, then `steps`
+        one-token steps taking `rest`) spent catching up: what it took beyond a one-token step.
+        A prompt's first forward is a prefill far dearer than a step, and, charged per drafted
+        token, would make the drafter look several times cheaper than its steps are. Without
+        a step in this draft, the last one measured stands in (pro rata by width before any)."""
+        if steps:
+            self._step_seconds = rest / steps
+        if unseen <= 1:
+            return 0.0
+        if self._step_seconds is None:
+            return first * (unseen - 1) / unseen
+        return max(0.0, first - self._step_seconds)
 
     def _confidence(self, logits: torch.Tensor, q: torch.Tensor) -> float:
         """The drafter's top probability for its next token (one host read per drafted token,

@@ -118,9 +118,16 @@ class VerifyCosts:
 class RoundCostModel:
     """Seconds a round takes: `T(arm, K) = c_verify(K + 1) + K * c_draft(arm)`."""
 
+    LOADED_WEIGHT = 4.0  # rounds of evidence a loaded draft cost counts as
+
     def __init__(self, arms: int, decay: float = 0.95):
         self.verify = VerifyCosts(decay)
         self.draft: list[float | None] = [None] * arms  # seconds per drafted token
+        # The decayed count of rounds behind each draft cost: a decayed mean of all rounds so
+        # far, so the first round (often a prompt's catch-up, its cost hard to split from the
+        # draft's) weighs as one round among them, not as the starting point a plain moving
+        # average would keep for dozens of rounds.
+        self.draft_weight = [0.0] * arms
         self.decay = decay
 
     def observe(self, arm: int, drafted: int, draft_seconds: float, verify_seconds: float,
@@ -129,8 +136,9 @@ class RoundCostModel:
         self.verify.add(verify_width or drafted + 1, verify_seconds)
         if drafted:
             per_token = draft_seconds / drafted
-            old = self.draft[arm]
-            self.draft[arm] = per_token if old is None else self.decay * old + (1 - self.decay) * per_token
+            weight = self.decay * self.draft_weight[arm]
+            self.draft[arm] = (weight * (self.draft[arm] or 0.0) + per_token) / (weight + 1)
+            self.draft_weight[arm] = weight + 1
 
     def round_seconds(self, arm: int, k: int) -> float | None:
         """Estimated T(arm, k), or None before any verify was timed or, for k > 0, before the
@@ -160,6 +168,7 @@ class RoundCostModel:
             raise ValueError(f"state field costs.draft: expected {len(self.draft)} numbers or nulls")
         self.verify.load(verify)
         self.draft = list(draft)
+        self.draft_weight = [0.0 if d is None else self.LOADED_WEIGHT for d in draft]
 
 
 class AcceptanceByPosition:
