@@ -9,37 +9,15 @@ are meant to: see cpu_kernels_vnni.c).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-
 import torch
 
+from forward_timing import interleaved_costs  # benchmarks/, the folder the script runs from
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.loading import load_model
 from specdraft.models.native import kernel_isa, vnni_available
 from specdraft.profile import load_profile
 
 ISAS = {"avx2": 0, "vnni": 1}
-
-
-def width_costs(model, widths: list[int], context: int, repeats: int) -> dict:
-    tokens = torch.randint(0, int(model.config.vocab_size), (context + max(widths),),
-                           generator=torch.Generator().manual_seed(0))
-    lm = CachedLM(model, lean=True)
-    seconds: dict = {}
-    with torch.inference_mode():
-        lm.feed(tokens[:context])
-        for repeat in range(repeats + 1):  # the first pass warms up, untimed
-            for width in widths:
-                for name, isa in ISAS.items():  # interleaved: the same block back to back
-                    kernel_isa(isa)
-                    began = time.perf_counter()
-                    lm.feed(tokens[context:context + width], keep=0)
-                    elapsed = time.perf_counter() - began
-                    lm.crop(context)
-                    if repeat:
-                        seconds.setdefault((name, width), []).append(elapsed)
-    return {key: statistics.median(values) for key, values in seconds.items()}
 
 
 def same_logits(model, prompt: torch.Tensor, positions: int) -> tuple[int, int]:
@@ -81,7 +59,9 @@ def main() -> None:
     profile = load_profile(args.pool)
     target = load_model(profile.target, str(profile.file), "target")
     widths = [int(w) for w in args.widths.split(",")]
-    costs = width_costs(target.model, widths, args.context, args.repeats)
+    lm = CachedLM(target.model, lean=True)
+    costs = interleaved_costs({name: (lm, lambda isa=isa: kernel_isa(isa)) for name, isa in ISAS.items()}, widths,
+                              args.context, args.repeats, int(target.model.config.vocab_size))
     print(f"forward ms by width (median of {args.repeats}, after {args.context} cached tokens, "
           f"{torch.get_num_threads()} threads); x = / AVX2 width 1")
     print("width        avx2          vnni   vnni/avx2")

@@ -8,11 +8,7 @@ the same tokens and cache (they give the same logits bit for bit; tests check th
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-
-import torch
-
+from forward_timing import interleaved_costs  # benchmarks/, the folder the script runs from
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.loading import load_model
 from specdraft.profile import load_profile
@@ -28,25 +24,18 @@ def main() -> None:
     profile = load_profile(args.pool)
     target = load_model(profile.target, str(profile.file), "target")
     widths = [int(w) for w in args.widths.split(",")]
-    tokens = torch.randint(0, int(target.model.config.vocab_size), (args.context + max(widths),),
-                           generator=torch.Generator().manual_seed(0))
     lm = CachedLM(target.model, lean=True)
-    seconds: dict = {}
-    with torch.inference_mode():
-        lm.feed(tokens[:args.context])
-        for repeat in range(args.repeats + 1):  # the first pass warms up, untimed
-            for width in widths:
-                for in_c in (True, False):
-                    lm.lean.whole_layers_in_c = in_c
-                    began = time.perf_counter()
-                    lm.feed(tokens[args.context:args.context + width], keep=0)
-                    elapsed = time.perf_counter() - began
-                    lm.crop(args.context)
-                    if repeat:
-                        seconds.setdefault((width, in_c), []).append(elapsed)
+
+    def path(in_c: bool):
+        def switch() -> None:
+            lm.lean.whole_layers_in_c = in_c
+        return lm, switch
+
+    costs = interleaved_costs({"one call": path(True), "layer by layer": path(False)}, widths, args.context,
+                              args.repeats, int(target.model.config.vocab_size))
     print(f"forward ms by width (median of {args.repeats}, after {args.context} cached tokens)")
     for width in widths:
-        one, each = (statistics.median(seconds[(width, flag)]) * 1e3 for flag in (True, False))
+        one, each = (costs[(name, width)] * 1e3 for name in ("one call", "layer by layer"))
         print(f"width {width:2d}: one C call {one:6.2f}, layer by layer {each:6.2f}, ratio {one / each:.2f}")
 
 

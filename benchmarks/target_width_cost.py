@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import time
 
 import torch
 
+from forward_timing import interleaved_costs  # benchmarks/, the folder the script runs from
 from specdraft.profile import load_profile
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.file_quantization import weight_bytes
@@ -34,25 +34,6 @@ def load(profile, quantization: str):
         pack_linears(target.model)
     print(f"{quantization:5s}: loaded in {seconds:.1f} s, {weight_bytes(target.model) / 1e6:.0f} MB of weights")
     return target, lean
-
-
-def width_costs(models: dict, widths: list[int], context: int, repeats: int, vocab: int) -> dict:
-    tokens = torch.randint(0, vocab, (context + max(widths),), generator=torch.Generator().manual_seed(0))
-    lms = {name: CachedLM(model, lean=lean) for name, (model, lean) in models.items()}
-    seconds: dict = {}
-    with torch.inference_mode():
-        for lm in lms.values():
-            lm.feed(tokens[:context])
-        for repeat in range(repeats + 1):  # the first pass warms up, untimed
-            for width in widths:
-                for name, lm in lms.items():  # interleaved: the same block back to back
-                    began = time.perf_counter()
-                    lm.feed(tokens[context:context + width], keep=0)
-                    elapsed = time.perf_counter() - began
-                    lm.crop(context)
-                    if repeat:
-                        seconds.setdefault((name, width), []).append(elapsed)
-    return {key: statistics.median(values) for key, values in seconds.items()}
 
 
 def invariance(model, lean: bool, prompt: torch.Tensor, positions: int) -> tuple[int, int]:
@@ -95,7 +76,8 @@ def main() -> None:
     floats, _ = load(profile, "none")
     models = {"gguf": (quantized.model, lean), "float32": (floats.model, False)}
     widths = [int(w) for w in args.widths.split(",")]
-    costs = width_costs(models, widths, args.context, args.repeats, int(quantized.model.config.vocab_size))
+    configs = {name: (CachedLM(model, lean=is_lean), None) for name, (model, is_lean) in models.items()}
+    costs = interleaved_costs(configs, widths, args.context, args.repeats, int(quantized.model.config.vocab_size))
     print(f"\nforward ms by width (median of {args.repeats}, after {args.context} cached tokens); x = / width 1")
     print("width  " + "  ".join(f"{name:>16s}" for name in models))
     for width in widths:

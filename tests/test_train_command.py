@@ -14,6 +14,15 @@ from specdraft.cli import app
 from specdraft.training.loop import STATE
 
 
+def _profile_and_corpus(tiny_models, tmp_path, text: str):
+    """The tiny models' training profile and a plain-text corpus, written under tmp_path."""
+    base = tmp_path / "base.toml"
+    base.write_text(BASE.format(root=tiny_models))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text)
+    return base, corpus
+
+
 def test_train_head_command_writes_a_head_that_a_profile_drafts_with(tiny_models, tmp_path):
     from test_cli import expected_text
 
@@ -70,10 +79,7 @@ def test_train_head_fuse_layers_trains_a_head_that_reads_them_and_drafts_lossles
     from test_cli import expected_text
 
     runner = CliRunner()
-    base = tmp_path / "base.toml"
-    base.write_text(BASE.format(root=tiny_models))
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(" ".join(str(i % 37) for i in range(600)))
+    base, corpus = _profile_and_corpus(tiny_models, tmp_path, " ".join(str(i % 37) for i in range(600)))
     out = tmp_path / "head"
     result = runner.invoke(app, ["train", "head", "--pool", str(base), "--data", str(corpus), "--out", str(out),
                                  "--steps", "4", "--seq-len", "64", "--batch", "2", "--unroll", "3",
@@ -106,10 +112,7 @@ def _no_model_loads(monkeypatch):
 def test_train_head_refuses_folders_it_did_not_write_before_loading(tiny_models, tmp_path, monkeypatch):
     _no_model_loads(monkeypatch)
     runner = CliRunner()
-    base = tmp_path / "base.toml"
-    base.write_text(BASE.format(root=tiny_models))
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("some text " * 200)
+    base, corpus = _profile_and_corpus(tiny_models, tmp_path, "some text " * 200)
     papers = tmp_path / "papers"
     papers.mkdir()
     (papers / "notes.txt").write_text("mine")
@@ -138,10 +141,7 @@ def test_train_head_refuses_folders_it_did_not_write_before_loading(tiny_models,
 def test_train_head_numbers_are_finite_and_in_range_before_loading(tiny_models, tmp_path, monkeypatch):
     _no_model_loads(monkeypatch)
     runner = CliRunner()
-    base = tmp_path / "base.toml"
-    base.write_text(BASE.format(root=tiny_models))
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("some text " * 200)
+    base, corpus = _profile_and_corpus(tiny_models, tmp_path, "some text " * 200)
     for extra, message in ((["--epochs", "nan"], "--epochs"), (["--epochs", "inf"], "--epochs"),
                            (["--epochs", "1e300"], "--epochs"), (["--lr", "inf"], "--lr"), (["--lr", "nan"], "--lr"),
                            (["--lr", "-inf"], "--lr"), (["--seq-len", "4"], "--seq-len"), (["--batch", "0"], "--batch"),

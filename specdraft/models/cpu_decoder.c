@@ -26,6 +26,13 @@ typedef struct {
     int qkv_parts, gate_up_parts;
 } Layer;
 
+/* The MLP's inner width of a layer: half its gate/up projection's columns. */
+static int inner_width(const Layer *L) {
+    int width = 0;
+    for (int p = 0; p < L->gate_up_parts; p++) width += L->gate_up[p].N;
+    return width / 2;
+}
+
 /* y [n, sum of the parts' N] = x [n, K] times the parts side by side, plus their biases; the
  * activations are quantized once for all parts. Returns 0, or -1 without memory. */
 static int project(const float *x, int n, int K, const Matrix *parts, int count, float *y, int threads) {
@@ -50,10 +57,15 @@ static int project(const float *x, int n, int K, const Matrix *parts, int count,
  * positions start .. start + n - 1; keys and values [count, KVH, capacity, D] from the first of
  * these layers on; cos, sin [n, D]. Returns 0, or -1 when scratch memory cannot be had. */
 int decoder_layers(float *x, int n, int hidden, int start, const Layer *layers, int count, int H, int KVH, int D,
-                   int inner, float *keys, float *values, int capacity, const float *cos, const float *sin,
-                   float scale, int threads) {
+                   float *keys, float *values, int capacity, const float *cos, const float *sin, float scale,
+                   int threads) {
     const size_t rows = (size_t)n, per_layer = (size_t)KVH * capacity * D;
     const int qkv_width = (H + 2 * KVH) * D;
+    int inner = 0; /* the widest MLP among these layers: the scratch holds any of them */
+    for (int i = 0; i < count; i++) {
+        const int width = inner_width(&layers[i]);
+        inner = width > inner ? width : inner;
+    }
     float *h = malloc(sizeof(float) * rows * hidden), *qkv = malloc(sizeof(float) * rows * qkv_width);
     float *attended = malloc(sizeof(float) * rows * H * D), *delta = malloc(sizeof(float) * rows * hidden);
     float *gate_up = malloc(sizeof(float) * rows * 2 * inner), *act = malloc(sizeof(float) * rows * inner);
@@ -61,6 +73,7 @@ int decoder_layers(float *x, int n, int hidden, int start, const Layer *layers, 
     int pending = 0; /* delta holds the last layer's MLP output, not yet added to x */
     for (int i = 0; i < count && !failed; i++) {
         const Layer *L = &layers[i];
+        const int width = inner_width(L);
         if (pending)
             add_rms_norm_rows(x, delta, L->norm1, n, hidden, L->eps1, h);
         else
@@ -73,8 +86,8 @@ int decoder_layers(float *x, int n, int hidden, int start, const Layer *layers, 
         add_rms_norm_rows(x, delta, L->norm2, n, hidden, L->eps2, h);
         failed = project(h, n, hidden, L->gate_up, L->gate_up_parts, gate_up, threads);
         if (failed) break;
-        swiglu_rows(gate_up, n, inner, act);
-        failed = project(act, n, inner, &L->down, 1, delta, threads);
+        swiglu_rows(gate_up, n, width, act);
+        failed = project(act, n, width, &L->down, 1, delta, threads);
         pending = !failed;
     }
     if (pending && !failed)

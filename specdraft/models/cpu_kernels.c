@@ -214,23 +214,14 @@ void block_products(const Activations *a, int M, int K, const void *codes, const
         }
 }
 
-/* x [M, K] float32 -> y [M, N] float32 for a 4-bit weight of `groups` groups per column.
- * Returns 0, or -1 when scratch memory cannot be had. */
-int block_matmul(const float *x, int M, int K, const uint8_t *codes, const float *scale, const float *offset,
-                 int N, int groups, float *y, int threads) {
+/* x [M, K] float32 -> y [M, N] float32 for a weight in the block layout (`block_products`:
+ * 4-bit codes with offsets, or 8-bit codes whose `offset` is not read). Returns 0, or -1 when
+ * scratch memory cannot be had. */
+int block_matmul(const float *x, int M, int K, const void *codes, const float *scale, const float *offset,
+                 int bits, int N, int groups, float *y, int threads) {
     Activations a;
     if (quantize_activations(x, M, K, &a)) return -1;
-    block_products(&a, M, K, codes, scale, offset, 4, N, groups, y, N, threads);
-    free_activations(&a);
-    return 0;
-}
-
-/* The same for an 8-bit weight (GGUF Q8_0, and the int8 rows other formats become). */
-int block_matmul8(const float *x, int M, int K, const int8_t *codes, const float *scale, int N, float *y,
-                  int threads) {
-    Activations a;
-    if (quantize_activations(x, M, K, &a)) return -1;
-    block_products(&a, M, K, codes, scale, NULL, 8, N, K / GROUP, y, N, threads);
+    block_products(&a, M, K, codes, scale, offset, bits, N, groups, y, N, threads);
     free_activations(&a);
     return 0;
 }

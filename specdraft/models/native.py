@@ -24,7 +24,7 @@ import torch
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 SOURCES = (SOURCE, Path(__file__).with_name("cpu_kernels_vnni.c"), Path(__file__).with_name("cpu_decoder.c"))
-HEADER = Path(__file__).with_name("cpu_kernels_shared.h")  # included by both
+HEADER = Path(__file__).with_name("cpu_kernels_shared.h")  # included by every source
 # SPECDRAFT_KERNEL_ISA: the block products' instruction set (auto: AVX-512 VNNI where the CPU
 # has it, else AVX2). The results are the same bit for bit; avx2 measures what an AVX2-only
 # CPU would run.
@@ -93,10 +93,8 @@ def _declared(loaded: ctypes.CDLL) -> ctypes.CDLL:
     loaded.vnni_supported.restype = integer
     loaded.vnni_supported.argtypes = []
     loaded.block_matmul.restype = integer
-    loaded.block_matmul.argtypes = [pointer, integer, integer, pointer, pointer, pointer, integer, integer, pointer,
-                                    integer]
-    loaded.block_matmul8.restype = integer
-    loaded.block_matmul8.argtypes = [pointer, integer, integer, pointer, pointer, integer, pointer, integer]
+    loaded.block_matmul.argtypes = [pointer, integer, integer, pointer, pointer, pointer, integer, integer, integer,
+                                    pointer, integer]
     loaded.causal_attention.restype = integer
     loaded.causal_attention.argtypes = [pointer, pointer, pointer, integer, integer, integer, integer, integer,
                                         integer, ctypes.c_float, pointer, integer]
@@ -108,7 +106,7 @@ def _declared(loaded: ctypes.CDLL) -> ctypes.CDLL:
     loaded.swiglu_rows.argtypes = [pointer, integer, integer, pointer]
     loaded.decoder_layers.restype = integer
     loaded.decoder_layers.argtypes = [pointer, integer, integer, integer, pointer, integer, integer, integer, integer,
-                                      integer, pointer, pointer, integer, pointer, pointer, ctypes.c_float, integer]
+                                      pointer, pointer, integer, pointer, pointer, ctypes.c_float, integer]
     loaded.attention_block.restype = integer
     loaded.attention_block.argtypes = [pointer, integer, integer, integer, integer, integer, pointer, pointer,
                                        pointer, pointer, integer, ctypes.c_float, pointer, integer]

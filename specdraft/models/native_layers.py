@@ -56,22 +56,23 @@ def _norm_weight(norm: nn.Module) -> torch.Tensor | None:
 
 
 class NativeLayers:
-    """The layer table of one model's lean layers (`LeanDecoder.layers`), built once."""
+    """The layer table of one model's lean layers (`LeanDecoder.layers`), built once. Like
+    BlockLinear's own cached addresses, it points into the modules' tensors: it stays valid
+    while the model keeps them (the model holds the table)."""
 
-    def __init__(self, table: ctypes.Array, inner: int, keep: list):
-        self.table, self.inner, self._keep = table, inner, keep  # _keep: what the addresses point into
+    def __init__(self, table: ctypes.Array):
+        self.table = table
 
     @classmethod
     def of(cls, layers: Sequence[tuple]) -> "NativeLayers | None":
         """The table, or None when some layer does not fit it (module docstring)."""
-        table, keep, inners = (_Layer * len(layers))(), [], set()
-        for entry, (norm1, qkv, out, norm2, gate_up, down, inner) in zip(table, layers):
+        table = (_Layer * len(layers))()
+        for entry, (norm1, qkv, out, norm2, gate_up, down, _) in zip(table, layers):
             groups = [_parts(qkv), _parts(gate_up), _parts(out), _parts(down)]
             weights = [_norm_weight(norm1), _norm_weight(norm2)]
             if any(g is None for g in groups) or any(w is None for w in weights) \
                     or len(groups[2]) != 1 or len(groups[3]) != 1:
                 return None
-            keep += weights + [p.bias for g in groups for p in g if p.bias is not None]
             entry.norm1, entry.norm2 = weights[0].data_ptr(), weights[1].data_ptr()
             entry.eps1, entry.eps2 = norm1.variance_epsilon, norm2.variance_epsilon
             for slot, matrix in enumerate(groups[0]):
@@ -80,10 +81,7 @@ class NativeLayers:
                 entry.gate_up[slot] = _matrix(matrix)
             entry.qkv_parts, entry.gate_up_parts = len(groups[0]), len(groups[1])
             entry.out, entry.down = _matrix(groups[2][0]), _matrix(groups[3][0])
-            inners.add(inner)
-        if len(inners) != 1:
-            return None
-        return cls(table, inners.pop(), keep)
+        return cls(table)
 
     def run(self, x: torch.Tensor, start: int, first: int, count: int, heads: int, keys: torch.Tensor,
             values: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -94,8 +92,7 @@ class NativeLayers:
         _, _, kv_heads, capacity, dim = keys.shape
         layer = ctypes.addressof(self.table) + first * ctypes.sizeof(_Layer)
         status = library().decoder_layers(
-            x.data_ptr(), n, hidden, start, layer, count, heads, kv_heads, dim, self.inner,
-            keys[first].data_ptr(), values[first].data_ptr(), capacity, cos.data_ptr(), sin.data_ptr(),
+            x.data_ptr(), n, hidden, start, layer, count, heads, kv_heads, dim, keys[first].data_ptr(), values[first].data_ptr(), capacity, cos.data_ptr(), sin.data_ptr(),
             dim ** -0.5, torch.get_num_threads())
         if status:
             raise MemoryError("the decoder layers could not allocate their scratch memory")
