@@ -1,11 +1,13 @@
-"""The target's forward at each verify width, on the GGUF file's own quantization (the lean
-forward on specdraft's kernels) and dequantized into float32 (packed for oneDNN), the two
-interleaved on the same tokens; and, over many positions of a greedy continuation, whether
-each row of a verify block gives the one-token step's logits (bit for bit, and the same
-argmax).
+"""The target's forward at each verify width, in several formats interleaved on the same
+tokens: the GGUF file's own quantization (`gguf`: the lean forward on specdraft's kernels),
+dequantized into float32 (`float32`: packed for oneDNN), into bfloat16 as specdraft runs it
+(`bfloat16`: its weights on the block kernels, float32 arithmetic) and as torch runs it
+(`bfloat16-torch`: oneDNN's bfloat16 products through transformers, what `dtype =
+"bfloat16"` ran before); and, over many positions of a greedy continuation, whether each row
+of a verify block gives the one-token step's logits (bit for bit, and the same argmax).
 
     python benchmarks/target_width_cost.py --pool profiles/demo.toml --widths 1,2,3,4,5,6,7,8,9,10,11 \
-        --positions 2000
+        --positions 2000 [--formats gguf,float32,bfloat16,bfloat16-torch]
 """
 
 from __future__ import annotations
@@ -19,20 +21,26 @@ import torch
 from forward_timing import interleaved_costs  # benchmarks/, the folder the script runs from
 from specdraft.profile import load_profile
 from specdraft.models.cached_lm import CachedLM
+from specdraft.models.block_linear import runs_on_file_quantization
 from specdraft.models.file_quantization import weight_bytes
 from specdraft.models.loading import load_model
 from specdraft.models.packed_linear import pack_linears, packing_problem
 
 
-def load(profile, quantization: str):
-    spec = dataclasses.replace(profile.target, quantization=quantization)
+def load(profile, form: str):
+    """The target in `form` (module docstring) and whether it runs the lean forward."""
+    dtype = {"gguf": "auto", "float32": "float32"}.get(form, "bfloat16")
+    spec = dataclasses.replace(profile.target, quantization="gguf" if form == "gguf" else "none",
+                               dtype="float32" if form == "bfloat16-torch" else dtype)
     began = time.perf_counter()
     target = load_model(spec, str(profile.file), "target")
+    if form == "bfloat16-torch":
+        target.model.to(torch.bfloat16)
     seconds = time.perf_counter() - began
-    lean = quantization == "gguf"
+    lean = runs_on_file_quantization(target.model)
     if not lean and packing_problem(target.model) is None:
         pack_linears(target.model)
-    print(f"{quantization:5s}: loaded in {seconds:.1f} s, {weight_bytes(target.model) / 1e6:.0f} MB of weights")
+    print(f"{form}: loaded in {seconds:.1f} s, {weight_bytes(target.model) / 1e6:.0f} MB of weights")
     return target, lean
 
 
@@ -70,14 +78,16 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=200, help="tokens cached before each timed forward")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--positions", type=int, default=2000, help="positions checked for invariance (0: skip)")
+    parser.add_argument("--formats", default="gguf,float32", help="gguf, float32, bfloat16, bfloat16-torch")
     args = parser.parse_args()
     profile = load_profile(args.pool)
-    quantized, lean = load(profile, "gguf")
-    floats, _ = load(profile, "none")
-    models = {"gguf": (quantized.model, lean), "float32": (floats.model, False)}
+    loaded = {form: load(profile, form) for form in args.formats.split(",")}
+    models = {form: (target.model, lean) for form, (target, lean) in loaded.items()}
+    tokenizer = next(iter(loaded.values()))[0].tokenizer
+    vocab = int(next(iter(models.values()))[0].config.vocab_size)
     widths = [int(w) for w in args.widths.split(",")]
     configs = {name: (CachedLM(model, lean=is_lean), None) for name, (model, is_lean) in models.items()}
-    costs = interleaved_costs(configs, widths, args.context, args.repeats, int(quantized.model.config.vocab_size))
+    costs = interleaved_costs(configs, widths, args.context, args.repeats, vocab)
     print(f"\nforward ms by width (median of {args.repeats}, after {args.context} cached tokens); x = / width 1")
     print("width  " + "  ".join(f"{name:>16s}" for name in models))
     for width in widths:
@@ -85,7 +95,7 @@ def main() -> None:
                  for name in models]
         print(f"{width:5d}  " + "  ".join(f"{cell:>16s}" for cell in cells))
     if args.positions:
-        prompt = quantized.tokenizer("Complete this Python function:\n\ndef merge_sort(items):\n",
+        prompt = tokenizer("Complete this Python function:\n\ndef merge_sort(items):\n",
                                      return_tensors="pt").input_ids[0]
         for name, (model, is_lean) in models.items():
             equal, same = invariance(model, is_lean, prompt, args.positions)

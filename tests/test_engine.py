@@ -202,7 +202,7 @@ def test_counterfactual_gammas_equal_what_the_drafter_scores_when_chosen(target,
         position = len(PROMPTS[0])
         for record in engine.generate(PROMPTS[0]):
             for arm, gammas in enumerate(record.gammas or ()):  # a prompt's last round is not scored
-                for offset, gamma in enumerate(gammas):
+                for offset, gamma in enumerate(gammas or ()):  # (nor a drafter the planner leaves out)
                     key = (arm, position + offset)
                     by_position.setdefault(key, []).append(gamma)
             position += len(record.tokens)
@@ -248,6 +248,41 @@ def test_full_information_prefills_the_drafters_before_the_first_round(target):
     next(bandit_rounds)
     bandit_rounds.close()
     assert widths and widths[0] == len(PROMPTS[0])
+
+
+@pytest.mark.parametrize("policy", ["normalhedge", "cycle"])
+def test_model_drafters_left_out_of_scoring_are_not_prefilled_and_catch_up_when_they_draft(target, pool, policy,
+                                                                                           monkeypatch):
+    """Goodput leaves a drafter scored by its own forwards out of evaluation once it is
+    measured and not worth playing (here: always, by an impossible margin); it is then not
+    prefilled at the next prompt, and when the policy plays it all the same (the cycling
+    one does every few rounds), its cache catches up over everything it missed: output
+    stays plain greedy decoding's."""
+    from specdraft.learning.planner import RoundPlanner
+
+    monkeypatch.setattr(RoundPlanner, "COSTLY_MARGIN", 1e9)
+    prepared = []
+    for drafter in pool:
+        monkeypatch.setattr(drafter, "prepare_scoring", lambda context, name=drafter.name: prepared.append(name))
+    names = [d.name for d in pool]
+    if policy == "cycle":
+        settings = EngineSettings(4, 40, SamplingParams())
+        engine = SpeculativeEngine(CachedLM(target), pool, EveryRound(names, {"evaluate": "all"}), settings)
+    else:
+        engine = policy_engine(target, pool, policy, update_every=1, reset="carry")
+    models = [d.name for d in pool if d.scored_by_own_forward]
+    assert models == ["small", "half", "twin"]
+    drafted = set()
+    for n, prompt in enumerate(PROMPTS[:2] * 2):
+        prepared.clear()
+        records = list(engine.generate(prompt))
+        assert committed(records) == plain_greedy(target, prompt, 40)
+        # Each drafted in the first prompt (a cost probe), so all are measured after it.
+        assert engine.driver.scored_now()[1:4] == [False] * 3
+        if n:
+            assert not set(prepared) & set(models)  # none of them was prefilled
+            drafted |= {r.drafter for r in records if r.drafted and r.drafter in models}
+    assert policy != "cycle" or drafted  # one caught up over what it sat out (the others plan K = 0)
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=1.0)])

@@ -146,6 +146,73 @@ def test_a_drafter_that_cannot_be_fastest_is_not_evaluated_and_keeps_its_regret(
     assert planner.evaluation_skips() == [False, False, False]
 
 
+class CostlyEvaluator:
+    """Scores every arm not skipped from `arms`; arm `costly` is scored by a forward of its own."""
+
+    def __init__(self, arms, costly):
+        self.arms, self.asked = arms, []
+        self.costly = [i == costly for i in range(len(arms.rates))]
+
+    def __call__(self, rounds, skip=()):
+        self.asked.append(list(skip))
+        return [[None if skip and skip[i] else [self.arms.gamma(i) for _ in range(r.count)]
+                 for i in range(len(self.arms.rates))] for r in rounds]
+
+
+def run_prompt(driver, arms, evaluator, rounds):
+    driver.start_prompt(evaluator)
+    for _ in range(rounds):
+        fb = arms.play(driver.policy.select())
+        driver.finish_round(RoundOutcome(fb, 0, fb.accepted + 1), last=False)
+
+
+def test_a_costly_drafter_the_planner_would_not_play_is_not_scored_and_revisited_every_few_prompts():
+    """Goodput: a drafter scored by a forward of its own (a model's catch-up, its prompt
+    prefill first) is scored while unmeasured or close to the leader; clearly slower, it sits
+    out whole prompts (its regret does not move, the engine prefills nothing into it), and
+    every REVISIT_PROMPTS-th prompt it is scored again in case its estimate went stale."""
+    driver = make("normalhedge", n=3, objective="goodput", draft_length="goodput", reset="carry")
+    planner = driver.planner
+    # arm 1 costs three times arm 0 per token and accepts less: never worth playing; its
+    # ceiling is above the leader, so only the costly rule can leave it out.
+    arms = Arms([0.9, 0.6, 0.0], cost=[1e-3, 3e-3, 1e-3])
+    evaluator = CostlyEvaluator(arms, costly=1)
+    driver.start_prompt(evaluator)
+    assert driver.scored_now() == [True, True, True]  # nothing measured: everything is scored
+    for _ in range(3):
+        for arm in range(3):
+            fb = arms.play(arm)
+            driver.finish_round(RoundOutcome(fb, 0, fb.accepted + 1), last=False)
+    run_prompt(driver, arms, evaluator, 40)
+    assert planner.ceiling(1) > planner.estimated_value(0)
+    assert planner.estimated_value(1) < planner.COSTLY_MARGIN * planner.estimated_value(0)
+    assert evaluator.asked[-1] == [False, True, False]
+    assert driver.scored_now() == [True, False, True]
+    # Asleep for the choice as well: a learner keeping its old regret would still play it.
+    assert all(driver.choose(0).arm != 1 for _ in range(50))
+    assert planner.costly_skips([False, False, False]) == [False] * 3
+    regret = driver.policy.weights_state[1]
+    sat_out = []
+    for _ in range(2 * planner.REVISIT_PROMPTS + 2):
+        evaluator.asked.clear()
+        run_prompt(driver, arms, evaluator, 20)
+        sat_out.append(all(skip[1] for skip in evaluator.asked))
+    # It sat out four whole prompts (the first 40-round one included), was scored in the
+    # fifth, sat out four more.
+    assert sat_out == [True] * 3 + [False] + [True] * 4 + [False, True], sat_out
+    arms.rates[1] = 0.99  # it became worth its cost: the next revisit sees it and it stays scored
+    for _ in range(planner.REVISIT_PROMPTS + 1):
+        evaluator.asked.clear()
+        run_prompt(driver, arms, evaluator, 30)
+    assert not any(skip[1] for skip in evaluator.asked)
+    assert driver.policy.weights_state[1] != pytest.approx(regret)
+    # The same drafter, not costly, is scored every round (the ceiling rule alone).
+    plain = make("normalhedge", n=3, objective="goodput", draft_length="goodput", reset="carry")
+    arms = Arms([0.9, 0.6, 0.0], cost=[1e-3, 3e-3, 1e-3])
+    run_prompt(plain, arms, CostlyEvaluator(arms, costly=None), 60)
+    assert plain.scored_now() == [True, True, True]
+
+
 @pytest.mark.parametrize("honour_skips", [True, False])
 def test_under_goodput_the_best_drafter_is_the_fastest_not_the_most_accepted(honour_skips):
     """Issue 38: arm 1 accepts a little more than arm 0 but every draft token costs most of a

@@ -1,7 +1,8 @@
 """The real demo model on its GGUF file's own quantization (the default on a CPU): what is
 resident and cached is the file's codes, every row of a verify gives the logits of a
-one-token step bit for bit, speculative output equals specdraft's own plain decoding under
-every kind of policy, and `bench --baseline llama.cpp` runs llama.cpp on the same file."""
+one-token step bit for bit (also in bfloat16), speculative output equals specdraft's own
+plain decoding under every kind of policy (also in bfloat16), and `bench --baseline
+llama.cpp` runs llama.cpp on the same file."""
 
 from __future__ import annotations
 
@@ -60,9 +61,21 @@ def test_the_target_keeps_the_files_codes_in_memory_and_in_the_cache(demo):
     assert (entry / WEIGHTS_FILE).stat().st_size < 1.3 * size
 
 
-def test_every_verify_row_gives_the_one_token_logits_bit_for_bit(demo):
-    """600 positions of a real prompt's continuation, verified in blocks of widths 2..11."""
-    profile, target = demo
+@pytest.fixture(scope="module")
+def demo_bfloat16(demo):
+    """The demo dequantized to bfloat16: its matrices on the block kernels (float_blocks.py)."""
+    profile, _ = demo
+    spec = dataclasses.replace(profile.target, quantization="none", dtype="bfloat16")
+    return profile, load_model(spec, str(DEMO), "target")
+
+
+@pytest.mark.parametrize("form", ["gguf", "bfloat16"])
+def test_every_verify_row_gives_the_one_token_logits_bit_for_bit(demo, demo_bfloat16, form):
+    """600 positions of a real prompt's continuation, verified in blocks of widths 2..11, on
+    the file's codes and on the bfloat16 weights."""
+    profile, target = demo if form == "gguf" else demo_bfloat16
+    if form == "bfloat16":
+        assert {m.bits for m in target.model.modules() if isinstance(m, BlockLinear)} == {16}
     tokens = target.tokenizer("def merge_sort(items):\n    " * 3 + "Explain the steps.", return_tensors="pt")
     prompt = tokens.input_ids[0]
     steps = CachedLM(target.model, lean=True)
@@ -88,8 +101,9 @@ def test_every_verify_row_gives_the_one_token_logits_bit_for_bit(demo):
 
 
 @pytest.mark.parametrize("policy", ["fixed:lookup", "fixed:suffix", "fixed:early-exit-24", "normalhedge", "ucb"])
-def test_speculative_text_equals_plain_decoding_of_the_quantized_target(demo, policy):
-    profile, target = demo
+@pytest.mark.parametrize("form", ["gguf", "bfloat16"])
+def test_speculative_text_equals_plain_decoding_of_the_quantized_target(demo, demo_bfloat16, policy, form):
+    profile, target = demo if form == "gguf" else demo_bfloat16
     profile = profile.with_overrides(max_new_tokens=48, policy=policy, seed=0)
     if policy.startswith("fixed:"):  # always draft: whether a goodput K pays follows this machine's timings
         profile = dataclasses.replace(profile, policy=dataclasses.replace(

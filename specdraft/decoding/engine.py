@@ -173,8 +173,8 @@ class SpeculativeEngine:
 
     def _start(self, prompt_ids: Sequence[int]) -> _Prompt:
         """Reset every cache and the policy (as it asks), and prefill the prompt: the target's
-        cache, and under full information every drafter's (it is scored from the first round
-        on, whichever arm drafts)."""
+        cache, and under full information every drafter's that the planner scores now (it is
+        scored from the first round on, whichever arm drafts)."""
         if not prompt_ids:
             raise ValueError("the prompt is empty: nothing to condition on")
         started = self.target.clock()
@@ -188,9 +188,10 @@ class SpeculativeEngine:
             _, hidden = self.target.feed_with_hidden(torch.tensor(context[:-1], dtype=torch.long, device=device), 1,
                                                      self.feature_layers)
             self._hand_over(0, hidden, len(context) - 1)
-        if self.driver.full_information:
-            for drafter in self.drafters:
-                drafter.prepare_scoring(context)
+        if self.driver.full_information:  # (a drafter the planner would not score catches up if it drafts)
+            for drafter, scored in zip(self.drafters, self.driver.scored_now(), strict=True):
+                if scored:
+                    drafter.prepare_scoring(context)
         return _Prompt(context, torch.tensor(context[-1:], dtype=torch.long, device=device),
                        self.target.clock() - started)
 

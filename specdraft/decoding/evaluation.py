@@ -33,6 +33,8 @@ class PoolEvaluator:
     def __init__(self, drafters: Sequence[Drafter], context: list[int]):
         self.drafters = drafters
         self.context = context
+        # The name is the one `learning/driver.py` asks evaluators for.
+        self.costly = [drafter.scored_by_own_forward for drafter in drafters]
 
     def __call__(self, rounds: Sequence[RoundOutcome], skip: Sequence[bool] = ()) -> list[Gammas]:
         scored = [i for i in range(len(self.drafters)) if not (skip and skip[i])]

@@ -94,6 +94,10 @@ class LayersDrafter(CausalLMDrafter):
         except ValueError as exc:
             raise ProfileError(pool.file, f"{key}.layers", str(exc)) from None
 
+    @property
+    def scored_by_own_forward(self) -> bool:
+        return False  # scored from the verify's hidden states
+
     def prepare_scoring(self, context: Sequence[int]) -> None:
         """Nothing to prefill: its cache is the target's, and it is scored from the verify's
         hidden states."""

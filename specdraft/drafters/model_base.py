@@ -199,6 +199,10 @@ class CausalLMDrafter(ModelBackedDrafter):
         super().reset()
         self._next = None
 
+    @property
+    def scored_by_own_forward(self) -> bool:
+        return True
+
     def prepare_scoring(self, context: Sequence[int]) -> None:
         if self.lm.length < len(context) - 1:  # the last prompt token goes in with the first round's
             self._feed_context(context, len(context) - 1)

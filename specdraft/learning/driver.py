@@ -46,7 +46,8 @@ class RoundOutcome:
 # Scores the drafters on the given rounds: one Gammas per round, in order, with None for
 # each arm `skip` marks (not scored). An evaluator may also have
 # `silent(round) -> [bool per arm]`: which drafters would have proposed nothing at the
-# round's start (asleep there).
+# round's start (asleep there); and `costly` [bool per arm]: which drafters are scored by a
+# forward of their own (the planner scores those only while they may be worth playing).
 Evaluator = Callable[[Sequence[RoundOutcome], Sequence[bool]], list[Gammas]]
 
 
@@ -90,9 +91,21 @@ class PolicyDriver:
         if self.policy.resets_per_prompt:
             self.policy.reset()
             self.planner.reset()
+        self.planner.start_prompt()
         self.evaluator = evaluator
         self.pending = []
         self.skipped = 0
+
+    def scored_now(self) -> list[bool]:
+        """Per arm: whether an evaluation now would score it (full information): the
+        engine prefills the prompt only into the drafters that it would."""
+        if self.policy.scores_every_arm:
+            return [True] * len(self.policy.arms)
+        return [not skip for skip in self.planner.evaluation_skips(self._costly())]
+
+    def _costly(self) -> Sequence[bool] | None:
+        """Per arm: scoring it runs a forward of its own (the evaluator says, when it knows)."""
+        return getattr(self.evaluator, "costly", None)
 
     @property
     def wants_awake(self) -> bool:
@@ -103,6 +116,12 @@ class PolicyDriver:
         """The plan for the next round after `produced` new tokens, among the `awake` arms.
         Never draft past the budget: a round commits at most draft length + 1 tokens."""
         cap = max(0, min(self.draft_tokens, self.max_new_tokens - produced - 1))
+        if self.policy.full_information and not self.policy.scores_every_arm:
+            # A costly drafter the planner leaves out of evaluation is asleep for the choice too.
+            sits_out = self.planner.costly_skips(self._costly())
+            if any(sits_out):
+                before = awake if awake is not None else [True] * len(sits_out)
+                awake = [a and not s for a, s in zip(before, sits_out)]
         return self.planner.plan(self.policy.select(awake), cap)
 
     def verify_width(self, tokens: int) -> int:
@@ -146,9 +165,11 @@ class PolicyDriver:
         """Score the drafters on the queued rounds and learn from each, in order."""
         # Arms that cannot be the fastest are not scored (asleep for these rounds); the
         # chosen arms always are: their own rounds are what is measured.
-        skip = [False] * len(self.policy.arms) if self.policy.scores_every_arm else self.planner.evaluation_skips()
-        for round_ in self.pending:
-            skip[round_.feedback.arm] = False
+        skip = [False] * len(self.policy.arms) if self.policy.scores_every_arm \
+            else self.planner.evaluation_skips(self._costly())
+        for round_ in self.pending:  # (a round planned at K = 0 measured nothing of its arm)
+            if round_.feedback.drafted:
+                skip[round_.feedback.arm] = False
         start = self.clock()
         scored = self.evaluator(self.pending, skip)
         evaluate_s = self.clock() - start

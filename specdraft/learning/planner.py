@@ -53,6 +53,12 @@ class RoundPlanner:
 
     REPROBE = 8  # rounds at K = 0 before a drafter (bandit feedback) drafts one token again
     MAX_PROBE_GAP = 256
+    # A drafter scored by a forward of its own (a model's catch-up over every token it did not
+    # draft, its prompt's prefill first) is scored only while its estimated speedup is within
+    # this share of the leader's, and in every REVISIT_PROMPTS-th prompt it sat out whole (its
+    # estimate may be stale: acceptance changes with the task).
+    COSTLY_MARGIN = 0.9
+    REVISIT_PROMPTS = 4
 
     def __init__(self, arms: Sequence[str], draft_tokens: int, *, objective: str = "goodput",
                  draft_length: str = "goodput", full_information: bool = False, seed: int | None = None,
@@ -71,6 +77,8 @@ class RoundPlanner:
         self.initial_state: dict | None = None  # loaded: where every reset starts
         self._idle = [0] * len(self.arms)  # rounds each arm was planned at K = 0 since its last draft
         self._probe_gap = [self.REPROBE] * len(self.arms)
+        self._sat_out = [0] * len(self.arms)  # whole prompts a costly arm was not scored in, in a row
+        self._scored = [False] * len(self.arms)  # scored in this prompt
 
     @classmethod
     def for_policy(cls, policy) -> "RoundPlanner":
@@ -91,11 +99,20 @@ class RoundPlanner:
         if self.initial_state is not None:
             self._apply(self.initial_state, self.costs, self.acceptance)
 
+    def start_prompt(self) -> None:
+        """Before every prompt (whether the policy resets or not): counts the prompts each
+        arm sat out of evaluation."""
+        self._sat_out = [0 if scored else out + 1 for scored, out in zip(self._scored, self._sat_out)]
+        self._scored = [False] * len(self.arms)
+
     def observe(self, feedback: RoundFeedback) -> None:
         """A round's timings and acceptance: what every round teaches, also one that
         full-information evaluation skipped."""
         self.costs.observe(feedback.arm, feedback.drafted, feedback.draft_seconds, feedback.verify_seconds,
                            feedback.verify_width)
+        self._scored[feedback.arm] = True
+        for arm, gammas in enumerate(feedback.gammas or ()):
+            self._scored[arm] = self._scored[arm] or gammas is not None
         if feedback.gammas is None:
             self.acceptance.observe(feedback.arm, feedback.alphas)
             return
@@ -212,21 +229,52 @@ class RoundPlanner:
         values = [self.speedup(arm, k + 1.0, k) for k in range(1, self.draft_tokens + 1)]
         return None if not values or any(v is None for v in values) else max(values)
 
-    def evaluation_skips(self) -> list[bool]:
-        """Per arm: not worth scoring now. With the goodput objective, a drafter whose
+    def evaluation_skips(self, costly: Sequence[bool] | None = None) -> list[bool]:
+        """Per arm: not worth scoring now (full-information evaluation leaves it asleep for
+        the round: its regret does not move). With the goodput objective, a drafter whose
         ceiling is below the leading arm's estimated speedup cannot be the fastest choice
-        whatever its acceptance, so full-information evaluation skips it (its regret does
-        not move: it is asleep for the round) until the leader's estimate falls to its
-        ceiling. This spares the scoring of drafters whose every draft token costs about
-        as much as a target forward."""
+        whatever its acceptance, until the leader's estimate falls to its ceiling (this
+        spares drafters whose every token costs about a target forward); and a `costly` one
+        sits out as `costly_skips` says. Whatever it says, an arm a round drafted with is
+        scored on that round (the driver)."""
         if not self.goodput or not self.dynamic_length:
             return [False] * len(self.arms)
-        leader = max(self.estimated_value(i) for i in range(len(self.arms)))
+        values = [self._known_value(i) for i in range(len(self.arms))]
+        leader = max((v for v in values if v is not None), default=0.0)
+        out = []
+        for arm, sits_out in enumerate(self.costly_skips(costly)):
+            ceiling = None if self.arms[arm] == PLAIN_ARM else self.ceiling(arm)
+            out.append(sits_out or (ceiling is not None and ceiling < leader))
+        return out
+
+    def costly_skips(self, costly: Sequence[bool] | None) -> list[bool]:
+        """Per arm: a `costly` drafter (scored by a forward of its own over every token it
+        did not draft, its prompt's prefill first) the planner would not play now: measured,
+        not being revisited (every REVISIT_PROMPTS-th prompt it sat out whole: acceptance
+        changes with the task), and either not worth drafting at all (its best K is 0: it
+        adds nothing to the plain arm) or estimated below COSTLY_MARGIN of the leader's
+        speedup. Scoring it would cost its forwards every round for evidence that changes no
+        choice; the driver also leaves it out of the policy's choice (asleep), since a
+        learner that keeps a sleeping arm's old regret may still favour it."""
+        if not costly or not self.goodput or not self.dynamic_length:
+            return [False] * len(self.arms)
+        values = [self._known_value(i) for i in range(len(self.arms))]
+        leader = max((v for v in values if v is not None), default=0.0)
         out = []
         for arm, name in enumerate(self.arms):
-            ceiling = None if name == PLAIN_ARM else self.ceiling(arm)
-            out.append(ceiling is not None and ceiling < leader)
+            value = values[arm]
+            if not costly[arm] or name == PLAIN_ARM or value is None or self._sat_out[arm] >= self.REVISIT_PROMPTS:
+                out.append(False)
+                continue
+            idle = self.best_length(arm, self.draft_tokens) == 0
+            out.append(idle or value < self.COSTLY_MARGIN * leader)
         return out
+
+    def _known_value(self, arm: int) -> float | None:
+        """`estimated_value`, or None while the arm's costs are unknown (goodput objective)."""
+        if self.arms[arm] != PLAIN_ARM and self.costs.draft[arm] is None:
+            return None
+        return self.estimated_value(arm)
 
     def ideal_speedup(self) -> tuple[int, int, float] | None:
         """(arm, K, speedup) of the best arm at its best K by the current estimates:

@@ -57,15 +57,21 @@ def to_blocks(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor |
 
 class BlockLinear(nn.Module):
     """y = x W^T + b on the block kernels: W a sum of `terms` 4-bit group weights over x
-    (`bits` = 4), or int8 codes with a scale per group (`bits` = 8, no offsets), held in the
-    kernels' block layout (`to_blocks`); `from_rows` takes the row layout."""
+    (`bits` = 4), int8 codes with a scale per group (`bits` = 8, no offsets), or bfloat16 /
+    float32 weights (`bits` = 16 / 32, no scales: `from_float`), held in the kernels' block
+    layout (`to_blocks`); `from_rows` takes the row layout of the quantized ones."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, terms: int,
-                 bias: torch.Tensor | None, out_features: int):
+                 bias: torch.Tensor | None, out_features: int, float_inputs: int | None = None):
+        """`float_inputs`: K of float weights (codes then hold the weights themselves)."""
         super().__init__()
-        self.bits = 4 if offsets is not None else 8
-        self.out_features, groups = out_features, scales.shape[1] // BLOCK
-        self.terms, self.in_features = terms, groups // terms * GROUP
+        if float_inputs is not None:
+            self.bits = {torch.bfloat16: 16, torch.float32: 32}[codes.dtype]
+            self.in_features = float_inputs
+        else:
+            self.bits = 4 if offsets is not None else 8
+            self.in_features = scales.shape[1] // BLOCK // terms * GROUP
+        self.out_features, self.terms = out_features, terms
         self.register_buffer("codes", codes.contiguous())
         self.register_buffer("scales", scales.float().contiguous())
         self.register_buffer("offsets", offsets.float().contiguous() if offsets is not None else torch.zeros(0))
@@ -79,6 +85,16 @@ class BlockLinear(nn.Module):
         """From the row layout (`kernel_layout`'s, or int8 codes [N, K] with scales [N, K / 32])."""
         blocked = to_blocks(codes, scales.float(), None if offsets is None else offsets.float())
         return cls(*blocked, terms, bias, scales.shape[0])
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "BlockLinear":
+        """W [N, K] bfloat16 or float32, kept in its dtype (block b holds, for each k, its 16
+        columns' weights side by side; the last block padded with zero columns)."""
+        columns, inputs = weight.shape
+        blocks = -(-columns // BLOCK)
+        padded = torch.cat([weight, weight.new_zeros(blocks * BLOCK - columns, inputs)]) if columns % BLOCK else weight
+        blocked = padded.detach().view(blocks, BLOCK, inputs).transpose(1, 2).reshape(blocks, inputs * BLOCK)
+        return cls(blocked.contiguous(), torch.zeros(0), None, 1, bias, columns, float_inputs=inputs)
 
     @classmethod
     def of(cls, weights: Int4Terms | Int8Codes, bias: torch.Tensor | None = None) -> "BlockLinear":
@@ -113,7 +129,9 @@ class BlockLinear(nn.Module):
 
     def _pointers(self) -> None:
         """The buffers' addresses, read once (a step calls this layer a hundred times)."""
-        self.groups = self.scales.shape[1] // BLOCK
+        if self.bits in (16, 32):  # float weights: their dtype says which (a cast may have changed it)
+            self.bits = {torch.bfloat16: 16, torch.float32: 32}[self.codes.dtype]
+        self.groups = self.scales.shape[1] // BLOCK if self.bits in (4, 8) else self.in_features // GROUP
         self._codes, self._scales, self._offsets = (self.codes.data_ptr(), self.scales.data_ptr(),
                                                     self.offsets.data_ptr())
 
@@ -127,6 +145,8 @@ class BlockLinear(nn.Module):
         tied embedding looks its rows up here instead of keeping a second copy)."""
         block, lane = ids // BLOCK, ids % BLOCK
         blocks, groups = self.codes.shape[0], self.groups
+        if self.bits in (16, 32):
+            return self.codes.view(blocks, self.in_features, BLOCK)[block, :, lane].float()
 
         def per_group(t: torch.Tensor) -> torch.Tensor:  # [n, G] of a [NB, G * 16] buffer
             return t.view(blocks, groups, BLOCK)[block, :, lane]
@@ -146,7 +166,7 @@ class BlockLinear(nn.Module):
         return self.rows(torch.arange(self.out_features))
 
     def extra_repr(self) -> str:
-        form = f"terms={self.terms}" if self.bits == 4 else "int8"
+        form = {4: f"terms={self.terms}", 8: "int8", 16: "bfloat16", 32: "float32"}[self.bits]
         return f"in_features={self.in_features}, out_features={self.out_features}, {form}"
 
 

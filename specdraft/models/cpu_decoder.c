@@ -10,7 +10,8 @@
 
 #include "cpu_kernels_shared.h"
 
-/* A weight in the block layout (block_linear.BlockLinear): `bits` 4 (offsets) or 8. */
+/* A weight in the block layout (block_linear.BlockLinear): `bits` 4 (offsets), 8, or 16 / 32
+ * (bfloat16 / float32 weights, no scales). */
 typedef struct {
     const void *codes;
     const float *scale, *offset, *bias; /* offset NULL for 8 bits; bias NULL when none */
@@ -38,8 +39,10 @@ static int inner_width(const Layer *L) {
 static int project(const float *x, int n, int K, const Matrix *parts, int count, float *y, int threads) {
     int width = 0;
     for (int p = 0; p < count; p++) width += parts[p].N;
+    int quantize = 0;
+    for (int p = 0; p < count; p++) quantize |= !FLOAT_WEIGHTS(parts[p].bits);
     Activations a;
-    if (quantize_activations(x, n, K, &a)) return -1;
+    if (prepare_activations(x, n, K, quantize, &a)) return -1;
     int column = 0;
     for (int p = 0; p < count; p++) {
         const Matrix *w = &parts[p];

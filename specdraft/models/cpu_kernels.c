@@ -72,8 +72,11 @@ void free_activations(Activations *a) {
 }
 
 /* Returns 0, or -1 when memory cannot be had (then nothing is left allocated). */
-int quantize_activations(const float *x, int M, int K, Activations *a) {
+int prepare_activations(const float *x, int M, int K, int quantize, Activations *a) {
     const int groups = K / GROUP;
+    a->x = x;
+    a->qx = NULL; a->dx = NULL; a->sx = NULL; a->ax = NULL;
+    if (!quantize) return 0;
     a->qx = (int8_t *)malloc((size_t)M * K);
     a->dx = (float *)malloc(sizeof(float) * (size_t)M * groups);
     a->sx = (int32_t *)malloc(sizeof(int32_t) * (size_t)M * groups);
@@ -194,18 +197,69 @@ static void block8_any(const int8_t *codes, const float *scale, int G, const Act
     }
 }
 
+/* Eight float weights of a block's row k (bits 16: bfloat16, widened exactly; 32: float32). */
+static inline __attribute__((always_inline)) __m256 float_weights(const void *w, size_t at, int bits) {
+    if (bits == 16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + at))), 16));
+    return _mm256_loadu_ps((const float *)w + at);
+}
+
+#define FLOAT_ROWS 3 /* rows a float-weight call takes at once: 3 x 2 halves x 2 partial sums registers */
+
+/* Rows m0 .. m0 + rows - 1 of float-weight block b (cpu_kernels_shared.h): per column two
+ * partial sums, k even and k odd, each in the order of k, added at the end. */
+static inline __attribute__((always_inline)) void block_float(const void *w, int bits, int K, const float *x,
+                                                              int m0, const int rows, int b, int N, float *y,
+                                                              int ldy) {
+    __m256 acc[FLOAT_ROWS][2][2];
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < 2; h++) acc[r][h][0] = acc[r][h][1] = _mm256_setzero_ps();
+    const size_t base = (size_t)b * K * BLOCK;
+    for (int k = 0; k < K; k++) {
+        const int j = k & 1;
+        const __m256 lo = float_weights(w, base + (size_t)k * BLOCK, bits);
+        const __m256 hi = float_weights(w, base + (size_t)k * BLOCK + 8, bits);
+        for (int r = 0; r < rows; r++) {
+            const __m256 v = _mm256_set1_ps(x[(size_t)(m0 + r) * K + k]);
+            acc[r][0][j] = _mm256_fmadd_ps(v, lo, acc[r][0][j]);
+            acc[r][1][j] = _mm256_fmadd_ps(v, hi, acc[r][1][j]);
+        }
+    }
+    for (int h = 0; h < 2 && b * BLOCK + h * 8 < N; h++) {
+        __m256 sum[FLOAT_ROWS];
+        for (int r = 0; r < rows; r++) sum[r] = _mm256_add_ps(acc[r][h][0], acc[r][h][1]);
+        store8(sum, rows, m0, b * BLOCK + h * 8, N, y, ldy);
+    }
+}
+
+static void block_float_any(const void *w, int bits, int K, const float *x, int m0, int rows, int b, int N,
+                            float *y, int ldy) {
+    switch (rows + 4 * (bits == 16)) {
+    case 1: block_float(w, 32, K, x, m0, 1, b, N, y, ldy); break;
+    case 2: block_float(w, 32, K, x, m0, 2, b, N, y, ldy); break;
+    case 3: block_float(w, 32, K, x, m0, 3, b, N, y, ldy); break;
+    case 5: block_float(w, 16, K, x, m0, 1, b, N, y, ldy); break;
+    case 6: block_float(w, 16, K, x, m0, 2, b, N, y, ldy); break;
+    default: block_float(w, 16, K, x, m0, 3, b, N, y, ldy); break;
+    }
+}
+
 /* y [M, N] (row stride ldy) = the quantized activations `a` of M rows times a weight in the
  * block layout: `bits` 4 (`groups` groups per column, K / 32 per term, with offsets) or 8
  * (K / 32 groups, no offsets). Weight blocks are split evenly between threads; rows go in
  * tiles that share each block's expanded codes. */
 void block_products(const Activations *a, int M, int K, const void *codes, const float *scale, const float *offset,
                     int bits, int N, int groups, float *y, int ldy, int threads) {
-    const int blocks = (N + BLOCK - 1) / BLOCK, vnni = kernel_isa(-1), tile = vnni ? VNNI_ROWS : ROWS;
+    const int blocks = (N + BLOCK - 1) / BLOCK, vnni = kernel_isa(-1);
+    const int tile = FLOAT_WEIGHTS(bits) ? FLOAT_ROWS : vnni ? VNNI_ROWS : ROWS;
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int b = 0; b < blocks; b++)
         for (int m0 = 0; m0 < M; m0 += tile) {
             const int rows = M - m0 < tile ? M - m0 : tile;
-            if (bits == 8)
+            if (FLOAT_WEIGHTS(bits))
+                block_float_any(codes, bits, K, a->x, m0, rows, b, N, y, ldy);
+            else if (bits == 8)
                 (vnni ? block8_vnni_any : block8_any)((const int8_t *)codes, scale, K / GROUP, a, m0, rows, b, N, y,
                                                       ldy);
             else
@@ -215,12 +269,13 @@ void block_products(const Activations *a, int M, int K, const void *codes, const
 }
 
 /* x [M, K] float32 -> y [M, N] float32 for a weight in the block layout (`block_products`:
- * 4-bit codes with offsets, or 8-bit codes whose `offset` is not read). Returns 0, or -1 when
- * scratch memory cannot be had. */
+ * 4-bit codes with offsets, 8-bit codes whose `offset` is not read, or bfloat16 / float32
+ * weights, `bits` 16 / 32, that read neither). Returns 0, or -1 when scratch memory cannot
+ * be had. */
 int block_matmul(const float *x, int M, int K, const void *codes, const float *scale, const float *offset,
                  int bits, int N, int groups, float *y, int threads) {
     Activations a;
-    if (quantize_activations(x, M, K, &a)) return -1;
+    if (prepare_activations(x, M, K, !FLOAT_WEIGHTS(bits), &a)) return -1;
     block_products(&a, M, K, codes, scale, offset, bits, N, groups, y, N, threads);
     free_activations(&a);
     return 0;

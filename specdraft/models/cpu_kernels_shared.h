@@ -31,16 +31,25 @@
 #define GROUP 32
 #define BLOCK 16 /* output columns of one weight block */
 
-/* Activations quantized for the products: per row and group of 32, int8 codes qx (-127..127),
- * scale dx, code sum sx and ax = dx * sx (the offsets' weight). */
+/* The activations of a product: the float rows x [M, K] (what float weights meet) and, for
+ * weights in 4- or 8-bit groups, the rows quantized per group of 32: int8 codes qx (-127..127),
+ * scale dx, code sum sx and ax = dx * sx (the offsets' weight); NULL when not quantized. */
 typedef struct {
+    const float *x;
     int8_t *qx;
     float *dx, *ax;
     int32_t *sx;
 } Activations;
 
-/* Defined in cpu_kernels.c, used by cpu_decoder.c as well. */
-int quantize_activations(const float *x, int M, int K, Activations *a);
+/* Float weights (`bits` 16: bfloat16, 32: float32) in the block layout: block b holds, for
+ * k = 0 .. K - 1, its 16 columns' weights side by side at (b K + k) 16. Per column and row the
+ * sum runs over k in order into two partial sums (even and odd k), added at the end: again
+ * nothing depends on the number of rows. */
+#define FLOAT_WEIGHTS(bits) ((bits) == 16 || (bits) == 32)
+
+/* Defined in cpu_kernels.c, used by cpu_decoder.c as well. `quantize` 0 leaves the codes
+ * out (every weight the activations meet is float). */
+int prepare_activations(const float *x, int M, int K, int quantize, Activations *a);
 void free_activations(Activations *a);
 void block_products(const Activations *a, int M, int K, const void *codes, const float *scale, const float *offset,
                     int bits, int N, int groups, float *y, int ldy, int threads);

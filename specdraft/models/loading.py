@@ -10,6 +10,7 @@ at a profile error must not pay seconds for it.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from specdraft.models.devices import native_bf16, resolve_device, resolve_dtype 
 from specdraft.models.gguf_loading import converted_float, load_gguf, load_gguf_quantized
 from specdraft.models.hub import default_dtype_kept, first_line, from_pretrained, hub_offline
 from specdraft.models.quiet import apply_to_transformers
+
+log = logging.getLogger("specdraft")
 
 
 @dataclass
@@ -82,8 +85,25 @@ def load_model(spec: ModelSpec, file: str, key: str) -> LoadedModel:
             from specdraft.models.quantize import quantize_linears
 
             quantize_linears(model, 4 if spec.quantization == "int4" else 8)
+        elif dtype == torch.bfloat16 and device.type == "cpu":
+            _bfloat16_on_block_kernels(model, spec)
     model.eval()
     return LoadedModel(model, tokenizer, spec.describe())
+
+
+def _bfloat16_on_block_kernels(model: Any, spec: ModelSpec) -> None:
+    """A bfloat16 model on a CPU runs its bfloat16 weights on the block kernels, whose rows
+    are the same in a verify of any width (float_blocks.py); where it cannot, torch's
+    kernels, which may part from plain decoding at near-ties (said once)."""
+    from specdraft.models.float_blocks import block_kernel_problem, to_float_blocks
+
+    problem = block_kernel_problem(model)
+    if problem is None:
+        to_float_blocks(model)
+    else:
+        log.warning("%s runs in bfloat16 on torch's kernels (%s): its verify rows may differ from one-token "
+                    "steps at near-ties; use float32 for output exactly equal to plain decoding", spec.describe(),
+                    problem)
 
 
 def _load(spec: ModelSpec, location: str, gguf_name: str | None, dtype: torch.dtype, kwargs: dict, file: str,
