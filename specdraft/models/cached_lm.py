@@ -44,6 +44,7 @@ class CachedLM:
         self.graphs = (GraphedForward(self.eager_forward, self.device, capture)
                        if graphs and self.kv is not None and self.kv.static else None)
         self.length = 0
+        self.tree_start = 0  # where the last token tree was fed (feed_tree, keep_path)
 
     def twin(self) -> "CachedLM":
         """The same model with a fresh cache of the same kind (for timing it apart)."""
@@ -92,6 +93,29 @@ class CachedLM:
         if self.timed:
             self.forward_seconds += self.clock() - start
         return self._fit(logits), hidden
+
+    @torch.inference_mode()
+    def feed_tree(self, tokens: torch.Tensor, parents: Sequence[int], layers: Sequence[int] = ()
+                  ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Feed a token tree `tokens` [n] after the cache (`parents[i]` < i the row of token
+        i's parent; row 0, the root, follows the cached text): the logits at every row [n, V]
+        and the hidden states after `layers` ({layer: [n, H]}), each row as if its own path
+        were fed as a chain. The cache then holds the whole tree until `keep_path`. Lean
+        models only (their kernels give each row its path's logits bit for bit)."""
+        if self.lean is None:
+            raise ValueError("a token tree is fed through the lean forward only")
+        start = self.clock() if self.timed else 0.0
+        logits, hidden = self.lean.forward(tokens.to(self.device), self.length, 0, layers, parents=parents)
+        self.tree_start, self.length = self.length, self.length + tokens.shape[-1]
+        if self.timed:
+            self.forward_seconds += self.clock() - start
+        return self._fit(logits), hidden
+
+    def keep_path(self, rows: Sequence[int]) -> None:
+        """Keep only the root-to-node path `rows` (row 0 first) of the tree just fed: the
+        cache then holds the text before the tree and that path, in order."""
+        self.lean.keep_path(self.tree_start, rows)
+        self.length = self.tree_start + len(rows)
 
     def eager_forward(self, ids: torch.Tensor, positions: torch.Tensor, keep: int, layers: Sequence[int]) -> Outputs:
         """transformers' forward over the cache, with no captured graph (what a graph captures)."""

@@ -56,12 +56,14 @@ static int project(const float *x, int n, int K, const Matrix *parts, int count,
     return 0;
 }
 
-/* Layers 0 .. count - 1 of `layers` over the residual stream x [n, hidden] (updated in place) at
- * positions start .. start + n - 1; keys and values [count, KVH, capacity, D] from the first of
- * these layers on; cos, sin [n, D]. Returns 0, or -1 when scratch memory cannot be had. */
+/* Layers 0 .. count - 1 of `layers` over the residual stream x [n, hidden] (updated in place),
+ * written at KV slots start .. start + n - 1; keys and values [count, KVH, capacity, D] from
+ * the first of these layers on; cos, sin [n, D] at each row's position; `parents` NULL for a
+ * chain or a token tree's parent rows (attention_block). Returns 0, or -1 when scratch memory
+ * cannot be had. */
 int decoder_layers(float *x, int n, int hidden, int start, const Layer *layers, int count, int H, int KVH, int D,
                    float *keys, float *values, int capacity, const float *cos, const float *sin, float scale,
-                   int threads) {
+                   const int *parents, int threads) {
     const size_t rows = (size_t)n, per_layer = (size_t)KVH * capacity * D;
     const int qkv_width = (H + 2 * KVH) * D;
     int inner = 0; /* the widest MLP among these layers: the scratch holds any of them */
@@ -83,7 +85,7 @@ int decoder_layers(float *x, int n, int hidden, int start, const Layer *layers, 
             rms_norm_rows(x, L->norm1, n, hidden, L->eps1, h);
         failed = project(h, n, hidden, L->qkv, L->qkv_parts, qkv, threads)
                  || attention_block(qkv, n, start, H, KVH, D, cos, sin, keys + i * per_layer, values + i * per_layer,
-                                    capacity, scale, attended, threads)
+                                    capacity, scale, parents, attended, threads)
                  || project(attended, n, H * D, &L->out, 1, delta, threads);
         if (failed) break;
         add_rms_norm_rows(x, delta, L->norm2, n, hidden, L->eps2, h);

@@ -324,42 +324,57 @@ static inline __m256 dot_lanes(const float *a, const float *b, int D) {
     return acc;
 }
 
+/* The key slots row i of a token tree attends, in order: the cached positions 0 .. start - 1,
+ * then the block's slots of its path from the root (row 0) down to itself. Returns how many. */
+static int tree_slots(const int *parents, int start, int i, int *slots) {
+    int depth = 0;
+    for (int node = i; node > 0; node = parents[node]) depth++;
+    for (int j = 0; j < start; j++) slots[j] = j;
+    for (int node = i, d = depth; d >= 0; node = node > 0 ? parents[node] : 0, d--) slots[start + d] = start + node;
+    return start + depth + 1;
+}
+
 /* Causal attention for a decode or verify block, one query row at a time.
  *
- * q [n, H, D]: the block's queries at positions start .. start + n - 1 (D a multiple of 8, at
- * most 256); keys and values [KVH, capacity, D]: every cached position, the block's own
- * included; out [n, H, D]. Row i attends positions 0 .. start + i. Each (row, head) is
- * computed alone, in an order that depends only on its own length (scores eight keys at a
- * time, their maximum, exponentials and their sum, the weighted values), so a row gets bit
- * for bit the same output in a block of any width: what torch's SDPA does not promise (its
- * kernels block queries and keys by the block's shape).
+ * q [n, H, D]: the block's queries (D a multiple of 8, at most 256); keys and values [KVH,
+ * capacity, D]: every cached position, the block's own included at start .. start + n - 1;
+ * out [n, H, D]. A chain (`parents` NULL): row i attends slots 0 .. start + i. A token tree
+ * (`parents[i]` < i the row of i's parent, row 0 the root): row i attends the cached slots and
+ * its own path from the root, in that order, so it sees exactly what it would see as row d
+ * (its depth) of a chain holding that path. Each (row, head) is computed alone, in an order
+ * that depends only on the keys it attends (scores eight keys at a time, their maximum,
+ * exponentials and their sum, the weighted values), so a row gets bit for bit the same output
+ * in a block of any width or shape: what torch's SDPA does not promise (its kernels block
+ * queries and keys by the block's shape).
  * Returns 0, or -1 when scratch memory cannot be had. */
 int causal_attention(const float *q, const float *keys, const float *values, int n, int start, int H, int KVH,
-                     int D, int capacity, float scale, float *out, int threads) {
+                     int D, int capacity, float scale, const int *parents, float *out, int threads) {
     const int group = H / KVH, longest = start + n;
     int failed = 0;
     #pragma omp parallel num_threads(threads)
     {
         float *weights = (float *)malloc(sizeof(float) * ((size_t)longest + 8));
-        if (!weights) {
+        int *slots = parents ? (int *)malloc(sizeof(int) * (size_t)longest) : NULL;
+        if (!weights || (parents && !slots)) {
             #pragma omp atomic write
             failed = 1;
         }
         #pragma omp for collapse(2) schedule(static)
         for (int i = 0; i < n; i++) {
             for (int h = 0; h < H; h++) {
-                if (!weights) continue;
+                if (!weights || (parents && !slots)) continue;
                 const float *qi = q + ((size_t)i * H + h) * D;
                 const float *kh = keys + (size_t)(h / group) * capacity * D;
                 const float *vh = values + (size_t)(h / group) * capacity * D;
                 float *oi = out + ((size_t)i * H + h) * D;
-                const int length = start + i + 1;
+                const int length = parents ? tree_slots(parents, start, i, slots) : start + i + 1;
+#define SLOT(j) (slots ? slots[j] : (j))
                 /* scores, eight keys at a time: eight lane sums reduced by one hadd tree */
                 __m256 best = _mm256_set1_ps(-INFINITY);
                 for (int j = 0; j < length; j += 8) {
                     __m256 lanes[8];
                     for (int u = 0; u < 8; u++)
-                        lanes[u] = j + u < length ? dot_lanes(qi, kh + (size_t)(j + u) * D, D) : _mm256_setzero_ps();
+                        lanes[u] = j + u < length ? dot_lanes(qi, kh + (size_t)SLOT(j + u) * D, D) : _mm256_setzero_ps();
                     __m256 s01 = _mm256_hadd_ps(lanes[0], lanes[1]), s23 = _mm256_hadd_ps(lanes[2], lanes[3]);
                     __m256 s45 = _mm256_hadd_ps(lanes[4], lanes[5]), s67 = _mm256_hadd_ps(lanes[6], lanes[7]);
                     __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
@@ -386,15 +401,17 @@ int causal_attention(const float *q, const float *keys, const float *values, int
                 __m256 accum[32];
                 for (int d = 0; d < D / 8; d++) accum[d] = _mm256_setzero_ps();
                 for (int j = 0; j < length; j++) {
-                    const float *vj = vh + (size_t)j * D;
+                    const float *vj = vh + (size_t)SLOT(j) * D;
                     const __m256 w = _mm256_set1_ps(weights[j]);
                     for (int d = 0; d < D / 8; d++) accum[d] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8 * d), accum[d]);
                 }
                 const __m256 norm = _mm256_set1_ps(inverse);
                 for (int d = 0; d < D / 8; d++) _mm256_storeu_ps(oi + 8 * d, _mm256_mul_ps(accum[d], norm));
+#undef SLOT
             }
         }
         free(weights);
+        free(slots);
     }
     return failed ? -1 : 0;
 }
@@ -447,11 +464,14 @@ static inline void rope(const float *v, const float *cos, const float *sin, int 
 }
 
 /* One attention block of the lean forward: qkv [n, (H + 2 KVH) D] as the fused projection
- * gives it, cos and sin [n, D] for positions start.., keys and values [KVH, capacity, D]
- * (written here at start..start + n - 1), out [n, H D]. Rotates queries and keys, stores
- * keys and values, then attends (causal_attention). Every row's arithmetic is its own. */
+ * gives it, cos and sin [n, D] for each row's position (start + i in a chain, start + depth
+ * in a token tree), keys and values [KVH, capacity, D] (written here at slots start..start +
+ * n - 1), `parents` NULL for a chain or a tree's parent rows (causal_attention), out [n, H D].
+ * Rotates queries and keys, stores keys and values, then attends. Every row's arithmetic is
+ * its own. */
 int attention_block(const float *qkv, int n, int start, int H, int KVH, int D, const float *cos, const float *sin,
-                    float *keys, float *values, int capacity, float scale, float *out, int threads) {
+                    float *keys, float *values, int capacity, float scale, const int *parents, float *out,
+                    int threads) {
     const int width = (H + 2 * KVH) * D;
     float *q = (float *)malloc(sizeof(float) * (size_t)n * H * D);
     if (!q) return -1;
@@ -463,7 +483,7 @@ int attention_block(const float *qkv, int n, int start, int H, int KVH, int D, c
             memcpy(values + ((size_t)h * capacity + start + i) * D, row + (H + KVH + h) * D, sizeof(float) * D);
         }
     }
-    int status = causal_attention(q, keys, values, n, start, H, KVH, D, capacity, scale, out, threads);
+    int status = causal_attention(q, keys, values, n, start, H, KVH, D, capacity, scale, parents, out, threads);
     free(q);
     return status;
 }

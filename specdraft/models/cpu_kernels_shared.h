@@ -57,7 +57,8 @@ void rms_norm_rows(const float *x, const float *weight, int rows, int dim, float
 void add_rms_norm_rows(float *x, const float *delta, const float *weight, int rows, int dim, float eps, float *out);
 void swiglu_rows(const float *gate_up, int rows, int inner, float *out);
 int attention_block(const float *qkv, int n, int start, int H, int KVH, int D, const float *cos, const float *sin,
-                    float *keys, float *values, int capacity, float scale, float *out, int threads);
+                    float *keys, float *values, int capacity, float scale, const int *parents, float *out,
+                    int threads);
 
 /* The columns of one block that exist (the last block of a weight may be partial). */
 static inline int block_columns(int b, int N) {

@@ -148,14 +148,18 @@ class LeanDecoder:
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, start: int, keep: int, hidden_layers: Sequence[int] = (),
-                depth: int | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+                depth: int | None = None, parents: Sequence[int] | None = None
+                ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Feed `ids` [n] after the first `start` cached tokens (what follows them is
         overwritten): logits of the last `keep` positions (all when 0) [keep, V], and the
         residual stream after each of `hidden_layers` layers at every position ({layer: [n,
         H]}, as transformers' hidden_states[layer]). `depth`: run only the first `depth`
-        layers, then the final norm and head (a self-drafter over this buffer)."""
+        layers, then the final norm and head (a self-drafter over this buffer). `parents`:
+        `ids` are a token tree (`parents[i]` < i the row of i's parent, parents[0] = -1): each
+        row sits at position start + its depth and attends its own path; `keep_path` then
+        moves the accepted path's keys and values into place."""
         n = ids.shape[-1]
-        x, hidden = self.layers_over(self.inner.embed_tokens(ids.view(1, n)), start, hidden_layers, depth)
+        x, hidden = self.layers_over(self.inner.embed_tokens(ids.view(1, n)), start, hidden_layers, depth, parents)
         rows = x[:, -keep:] if keep else x
         logits = self.model.lm_head(self._norm(rows.contiguous(), self.inner.norm))[0]
         return logits, {layer: state[0] for layer, state in hidden.items()}
@@ -185,22 +189,41 @@ class LeanDecoder:
                        for norm1, qkv, out, norm2, gate_up, down, size in self.layers]
 
     def layers_over(self, x: torch.Tensor, start: int, hidden_layers: Sequence[int] = (),
-                    depth: int | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """The first `depth` layers (all when None) over `x` [1, n, H] at positions start..,
-        keys and values kept: the residual stream after the last of them [1, n, H], and after
+                    depth: int | None = None, parents: Sequence[int] | None = None
+                    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """The first `depth` layers (all when None) over `x` [1, n, H] at KV slots start..
+        (positions start.., or start + depth for a token tree's `parents`: `forward`), keys
+        and values kept: the residual stream after the last of them [1, n, H], and after
         each of `hidden_layers` ({layer: [1, n, H]}; layer 0 is the input)."""
         n = x.shape[1]
         end = start + n
         self._reserve(end, start)
-        positions = torch.arange(start, end, device=self.device).view(1, n)
+        tree = None if parents is None else tree_rows(parents, n)
+        offsets = torch.arange(n) if tree is None else tree_depths(tree)
+        positions = (start + offsets).to(self.device).view(1, n)
         cos, sin = self.inner.rotary_emb(x, positions)  # [1, n, D]
         layers = self.layers[:depth]
         if self.invariant:
-            return self._native_layers(x, start, cos[0].contiguous(), sin[0].contiguous(), layers, hidden_layers)
-        return self._torch_layers(x, start, cos, sin, layers, hidden_layers)
+            return self._native_layers(x, start, cos[0].contiguous(), sin[0].contiguous(), layers, hidden_layers,
+                                       tree)
+        return self._torch_layers(x, start, cos, sin, layers, hidden_layers, tree)
+
+    @torch.inference_mode()
+    def keep_path(self, start: int, rows: Sequence[int]) -> None:
+        """After a token tree fed at `start`: its rows `rows` (a root-to-node path, row 0
+        first) become the cached positions start, start + 1, ..: their keys and values move
+        into those slots in every layer (the other rows' are overwritten by the next feed)."""
+        moved = [(row, depth) for depth, row in enumerate(rows) if row != depth]
+        if not moved:
+            return
+        source = torch.tensor([start + row for row, _ in moved], device=self.device)
+        target = torch.tensor([start + depth for _, depth in moved], device=self.device)
+        for buffer in (self.keys, self.values):  # [layers, 1, KVH, capacity, D]
+            buffer.index_copy_(3, target, buffer.index_select(3, source))
 
     def _native_layers(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor, layers: list,
-                       hidden_layers: Sequence[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+                       hidden_layers: Sequence[int], tree: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """`layers_over` on specdraft's kernels, a handful of calls per layer: each row's
         arithmetic is its own, so a verify row equals the one-token step bit for bit. The
         residual stream is updated in place, each update fused with the next norm."""
@@ -211,7 +234,7 @@ class LeanDecoder:
             first = 0
             for end in sorted({layer for layer in hidden_layers if 0 < layer <= len(layers)} | {len(layers)}):
                 if end > first:
-                    table.run(x, start, first, end - first, self.heads, self.keys, self.values, cos, sin)
+                    table.run(x, start, first, end - first, self.heads, self.keys, self.values, cos, sin, tree)
                 if end in hidden_layers:
                     hidden[end] = x.clone()[None]
                 first = end
@@ -220,7 +243,7 @@ class LeanDecoder:
         for i, (norm1, qkv, out, norm2, gate_up, down, _) in enumerate(layers):
             h = rms_norm(x, norm1.weight, norm1.variance_epsilon) if pending is None else \
                 add_rms_norm(x, pending, norm1.weight, norm1.variance_epsilon)
-            attended = attention_block(qkv(h), cos, sin, self.keys[i][0], self.values[i][0], start, self.heads)
+            attended = attention_block(qkv(h), cos, sin, self.keys[i][0], self.values[i][0], start, self.heads, tree)
             h = add_rms_norm(x, out(attended), norm2.weight, norm2.variance_epsilon)
             pending = down(swiglu(gate_up(h)))
             if i + 1 in hidden_layers:
@@ -232,7 +255,8 @@ class LeanDecoder:
         return x[None], hidden
 
     def _torch_layers(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor, layers: list,
-                      hidden_layers: Sequence[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+                      hidden_layers: Sequence[int], tree: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """`layers_over` in torch ops, SDPA attention (a drafter's forward)."""
         n = x.shape[1]
         end = start + n
@@ -240,8 +264,11 @@ class LeanDecoder:
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, n, D]
         half = dim // 2
-        # One new token attends to everything cached: no mask. A block attends causally.
+        # One new token attends to everything cached: no mask. A block attends causally, a
+        # tree's row its own path.
         mask = None if n == 1 else torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)
+        if tree is not None:
+            mask[:, start:] = ancestry(tree).to(self.device)
         for i, (norm1, qkv, out, norm2, gate_up, down, inner_size) in enumerate(layers):
             h = F.rms_norm(x, (x.shape[-1],), norm1.weight, norm1.variance_epsilon)
             q, k, v = qkv(h).split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
@@ -261,6 +288,33 @@ class LeanDecoder:
             if i + 1 in hidden_layers:
                 hidden[i + 1] = x
         return x, hidden
+
+
+def tree_rows(parents: Sequence[int], n: int) -> torch.Tensor:
+    """A token tree's parent rows as the kernels read them (int32 [n]); ValueError unless row
+    0 is the root (-1) and every other row's parent comes before it."""
+    tree = torch.as_tensor(list(parents), dtype=torch.int32)
+    if tree.shape != (n,) or int(tree[0]) != -1 or any(not 0 <= int(p) < i for i, p in enumerate(tree[1:], 1)):
+        raise ValueError(f"not a token tree of {n} rows (row 0 the root, each parent before its child): "
+                         f"{list(parents)}")
+    return tree
+
+
+def tree_depths(tree: torch.Tensor) -> torch.Tensor:
+    """Each row's depth below the root (row 0, depth 0): [n] long."""
+    depths = [0] * len(tree)
+    for i in range(1, len(tree)):
+        depths[i] = depths[int(tree[i])] + 1
+    return torch.tensor(depths)
+
+
+def ancestry(tree: torch.Tensor) -> torch.Tensor:
+    """[n, n] bool: row i's path from the root (its ancestors and itself)."""
+    n = len(tree)
+    mask = torch.eye(n, dtype=torch.bool)
+    for i in range(1, n):
+        mask[i] |= mask[int(tree[i])]
+    return mask
 
 
 def _invariant_attention(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:

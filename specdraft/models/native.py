@@ -97,7 +97,7 @@ def _declared(loaded: ctypes.CDLL) -> ctypes.CDLL:
                                     pointer, integer]
     loaded.causal_attention.restype = integer
     loaded.causal_attention.argtypes = [pointer, pointer, pointer, integer, integer, integer, integer, integer,
-                                        integer, ctypes.c_float, pointer, integer]
+                                        integer, ctypes.c_float, pointer, pointer, integer]
     loaded.rms_norm_rows.restype = None
     loaded.rms_norm_rows.argtypes = [pointer, pointer, integer, integer, ctypes.c_float, pointer]
     loaded.add_rms_norm_rows.restype = None
@@ -106,10 +106,10 @@ def _declared(loaded: ctypes.CDLL) -> ctypes.CDLL:
     loaded.swiglu_rows.argtypes = [pointer, integer, integer, pointer]
     loaded.decoder_layers.restype = integer
     loaded.decoder_layers.argtypes = [pointer, integer, integer, integer, pointer, integer, integer, integer, integer,
-                                      pointer, pointer, integer, pointer, pointer, ctypes.c_float, integer]
+                                      pointer, pointer, integer, pointer, pointer, ctypes.c_float, pointer, integer]
     loaded.attention_block.restype = integer
     loaded.attention_block.argtypes = [pointer, integer, integer, integer, integer, integer, pointer, pointer,
-                                       pointer, pointer, integer, ctypes.c_float, pointer, integer]
+                                       pointer, pointer, integer, ctypes.c_float, pointer, pointer, integer]
     return loaded
 
 
@@ -143,15 +143,22 @@ def kernel_isa(request: int = -1) -> int:
     return int(library().kernel_isa(request))
 
 
-def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
-    """q [n, H, D] at positions start.. over keys and values [KVH, capacity, D] (float32,
-    contiguous, the block's own positions already written): [n, H, D], each row the same
-    whatever n (cpu_kernels.c)."""
+def parent_rows(parents: torch.Tensor | None) -> int | None:
+    """The address of a token tree's parent rows (int32, contiguous; None for a chain)."""
+    return None if parents is None else parents.data_ptr()
+
+
+def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
+                     parents: torch.Tensor | None = None) -> torch.Tensor:
+    """q [n, H, D] of a block at KV slots start.. over keys and values [KVH, capacity, D]
+    (float32, contiguous, the block's own slots already written): [n, H, D], each row the same
+    whatever n; `parents` (int32 [n], parents[0] = -1) makes the block a token tree whose rows
+    attend their own paths (cpu_kernels.c)."""
     n, heads, dim = q.shape
     out = torch.empty_like(q)
     status = library().causal_attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(), n, start, heads,
-                                        keys.shape[0], dim, keys.shape[1], dim ** -0.5, out.data_ptr(),
-                                        torch.get_num_threads())
+                                        keys.shape[0], dim, keys.shape[1], dim ** -0.5, parent_rows(parents),
+                                        out.data_ptr(), torch.get_num_threads())
     if status:
         raise MemoryError("the attention kernel could not allocate its scratch memory")
     return out
@@ -183,7 +190,7 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def attention_block(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
-                    values: torch.Tensor, start: int, heads: int) -> torch.Tensor:
+                    values: torch.Tensor, start: int, heads: int, parents: torch.Tensor | None = None) -> torch.Tensor:
     """The fused projection's output qkv [n, (H + 2 KVH) D] at positions start.. -> the
     attended values [n, H D]; rotates queries and keys by cos, sin [n, D] and writes keys and
     values [KVH, capacity, D] at those positions (cpu_kernels.c)."""
@@ -192,7 +199,7 @@ def attention_block(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key
     out = torch.empty(n, heads * dim)
     status = library().attention_block(qkv.data_ptr(), n, start, heads, kv_heads, dim, cos.data_ptr(),
                                        sin.data_ptr(), keys.data_ptr(), values.data_ptr(), capacity, dim ** -0.5,
-                                       out.data_ptr(), torch.get_num_threads())
+                                       parent_rows(parents), out.data_ptr(), torch.get_num_threads())
     if status:
         raise MemoryError("the attention kernel could not allocate its scratch memory")
     return out

@@ -19,7 +19,7 @@ from torch import nn
 
 from specdraft.models.block_linear import BlockLinear
 from specdraft.models.fused_linear import Concatenated
-from specdraft.models.native import library
+from specdraft.models.native import library, parent_rows
 
 MAX_PARTS = 3  # cpu_decoder.c
 
@@ -84,15 +84,16 @@ class NativeLayers:
         return cls(table)
 
     def run(self, x: torch.Tensor, start: int, first: int, count: int, heads: int, keys: torch.Tensor,
-            values: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+            values: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, parents: torch.Tensor | None = None) -> None:
         """Layers first .. first + count - 1 over the residual stream x [n, H] (float32,
-        contiguous, updated in place) at positions start..; keys and values [layers, 1, KVH,
-        capacity, D]; cos, sin [n, D]."""
+        contiguous, updated in place) at KV slots start..; keys and values [layers, 1, KVH,
+        capacity, D]; cos, sin [n, D] at each row's position; `parents` (int32 [n]) for a
+        token tree (native.causal_attention)."""
         n, hidden = x.shape
         _, _, kv_heads, capacity, dim = keys.shape
         layer = ctypes.addressof(self.table) + first * ctypes.sizeof(_Layer)
         status = library().decoder_layers(
             x.data_ptr(), n, hidden, start, layer, count, heads, kv_heads, dim, keys[first].data_ptr(), values[first].data_ptr(), capacity, cos.data_ptr(), sin.data_ptr(),
-            dim ** -0.5, torch.get_num_threads())
+            dim ** -0.5, parent_rows(parents), torch.get_num_threads())
         if status:
             raise MemoryError("the decoder layers could not allocate their scratch memory")
