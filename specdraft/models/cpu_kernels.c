@@ -205,44 +205,39 @@ static inline __attribute__((always_inline)) __m256 float_weights(const void *w,
     return _mm256_loadu_ps((const float *)w + at);
 }
 
-#define FLOAT_ROWS 3 /* rows a float-weight call takes at once: 3 x 2 halves x 2 partial sums registers */
+#define FLOAT_ROWS 6 /* rows a float-weight call takes at once: 6 rows x 2 halves of accumulators */
 
-/* Rows m0 .. m0 + rows - 1 of float-weight block b (cpu_kernels_shared.h): per column two
- * partial sums, k even and k odd, each in the order of k, added at the end. */
+/* Rows m0 .. m0 + rows - 1 of float-weight block b (cpu_kernels_shared.h): per column one sum
+ * over k in order. One pass over the block's weights serves up to FLOAT_ROWS rows. */
 static inline __attribute__((always_inline)) void block_float(const void *w, int bits, int K, const float *x,
                                                               int m0, const int rows, int b, int N, float *y,
                                                               int ldy) {
-    __m256 acc[FLOAT_ROWS][2][2];
-    for (int r = 0; r < rows; r++)
-        for (int h = 0; h < 2; h++) acc[r][h][0] = acc[r][h][1] = _mm256_setzero_ps();
+    __m256 lo_acc[FLOAT_ROWS], hi_acc[FLOAT_ROWS];
+    for (int r = 0; r < rows; r++) lo_acc[r] = hi_acc[r] = _mm256_setzero_ps();
     const size_t base = (size_t)b * K * BLOCK;
+    const float *xr = x + (size_t)m0 * K;
     for (int k = 0; k < K; k++) {
-        const int j = k & 1;
         const __m256 lo = float_weights(w, base + (size_t)k * BLOCK, bits);
         const __m256 hi = float_weights(w, base + (size_t)k * BLOCK + 8, bits);
         for (int r = 0; r < rows; r++) {
-            const __m256 v = _mm256_set1_ps(x[(size_t)(m0 + r) * K + k]);
-            acc[r][0][j] = _mm256_fmadd_ps(v, lo, acc[r][0][j]);
-            acc[r][1][j] = _mm256_fmadd_ps(v, hi, acc[r][1][j]);
+            const __m256 v = _mm256_set1_ps(xr[(size_t)r * K + k]);
+            lo_acc[r] = _mm256_fmadd_ps(v, lo, lo_acc[r]);
+            hi_acc[r] = _mm256_fmadd_ps(v, hi, hi_acc[r]);
         }
     }
-    for (int h = 0; h < 2 && b * BLOCK + h * 8 < N; h++) {
-        __m256 sum[FLOAT_ROWS];
-        for (int r = 0; r < rows; r++) sum[r] = _mm256_add_ps(acc[r][h][0], acc[r][h][1]);
-        store8(sum, rows, m0, b * BLOCK + h * 8, N, y, ldy);
-    }
+    store8(lo_acc, rows, m0, b * BLOCK, N, y, ldy);
+    if (b * BLOCK + 8 < N) store8(hi_acc, rows, m0, b * BLOCK + 8, N, y, ldy);
 }
 
 static void block_float_any(const void *w, int bits, int K, const float *x, int m0, int rows, int b, int N,
                             float *y, int ldy) {
-    switch (rows + 4 * (bits == 16)) {
-    case 1: block_float(w, 32, K, x, m0, 1, b, N, y, ldy); break;
-    case 2: block_float(w, 32, K, x, m0, 2, b, N, y, ldy); break;
-    case 3: block_float(w, 32, K, x, m0, 3, b, N, y, ldy); break;
-    case 5: block_float(w, 16, K, x, m0, 1, b, N, y, ldy); break;
-    case 6: block_float(w, 16, K, x, m0, 2, b, N, y, ldy); break;
-    default: block_float(w, 16, K, x, m0, 3, b, N, y, ldy); break;
+#define FLOAT_CASE(n) \
+    case n: (bits == 16 ? block_float(w, 16, K, x, m0, n, b, N, y, ldy) : block_float(w, 32, K, x, m0, n, b, N, y, ldy)); break;
+    switch (rows) {
+    FLOAT_CASE(1) FLOAT_CASE(2) FLOAT_CASE(3) FLOAT_CASE(4) FLOAT_CASE(5)
+    default: (bits == 16 ? block_float(w, 16, K, x, m0, 6, b, N, y, ldy) : block_float(w, 32, K, x, m0, 6, b, N, y, ldy));
     }
+#undef FLOAT_CASE
 }
 
 /* y [M, N] (row stride ldy) = the quantized activations `a` of M rows times a weight in the

@@ -43,8 +43,8 @@ typedef struct {
 
 /* Float weights (`bits` 16: bfloat16, 32: float32) in the block layout: block b holds, for
  * k = 0 .. K - 1, its 16 columns' weights side by side at (b K + k) 16. Per column and row the
- * sum runs over k in order into two partial sums (even and odd k), added at the end: again
- * nothing depends on the number of rows. */
+ * sum runs over k in order, one fused multiply-add at a time: again nothing depends on the
+ * number of rows. */
 #define FLOAT_WEIGHTS(bits) ((bits) == 16 || (bits) == 32)
 
 /* Defined in cpu_kernels.c, used by cpu_decoder.c as well. `quantize` 0 leaves the codes
