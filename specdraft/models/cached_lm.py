@@ -18,7 +18,7 @@ import torch
 from specdraft.core.stopwatch import device_clock
 from specdraft.models.cuda_graphs import Capture, GraphedForward, Outputs
 from specdraft.models.kv_cache import new_kv_cache
-from specdraft.models.lean_decoder import LeanDecoder
+from specdraft.models.lean_decoder import LeanDecoder, ancestry, tree_depths, tree_rows
 
 
 class CachedLM:
@@ -100,13 +100,29 @@ class CachedLM:
         """Feed a token tree `tokens` [n] after the cache (`parents[i]` < i the row of token
         i's parent; row 0, the root, follows the cached text): the logits at every row [n, V]
         and the hidden states after `layers` ({layer: [n, H]}), each row as if its own path
-        were fed as a chain. The cache then holds the whole tree until `keep_path`. Lean
-        models only (their kernels give each row its path's logits bit for bit)."""
-        if self.lean is None:
-            raise ValueError("a token tree is fed through the lean forward only")
+        were fed as a chain (positions by depth, attention to the cached text and the row's
+        own path). The cache then holds the whole tree until `keep_path`. A lean model's
+        kernels give each row its path's logits bit for bit; through transformers (a 4D
+        mask) they agree up to float rounding, as a chain verify does."""
         start = self.clock() if self.timed else 0.0
-        logits, hidden = self.lean.forward(tokens.to(self.device), self.length, 0, layers, parents=parents)
-        self.tree_start, self.length = self.length, self.length + tokens.shape[-1]
+        n = tokens.shape[-1]
+        if self.lean is not None:
+            logits, hidden = self.lean.forward(tokens.to(self.device), self.length, 0, layers, parents=parents)
+        else:
+            tree = tree_rows(parents, n)
+            if self.kv.sliding:
+                raise ValueError("a token tree cannot be fed to a model with sliding-window layers")
+            self.reserve(self.length + n)
+            width = self.kv.capacity if self.kv.static else self.length + n
+            mask = torch.zeros(n, width, dtype=torch.bool)
+            mask[:, : self.length] = True
+            mask[:, self.length : self.length + n] = ancestry(tree)
+            positions = (self.length + tree_depths(tree)).view(1, n).to(self.device)
+            out = self.model(input_ids=tokens.view(1, n).to(self.device), position_ids=positions,
+                             attention_mask=mask[None, None].to(self.device), past_key_values=self.cache,
+                             use_cache=True, output_hidden_states=bool(layers))
+            logits, hidden = out.logits[0], {layer: out.hidden_states[layer][0] for layer in layers}
+        self.tree_start, self.length = self.length, self.length + n
         if self.timed:
             self.forward_seconds += self.clock() - start
         return self._fit(logits), hidden
@@ -114,7 +130,10 @@ class CachedLM:
     def keep_path(self, rows: Sequence[int]) -> None:
         """Keep only the root-to-node path `rows` (row 0 first) of the tree just fed: the
         cache then holds the text before the tree and that path, in order."""
-        self.lean.keep_path(self.tree_start, rows)
+        if self.lean is not None:
+            self.lean.keep_path(self.tree_start, rows)
+        else:
+            self.kv.keep_rows(self.tree_start, rows, self.length)
         self.length = self.tree_start + len(rows)
 
     def eager_forward(self, ids: torch.Tensor, positions: torch.Tensor, keep: int, layers: Sequence[int]) -> Outputs:

@@ -50,6 +50,25 @@ class KVCache:
         for layer in self.cache.layers[:layers]:
             layer.crop(-count)  # transformers 5: a layer's crop takes the number of tokens to remove
 
+    @property
+    def sliding(self) -> bool:
+        """Whether some layer keeps a sliding window (its entries are not one per position)."""
+        return any("Sliding" in type(layer).__name__ for layer in self.cache.layers)
+
+    @torch.inference_mode()
+    def keep_rows(self, start: int, rows: list[int], length: int) -> None:
+        """After a token tree written at start.. (the cache `length` long): rows `rows` become
+        positions start, start + 1, .. in every layer, and the rest is forgotten."""
+        moved = [(row, depth) for depth, row in enumerate(rows) if row != depth]
+        if moved:
+            source = torch.tensor([start + row for row, _ in moved])
+            target = torch.tensor([start + depth for _, depth in moved])
+            for layer in self.cache.layers:  # keys and values [batch, heads, positions, dim]
+                for buffer in (layer.keys, layer.values):
+                    here = (source.to(buffer.device), target.to(buffer.device))
+                    buffer.index_copy_(2, here[1], buffer.index_select(2, here[0]))
+        self.remove_last(length - start - len(rows), length=length)
+
 
 class StaticKVCache(KVCache):
     static = True
