@@ -91,6 +91,7 @@ def test_trace_round_trips_through_its_file(traced, tmp_path):
     assert set(trace.header.costs) == {"target", "lookup", "small", "half", "head", "none"}
     assert trace.header.costs["target"](1) > 0
     assert trace.header.costs["head"](1) > 0  # timed by the head itself: not a causal LM
+    assert trace.header.costs["half"](1) > 0  # the target's first layers: timed over a twin of its cache
 
 
 def test_trace_records_the_plain_greedy_trajectory(traced):

@@ -15,6 +15,7 @@ distribution there is one norm and one head projection.
 from __future__ import annotations
 
 import copy
+import statistics
 from typing import Sequence
 
 import torch
@@ -97,6 +98,25 @@ class LayersDrafter(CausalLMDrafter):
     @property
     def scored_by_own_forward(self) -> bool:
         return False  # scored from the verify's hidden states
+
+    @torch.inference_mode()
+    def forward_seconds(self, widths: Sequence[int], repeats: int) -> dict[int, float]:
+        """Its forward (the target's first layers, norm and head) over n tokens after 64
+        cached ones, on a twin of the target's cache (it has no cache of its own to time)."""
+        target = self.lm.target.twin()
+        prefix = TargetPrefix(target, self.lm.model, self.layers, self.lm.logits_size)
+        target.feed(torch.arange(3, 67, device=target.device) % 100, keep=1)
+        samples: dict[int, list[float]] = {w: [] for w in widths}
+        for attempt in range(repeats + 1):  # the first pass warms up
+            for width in widths:
+                tokens = torch.full((width,), 5, dtype=torch.long, device=target.device)
+                started = target.clock()
+                prefix.feed(tokens, keep=1)
+                elapsed = target.clock() - started
+                prefix.release()
+                if attempt:
+                    samples[width].append(elapsed)
+        return {w: statistics.median(s) for w, s in samples.items()}
 
     def prepare_scoring(self, context: Sequence[int]) -> None:
         """Nothing to prefill: its cache is the target's, and it is scored from the verify's
