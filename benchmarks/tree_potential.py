@@ -4,7 +4,8 @@ Per prompt of a `specdraft trace` file, rounds are replayed along the traced tra
 drafter alone commits its accepted run + 1 a round; a tree of several commits the longest of
 their runs + 1 (the target follows its argmax down the merged tree). Each round costs a verify
 at its width (1 + the tokens drafted; no shared prefix merged, so a tree's width is an upper
-bound) plus the drafters' own per-token costs from the trace, in units of a one-token step.
+bound) plus a one-token forward of the drafter per token it drafted (the trace's costs), in
+units of the target's one-token step.
 Draft lengths are capped at each of `--caps`; no planning (every drafter drafts what it would
 at every round), so this bounds what the merged chains add, not what a planner would reach.
 
@@ -44,7 +45,9 @@ def main() -> None:
     else:
         cost = width_cost([(target["fixed"] + w * target["per_token"]) / step for w in range(1, 3)])
     names = [name for name in header["drafters"] if name != "none"]
-    per_token = {name: (header["costs"][name]["per_token"] or 0.0) / step for name in names}
+    # A drafter drafts one token a forward: each costs its whole one-token forward.
+    per_token = {name: (header["costs"][name]["fixed"] + header["costs"][name]["per_token"]) / step
+                 for name in names}
     configs = {name: [name] for name in names}
     for size in range(2, len(names) + 1):
         configs[" + ".join(names[:size])] = names[:size]
