@@ -114,6 +114,21 @@ def trace(
     _run(console, verbose, lambda: run_trace_command(pool, data, out, max_new_tokens, limit, chat, console))
 
 
+@app.command()
+def export(
+    pool: Pool,
+    out: Annotated[str, typer.Option(help="Folder to write the target to (transformers layout).")],
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "bfloat16",
+    force: Annotated[bool, typer.Option("--force", help="Replace --out when it exists and is not empty.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Write the profile's target as a plain transformers folder (config, safetensors, tokenizer) that vLLM and other engines load as is."""
+    from specdraft.commands.export import run_export_command
+
+    console = err_console()
+    _run(console, verbose, lambda: run_export_command(pool, out, dtype, force, console))
+
+
 @app.command("calibrate-beta")
 def calibrate_beta(
     pool: Pool,

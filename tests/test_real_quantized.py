@@ -161,3 +161,24 @@ def test_who_runs_on_the_files_codes_and_what_is_said_when_it_cannot(demo, monke
     assert "runs dequantized to float32" in caplog.text and "no C compiler" in caplog.text
     with pytest.raises(ProfileError, match="no C compiler"):
         fq.runs_on_file_codes(dataclasses.replace(spec, quantization="gguf"), path, cpu, "p.toml", "target")
+
+
+def test_the_demo_exports_as_a_folder_transformers_loads_as_is(demo, tmp_path):
+    """What vLLM needs of a GGUF target: the architecture named, no GGUF quantization config,
+    the tied embedding under its own name, the chat template (issue 35)."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specdraft.models.export import export_model
+
+    profile, target = demo
+    out = export_model(profile.target, str(DEMO), "target", tmp_path / "demo", "float32")
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
+    with safe_open(out / "model.safetensors", "pt") as weights:
+        assert "model.embed_tokens.weight" in set(weights.keys())
+    exported = AutoModelForCausalLM.from_pretrained(out)
+    floats = load_model(dataclasses.replace(profile.target, quantization="none"), str(DEMO), "target").model
+    ids = target.tokenizer("def add(a, b):", return_tensors="pt").input_ids
+    torch.testing.assert_close(exported(ids).logits, floats(ids).logits, rtol=1e-5, atol=1e-4)
+    assert AutoTokenizer.from_pretrained(out).chat_template == target.tokenizer.chat_template
