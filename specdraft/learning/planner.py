@@ -239,10 +239,9 @@ class RoundPlanner:
         scored on that round (the driver)."""
         if not self.goodput or not self.dynamic_length:
             return [False] * len(self.arms)
-        values = [self._known_value(i) for i in range(len(self.arms))]
-        leader = max((v for v in values if v is not None), default=0.0)
+        values, leader = self._values()
         out = []
-        for arm, sits_out in enumerate(self.costly_skips(costly)):
+        for arm, sits_out in enumerate(self._costly_skips(costly, values, leader)):
             ceiling = None if self.arms[arm] == PLAIN_ARM else self.ceiling(arm)
             out.append(sits_out or (ceiling is not None and ceiling < leader))
         return out
@@ -256,10 +255,14 @@ class RoundPlanner:
         speedup. Scoring it would cost its forwards every round for evidence that changes no
         choice; the driver also leaves it out of the policy's choice (asleep), since a
         learner that keeps a sleeping arm's old regret may still favour it."""
-        if not costly or not self.goodput or not self.dynamic_length:
+        if not self.goodput or not self.dynamic_length or not any(costly or ()):
+            return [False] * len(self.arms)  # (nothing to estimate: a hot path, once a round)
+        return self._costly_skips(costly, *self._values())
+
+    def _costly_skips(self, costly: Sequence[bool] | None, values: list[float | None], leader: float) -> list[bool]:
+        """`costly_skips` from the arms' known values and the leader's (`_values`)."""
+        if not any(costly or ()):
             return [False] * len(self.arms)
-        values = [self._known_value(i) for i in range(len(self.arms))]
-        leader = max((v for v in values if v is not None), default=0.0)
         out = []
         for arm, name in enumerate(self.arms):
             value = values[arm]
@@ -270,11 +273,11 @@ class RoundPlanner:
             out.append(idle or value < self.COSTLY_MARGIN * leader)
         return out
 
-    def _known_value(self, arm: int) -> float | None:
-        """`estimated_value`, or None while the arm's costs are unknown (goodput objective)."""
-        if self.arms[arm] != PLAIN_ARM and self.costs.draft[arm] is None:
-            return None
-        return self.estimated_value(arm)
+    def _values(self) -> tuple[list[float | None], float]:
+        """Each arm's `estimated_value` (None while its costs are unknown) and the largest known."""
+        values = [None if self.arms[arm] != PLAIN_ARM and self.costs.draft[arm] is None else self.estimated_value(arm)
+                  for arm in range(len(self.arms))]
+        return values, max((v for v in values if v is not None), default=0.0)
 
     def ideal_speedup(self) -> tuple[int, int, float] | None:
         """(arm, K, speedup) of the best arm at its best K by the current estimates:

@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -56,18 +56,24 @@ class KVCache:
         return any("Sliding" in type(layer).__name__ for layer in self.cache.layers)
 
     @torch.inference_mode()
-    def keep_rows(self, start: int, rows: list[int], length: int) -> None:
+    def keep_rows(self, start: int, rows: Sequence[int], length: int) -> None:
         """After a token tree written at start.. (the cache `length` long): rows `rows` become
         positions start, start + 1, .. in every layer, and the rest is forgotten."""
-        moved = [(row, depth) for depth, row in enumerate(rows) if row != depth]
-        if moved:
-            source = torch.tensor([start + row for row, _ in moved])
-            target = torch.tensor([start + depth for _, depth in moved])
-            for layer in self.cache.layers:  # keys and values [batch, heads, positions, dim]
-                for buffer in (layer.keys, layer.values):
-                    here = (source.to(buffer.device), target.to(buffer.device))
-                    buffer.index_copy_(2, here[1], buffer.index_select(2, here[0]))
+        # keys and values [batch, heads, positions, dim]
+        move_path([b for layer in self.cache.layers for b in (layer.keys, layer.values)], 2, start, rows)
         self.remove_last(length - start - len(rows), length=length)
+
+
+def move_path(buffers: Sequence[torch.Tensor], dim: int, start: int, rows: Sequence[int]) -> None:
+    """A token tree's accepted path into place: in each buffer, the slot start + rows[d]
+    along `dim` moves to start + d (lean buffers and transformers' caches alike)."""
+    moved = [(start + row, start + depth) for depth, row in enumerate(rows) if row != depth]
+    if not moved:
+        return
+    sources, targets = zip(*moved)
+    for buffer in buffers:
+        source, target = (torch.tensor(side, device=buffer.device) for side in (sources, targets))
+        buffer.index_copy_(dim, target, buffer.index_select(dim, source))
 
 
 class StaticKVCache(KVCache):

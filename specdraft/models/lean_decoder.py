@@ -36,6 +36,7 @@ from torch import nn
 
 from specdraft.models.block_linear import BlockLinear
 from specdraft.models.fused_linear import fuse
+from specdraft.models.kv_cache import move_path
 from specdraft.models.native_layers import NativeLayers
 from specdraft.models.native import add_rms_norm, attention_block, rms_norm, swiglu
 from specdraft.models.quantize import Int4Linear, Int8Linear
@@ -213,13 +214,7 @@ class LeanDecoder:
         """After a token tree fed at `start`: its rows `rows` (a root-to-node path, row 0
         first) become the cached positions start, start + 1, ..: their keys and values move
         into those slots in every layer (the other rows' are overwritten by the next feed)."""
-        moved = [(row, depth) for depth, row in enumerate(rows) if row != depth]
-        if not moved:
-            return
-        source = torch.tensor([start + row for row, _ in moved], device=self.device)
-        target = torch.tensor([start + depth for _, depth in moved], device=self.device)
-        for buffer in (self.keys, self.values):  # [layers, 1, KVH, capacity, D]
-            buffer.index_copy_(3, target, buffer.index_select(3, source))
+        move_path((self.keys, self.values), 3, start, rows)  # [layers, 1, KVH, capacity, D]
 
     def _native_layers(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor, layers: list,
                        hidden_layers: Sequence[int], tree: torch.Tensor | None = None
