@@ -213,6 +213,26 @@ def test_a_costly_drafter_the_planner_would_not_play_is_not_scored_and_revisited
     assert plain.scored_now() == [True, True, True]
 
 
+@pytest.mark.parametrize("costly", [False, True])
+def test_a_round_planned_at_k_0_forces_its_arms_scoring_unless_that_costs_a_forward(costly):
+    """The chosen arm is scored on its round (its value is what the regret compares), also
+    at K = 0; only a costly arm's K = 0 round does not force its catch-up forward."""
+    from dataclasses import replace
+
+    driver = make("normalhedge", n=3, objective="goodput", draft_length="goodput", update_every=1)
+    arms = Arms([0.9, 0.95, 0.0], cost=[1e-4, 0.004, 1e-4])  # arm 1: aligned but dear, hopeless
+    evaluator = CostlyEvaluator(arms, costly=1 if costly else None)
+    driver.start_prompt(evaluator)
+    for _ in range(3):
+        for arm in range(3):
+            fb = arms.play(arm)
+            driver.finish_round(RoundOutcome(fb, 0, fb.accepted + 1), last=False)
+    assert driver.planner.evaluation_skips(evaluator.costly)[1]
+    idle = replace(arms.play(1), drafted=0, accepted=0)
+    driver.finish_round(RoundOutcome(idle, 0, 1), last=False)
+    assert evaluator.asked[-1][1] == costly
+
+
 @pytest.mark.parametrize("honour_skips", [True, False])
 def test_under_goodput_the_best_drafter_is_the_fastest_not_the_most_accepted(honour_skips):
     """Issue 38: arm 1 accepts a little more than arm 0 but every draft token costs most of a

@@ -167,9 +167,13 @@ class PolicyDriver:
         # chosen arms always are: their own rounds are what is measured.
         skip = [False] * len(self.policy.arms) if self.policy.scores_every_arm \
             else self.planner.evaluation_skips(self._costly())
-        for round_ in self.pending:  # (a round planned at K = 0 measured nothing of its arm)
-            if round_.feedback.drafted:
-                skip[round_.feedback.arm] = False
+        costly = self._costly()
+        for round_ in self.pending:
+            # (A costly arm's round planned at K = 0 measured nothing of it: its catch-up
+            # forward is not forced for that.)
+            arm = round_.feedback.arm
+            if round_.feedback.drafted or not (costly and costly[arm]):
+                skip[arm] = False
         start = self.clock()
         scored = self.evaluator(self.pending, skip)
         evaluate_s = self.clock() - start
