@@ -14,7 +14,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdraft.config.model_spec import ModelSpec
 from specdraft.models.export import export_model
-from specdraft.models.loading import load_model
 from tiny import save_tiny_pair
 
 
@@ -27,6 +26,32 @@ def test_an_exported_folder_loads_as_is_and_gives_the_models_logits(tmp_path, ti
         model.config.tie_word_embeddings = True
         model.lm_head.weight = model.model.embed_tokens.weight
         model.save_pretrained(folder)
+    check_export(tmp_path, folder, tied, dtype)
+
+
+def test_a_head_sharing_the_embeddings_tensor_is_exported_tied_whatever_its_config_says(tmp_path, monkeypatch):
+    """A model loaded with its head on the embedding's tensor but a config saying untied
+    (transformers then saves the tensor once): the export declares it tied, so a loader
+    restores the head instead of leaving it random."""
+    import specdraft.models.loading as loading
+
+    folder = save_tiny_pair(tmp_path / "model")
+    load = loading.load_model
+
+    def shared_head(spec, file, key):
+        loaded = load(spec, file, key)
+        loaded.model.lm_head.weight = loaded.model.model.embed_tokens.weight
+        loaded.model.config.tie_word_embeddings = False
+        return loaded
+
+    monkeypatch.setattr(loading, "load_model", shared_head)
+    check_export(tmp_path, folder, True, "float32")
+
+
+def check_export(tmp_path, folder, tied, dtype):
+    """Export the model in `folder` and check what a serving engine reads of it."""
+    from specdraft.models import loading
+
     spec = ModelSpec(path=folder, dtype="float32")
     umask = os.umask(0o022)
     try:
@@ -41,7 +66,7 @@ def test_an_exported_folder_loads_as_is_and_gives_the_models_logits(tmp_path, ti
         assert {weights.get_tensor(n).dtype for n in names} == {getattr(torch, dtype)}
     assert "model.embed_tokens.weight" in names and (("lm_head.weight" in names) != tied)
     exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
-    reference = load_model(spec, "p.toml", "target").model.to(getattr(torch, dtype)).float()
+    reference = loading.load_model(spec, "p.toml", "target").model.to(getattr(torch, dtype)).float()
     ids = torch.arange(3, 30)[None]
     torch.testing.assert_close(exported(ids).logits, reference(ids).logits, rtol=1e-5, atol=1e-5)
     assert all(f.stat().st_mode & 0o777 == 0o644 for f in out.iterdir())  # an engine's user reads them

@@ -163,22 +163,39 @@ def test_who_runs_on_the_files_codes_and_what_is_said_when_it_cannot(demo, monke
         fq.runs_on_file_codes(dataclasses.replace(spec, quantization="gguf"), path, cpu, "p.toml", "target")
 
 
-def test_the_demo_exports_as_a_folder_transformers_loads_as_is(demo, tmp_path):
+EXPORT_CHECK = """
+import dataclasses, json, sys
+from pathlib import Path
+import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from specdraft.models.export import export_model
+from specdraft.models.loading import load_model
+from specdraft.profile import load_profile
+
+demo, out = Path(sys.argv[1]), Path(sys.argv[2])
+profile = load_profile(demo)
+export_model(profile.target, str(demo), "target", out, "float32")
+config = json.loads((out / "config.json").read_text())
+assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config, config
+with safe_open(out / "model.safetensors", "pt") as weights:
+    assert "model.embed_tokens.weight" in set(weights.keys())
+exported = AutoModelForCausalLM.from_pretrained(out)
+floats = load_model(dataclasses.replace(profile.target, quantization="none"), str(demo), "target")
+ids = floats.tokenizer("def add(a, b):", return_tensors="pt").input_ids
+torch.testing.assert_close(exported(ids).logits, floats.model(ids).logits, rtol=1e-5, atol=1e-4)
+assert AutoTokenizer.from_pretrained(out).chat_template == floats.tokenizer.chat_template
+"""
+
+
+def test_the_demo_exports_as_a_folder_transformers_loads_as_is(tmp_path):
     """What vLLM needs of a GGUF target: the architecture named, no GGUF quantization config,
-    the tied embedding under its own name, the chat template (issue 35)."""
-    from safetensors import safe_open
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    the tied embedding under its own name, the chat template (issue 35). In a process of its
+    own, as `specdraft export` runs: in this one, state left by other tests changed the
+    float load's logits (found, not yet explained: see the issue 35 note)."""
+    import subprocess
+    import sys
 
-    from specdraft.models.export import export_model
-
-    profile, target = demo
-    out = export_model(profile.target, str(DEMO), "target", tmp_path / "demo", "float32")
-    config = json.loads((out / "config.json").read_text())
-    assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
-    with safe_open(out / "model.safetensors", "pt") as weights:
-        assert "model.embed_tokens.weight" in set(weights.keys())
-    exported = AutoModelForCausalLM.from_pretrained(out)
-    floats = load_model(dataclasses.replace(profile.target, quantization="none"), str(DEMO), "target").model
-    ids = target.tokenizer("def add(a, b):", return_tensors="pt").input_ids
-    torch.testing.assert_close(exported(ids).logits, floats(ids).logits, rtol=1e-5, atol=1e-4)
-    assert AutoTokenizer.from_pretrained(out).chat_template == target.tokenizer.chat_template
+    done = subprocess.run([sys.executable, "-c", EXPORT_CHECK, str(DEMO), str(tmp_path / "demo")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]

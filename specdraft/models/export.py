@@ -57,12 +57,16 @@ def export_model(spec: ModelSpec, file: str, key: str, out: Path, dtype: str) ->
 
 
 def _tie_as_declared(model: torch.nn.Module) -> None:
-    """A model whose config ties the head to the embedding gets them tied (one tensor), so
-    the saved file holds it once, under the embedding's name; an untied model keeps both."""
+    """The config says tied exactly when the head and the embedding are one matrix, and then
+    they are one tensor: the saved file holds it once, under the embedding's name, and a
+    loader that reads the config restores the head from it. (A head sharing the embedding's
+    tensor under a config that says untied would be saved once and loaded back random.)"""
     head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
-    if getattr(model.config, "tie_word_embeddings", False) and head is not None \
-            and head.weight.data_ptr() != embedding.weight.data_ptr():
-        if not torch.equal(head.weight, embedding.weight):
-            model.config.tie_word_embeddings = False  # two different matrices: keep both
-            return
+    if head is None:
+        return
+    shared = head.weight.data_ptr() == embedding.weight.data_ptr()
+    same = shared or (head.weight.shape == embedding.weight.shape and torch.equal(head.weight, embedding.weight))
+    tied = same and (shared or getattr(model.config, "tie_word_embeddings", False))
+    model.config.tie_word_embeddings = tied
+    if tied and not shared:
         head.weight = embedding.weight
