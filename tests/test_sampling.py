@@ -97,18 +97,25 @@ def test_generated_sequences_follow_the_target(params, padded):
     engine = SpeculativeEngine(target_lm, drafters, policy, EngineSettings(3, 3, params), gen)
     if padded:
         engine.driver.planner.costs.verify.install([2.0 - w / 6 for w in range(1, 7)])
-    pairs, thirds, n_draws = Counter(), Counter(), 1500
-    for _ in range(n_draws):
-        out = [t for r in engine.generate(prompt) for t in r.tokens]
-        pairs[tuple(out[:2])] += 1
-        thirds[out[2]] += 1
     exact = exact_joint(target, prompt, params, 3)
     joint2, marginal3 = Counter(), Counter()
     for seq, prob in exact.items():
         joint2[seq[:2]] += prob
         marginal3[seq[2]] += prob
-    assert chi_square_p(pairs, joint2, n_draws) > P_MIN
-    assert chi_square_p(thirds, marginal3, n_draws) > P_MIN
+    # Which sample a seed gives follows this machine's timings (goodput plans K from them),
+    # so a correct sampler would fail a single batch at P_MIN now and then (CI saw p = 9e-5
+    # once). A batch that fails is followed by a fresh one that must pass: a correct sampler
+    # fails both about P_MIN^2 of the time; a biased one fails the second batch too.
+    for attempt in range(2):
+        pairs, thirds, n_draws = Counter(), Counter(), 1500
+        for _ in range(n_draws):
+            out = [t for r in engine.generate(prompt) for t in r.tokens]
+            pairs[tuple(out[:2])] += 1
+            thirds[out[2]] += 1
+        p_pairs, p_thirds = chi_square_p(pairs, joint2, n_draws), chi_square_p(thirds, marginal3, n_draws)
+        if min(p_pairs, p_thirds) > P_MIN:
+            return
+    assert p_pairs > P_MIN and p_thirds > P_MIN, (p_pairs, p_thirds)
 
 
 def test_seeded_sampling_is_reproducible_and_seeds_differ():
