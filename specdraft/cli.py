@@ -87,6 +87,8 @@ def bench(
     temperature: Annotated[Optional[float], typer.Option(help="Over the profile's: > 0 benches sampling (outputs are then not compared with plain decoding's).", show_default=False)] = None,
     skip: Annotated[int, typer.Option(help="Leave the first N prompts out of the summary; they still run (and warm drafters that learn from earlier answers).")] = 0,
     versus: Annotated[Optional[str], typer.Option(help="Also show every row's speed as a ratio to this configuration, e.g. fixed:lookup.")] = None,
+    engine: Annotated[str, typer.Option(help="specdraft: its own engine; vllm: vLLM plain, vLLM's ngram (and suffix) speculation and specdraft's proposer, each in a fresh vLLM engine.")] = "specdraft",
+    concurrency: Annotated[Optional[str], typer.Option(help="With --engine vllm: requests in flight, comma-separated, e.g. 1,8,32 (default 1).")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Measure speedup over plain decoding on a dataset, live or replayed from a trace."""
@@ -127,6 +129,25 @@ def export(
 
     console = err_console()
     _run(console, verbose, lambda: run_export_command(pool, out, dtype, force, console))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def serve(
+    ctx: typer.Context,
+    pool: Pool,
+    port: Annotated[int, typer.Option(help="Port of the OpenAI-compatible server.")] = 8000,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    dtype: Annotated[str, typer.Option(help="auto (float32 on a CPU, bfloat16 on CUDA), float32, bfloat16 or float16.")] = "auto",
+    policy_state: Annotated[Optional[str], typer.Option("--policy-state", help="JSON file: start from the learned policy state in it (if present) and save it back while serving.")] = None,
+    log_every: Annotated[float, typer.Option("--log-every", help="Seconds between the proposer's log lines (acceptance, drafters' shares) on stderr; 0 = none.")] = 10.0,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Serve the profile's target with vLLM (OpenAI-compatible API), its pool and policy drafting per request. Arguments after -- go to vLLM."""
+    from specdraft.commands.serve import ServeOptions, run_serve_command
+
+    console = err_console()
+    opts = ServeOptions(pool, port, host, dtype, policy_state, log_every, tuple(ctx.args))
+    _run(console, verbose, lambda: run_serve_command(opts, console))
 
 
 @app.command("calibrate-beta")

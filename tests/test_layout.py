@@ -43,6 +43,7 @@ LAYERS = (
     ("profile",),  # a whole profile: drafters and policies named and checked
     ("runtime",),  # profile -> target, pool, policy, engine
     ("session",),  # one prompt as a user sees it
+    ("serving",),  # the pool as a serving engine's proposer, per request; starting vLLM
     ("ui",),  # panel, tables, progress on stderr
     ("measurement",),  # datasets, bench, baselines, traces, replay
     ("training",),  # corpora, features, the training loop

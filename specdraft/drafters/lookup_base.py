@@ -20,6 +20,7 @@ from specdraft.learning.confidence import StopRule
 
 class LookupDrafter(Drafter):
     may_sleep = True
+    token_ids_only = True
 
     @abstractmethod
     def lookup(self, context: Sequence[int], position: int, k: int, stop_price: float | None = None) -> list[int]:
@@ -45,6 +46,14 @@ class LookupDrafter(Drafter):
         tokens = torch.tensor(proposals, dtype=torch.long, device=target_probs.device)
         picked = target_probs.gather(-1, tokens.clamp_min(0).view(-1, 1)).squeeze(-1)
         return torch.where(tokens >= 0, picked, torch.zeros_like(picked))
+
+    def committed_scores(self, context: Sequence[int], start: int, count: int) -> list[float]:
+        # The fresh lookup's token at each position against the token committed there.
+        out = []
+        for position in range(start, start + count):
+            first = self.lookup(context, position, 1)
+            out.append(1.0 if first and first[0] == context[position] else 0.0)
+        return out
 
     def trajectory_scores(self, context: list[int], prompt_len: int, target_probs: torch.Tensor,
                           k: int) -> TrajectoryScores:

@@ -15,6 +15,7 @@ from specdraft.models.cached_lm import CachedLM
 
 class ModelDrafter(CausalLMDrafter):
     kind = "model"
+    engine_problem = "runs a model of its own beside the target (vLLM's draft_model method runs one small model)"
     lm: CachedLM
 
     def __init__(self, name: str, ctx: DraftContext, model: torch.nn.Module, stop_below: float | None = None,

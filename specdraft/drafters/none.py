@@ -25,6 +25,9 @@ class PlainDecoding(Drafter):
               hidden: Hidden | None = None) -> torch.Tensor:
         return target_probs.new_zeros(count)  # proposes nothing, so nothing is ever accepted
 
+    def committed_scores(self, context: Sequence[int], start: int, count: int) -> list[float]:
+        return [0.0] * count
+
     def trajectory_scores(self, context: list[int], prompt_len: int, target_probs: torch.Tensor,
                           k: int) -> TrajectoryScores:
         n = len(context) - prompt_len

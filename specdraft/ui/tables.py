@@ -79,3 +79,17 @@ def sweep_table(policy: str, param: str, rows, best, paper: float | None) -> Tab
         table.add_row(f"{r.value:g}", f"{r.tokens_per_round:.3f}", f"{r.simulated_speedup:.3f}x",
                       _regret(r.regret, r.regret_unit), mark, style="bold" if r is best else None)
     return table
+
+
+def vllm_table(rows: Sequence[dict], title: str) -> Table:
+    """`bench --engine vllm`: one row per concurrency and configuration."""
+    table = Table(title=title, title_justify="left")
+    for header in ("requests in flight", "configuration", "tokens/s", "× vLLM plain", "× best built-in",
+                   "latency median s", "latency p95 s", "differing"):
+        table.add_column(header, justify="left" if header == "configuration" else "right")
+    for row in rows:
+        table.add_row(str(row["concurrency"]), row["config"], _num(row["tokens_per_s"], ".1f"),
+                      _num(row.get("vs_plain"), ".2f"), _num(row.get("vs_best_built_in"), ".2f"),
+                      _num(row["latency_median"], ".2f"), _num(row["latency_p95"], ".2f"),
+                      _num(row.get("differing"), "d"))
+    return table

@@ -1,0 +1,81 @@
+"""`specdraft serve`: vLLM's OpenAI-compatible server with specdraft's pool and policy as its
+speculative proposer (serving/). The profile, the policy state and vLLM itself are checked
+before anything starts; the server runs as a child process and Ctrl-C stops it cleanly.
+Arguments after `--` go to vLLM unchanged."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import subprocess
+from pathlib import Path
+
+from rich.console import Console
+
+from specdraft.commands.io import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, warner
+from specdraft.errors import UsageError
+
+
+@dataclasses.dataclass
+class ServeOptions:
+    pool: str
+    port: int = 8000
+    host: str = "127.0.0.1"
+    dtype: str = "auto"
+    policy_state: str | None = None
+    log_every: float = 10.0
+    vllm_args: tuple[str, ...] = ()
+
+
+def run_serve_command(opts: ServeOptions, console: Console) -> int:
+    from specdraft.commands.generate import check_policy_state, read_policy_state
+    from specdraft.profile import load_profile
+    from specdraft.serving import launch
+    from specdraft.serving.pool import served_drafters
+
+    if not 0 < opts.port < 65536:
+        raise UsageError(f"--port {opts.port}: expected 1..65535")
+    if opts.dtype not in ("auto", "float32", "bfloat16", "float16"):
+        raise UsageError(f"--dtype {opts.dtype}: expected auto, float32, bfloat16 or float16")
+    profile = load_profile(opts.pool)
+    served, left_out = served_drafters(profile)
+    warn = warner(console)
+    for name, why in left_out.items():
+        warn(f'drafter "{name}" left out under vLLM ({why})')
+    state = read_policy_state(opts.policy_state)
+    if state is not None:
+        check_policy_state(served, state, opts.policy_state)
+    launch.require_vllm()
+    dtype = opts.dtype if opts.dtype != "auto" else ("bfloat16" if launch.cuda_available() else "float32")
+    model = launch.exported_target(profile, dtype)
+    name = Path(opts.pool).stem
+    command = launch.server_command(model, name, profile.decode.draft_tokens, opts.port, opts.host, dtype,
+                                    list(opts.vllm_args))
+    env = launch.child_environment(launch.proposer_environment(
+        Path(opts.pool), Path(opts.policy_state) if opts.policy_state else None, opts.log_every))
+    console.print(f'serving {profile.target.describe()} as model "{name}" on http://{opts.host}:{opts.port}/v1 '
+                  f"(drafters: {', '.join(d.name for d in served.drafters)}; Ctrl-C stops)", markup=False)
+    server = subprocess.Popen(command, env=env)
+    try:
+        code = server.wait()
+    except KeyboardInterrupt:
+        stop(server)
+        return EXIT_INTERRUPTED
+    return EXIT_OK if code == 0 else EXIT_FAILURE
+
+
+def stop(server: subprocess.Popen) -> None:
+    """Ctrl-C reached the server too (same process group); give it time to finish its
+    requests' bookkeeping (the proposer saves its policy state on exit), then insist."""
+    for sig, wait in ((signal.SIGINT, 30), (signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        if server.poll() is not None:
+            return
+        if sig != signal.SIGINT:
+            server.send_signal(sig)
+        try:
+            server.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        except KeyboardInterrupt:  # a second Ctrl-C: stop waiting politely
+            continue

@@ -1,0 +1,249 @@
+"""specdraft as a serving engine's proposer, without the engine: the batch planner's draft
+lengths, the pool a server can run, and the proposer driven step by step by a simulated
+engine that verifies greedily against a known target (rows move, requests finish and
+arrive), checked for what it sends, what it learns and what it keeps.
+
+The proposer inside real vLLM is tested in tests/test_vllm.py."""
+
+from __future__ import annotations
+
+import json
+import random
+import types
+
+import numpy as np
+import pytest
+
+from specdraft.errors import ProfileError
+from specdraft.learning.batch_planner import StepCosts, plan_batch, survival
+from specdraft.profile import load_profile
+from specdraft.serving.pool import ServingPool, served_drafters
+from specdraft.serving.proposer import SpecdraftProposer, find_runner
+
+VOCAB = 50
+POOL = """
+[target]
+hub = "org/model"
+
+[decode]
+draft_tokens = 6
+
+[policy]
+name = "{policy}"
+{options}
+
+[[drafters]]
+name = "suffix"
+kind = "suffix"
+
+[[drafters]]
+name = "lookup"
+kind = "ngram"
+"""
+
+
+def profile_file(tmp_path, policy="normalhedge", options='evaluate = "all"', extra=""):
+    file = tmp_path / "pool.toml"
+    file.write_text(POOL.format(policy=policy, options=options) + extra)
+    return file
+
+
+def costs_with(fixed: float, slope: float) -> StepCosts:
+    costs = StepCosts()
+    for tokens in (1, 5, 9, 20, 40):
+        for _ in range(5):
+            costs.observe(tokens, fixed + slope * tokens)
+    return costs
+
+
+def test_the_batch_plan_probes_first_drafts_everything_on_a_flat_step_and_only_sure_tokens_on_a_priced_one():
+    chances = [survival([0.9, 0.9, 0.9]), survival([0.3, 0.5]), []]
+    assert plan_batch(chances, StepCosts()) == [1, 1, 0]  # the step's cost unknown: one token each
+    assert plan_batch(chances, costs_with(0.05, 0.0)) == [3, 2, 0]  # flat: every offered token is free
+    # A step priced by its tokens (nothing fixed): only a token surer than the batch's rate pays.
+    assert plan_batch(chances, costs_with(0.0, 0.01)) == [0, 0, 0]
+    # Mostly fixed: the sure request drafts all, the doubtful one stops where its chance drops.
+    fixed, slope = 0.05, 0.002
+    plan = plan_batch(chances, costs_with(fixed, slope))
+    assert plan[0] == 3 and plan[2] == 0
+    tokens, expected = 3 + sum(plan), 3 + sum(sum(c[:k]) for c, k in zip(chances, plan))
+    for c, k in zip(chances, plan):  # no further token would raise the batch's rate
+        if k < len(c):
+            assert (expected + c[k]) / (fixed + slope * (tokens + 1)) <= expected / (fixed + slope * tokens) + 1e-12
+
+
+def test_step_costs_fit_the_line_from_observed_steps():
+    fixed, slope = costs_with(0.03, 0.004).fixed_and_slope()
+    assert fixed == pytest.approx(0.03, rel=0.05) and slope == pytest.approx(0.004, rel=0.1)
+
+
+def test_the_served_pool_leaves_out_drafters_that_need_the_target_and_says_why(tmp_path):
+    layered = profile_file(tmp_path, extra='\n[[drafters]]\nname = "early"\nkind = "layers"\nlayers = 2\n')
+    served, left = served_drafters(load_profile(layered))
+    assert [d.name for d in served.drafters] == ["suffix", "lookup"]
+    assert "early" in left and "KV cache" in left["early"]
+    only = tmp_path / "only.toml"
+    only.write_text('[target]\nhub = "a/b"\n[[drafters]]\nname = "early"\nkind = "layers"\nlayers = 2\n')
+    with pytest.raises(ProfileError, match="no drafter can serve under vLLM"):
+        served_drafters(load_profile(only))
+    fixed = profile_file(tmp_path, policy="fixed", options='drafter = "early"',
+                         extra='\n[[drafters]]\nname = "early"\nkind = "layers"\nlayers = 2\n')
+    with pytest.raises(ProfileError, match="policy.drafter"):
+        served_drafters(load_profile(fixed))
+
+
+class SimulatedEngine:
+    """vLLM's side of the loop: rows of running requests, greedy verification against a
+    deterministic target, the committed tokens handed to `propose` each step."""
+
+    def __init__(self, proposer, target, seed=0):
+        self.proposer, self.target = proposer, target
+        self.rows: list[str] = []
+        self.text: dict[str, list[int]] = {}
+        self.budget: dict[str, int] = {}
+        self.drafts: dict[str, list[int]] = {}
+        self.new: dict[str, list[int]] = {}
+        self.rng = random.Random(seed)
+        self.accepted = self.drafted = 0
+
+    def add(self, req_id, prompt, budget):
+        self.rows.append(req_id)
+        self.text[req_id], self.budget[req_id] = list(prompt), budget
+        self.drafts[req_id] = []
+        self.new[req_id] = [self.target(self.text[req_id])]  # the prefill's token
+        self.text[req_id].append(self.new[req_id][0])
+
+    def step(self):
+        """One engine step: propose over every row (a request that finished in the last step
+        still hands over its final tokens, as in vLLM, then leaves the batch unverified)."""
+        finished = [r for r in self.rows if len(self.text[r]) >= self.budget[r]]
+        self.rng.shuffle(self.rows)  # rows move between steps, as vLLM condenses its batch
+        width = max(len(t) for t in self.text.values()) + 16
+        ids = np.zeros((len(self.rows) + 2, width), dtype=np.int32)
+        for i, r in enumerate(self.rows):
+            ids[i, :len(self.text[r])] = self.text[r]
+        counts = np.array([len(self.text[r]) for r in self.rows] + [0, 0])
+        live = set(self.rows)
+        drafts = self.proposer.propose([self.new[r] for r in self.rows] + [[], []], counts, ids,
+                                       request_ids=self.rows + [None, None], live=live)
+        assert len(drafts) == len(self.rows) + 2 and drafts[-2:] == [[], []]
+        for r, draft in zip(list(self.rows), drafts):
+            if r in finished:
+                self.rows.remove(r)
+                continue
+            assert len(draft) <= self.proposer.max_draft
+            committed = []
+            for token in draft:  # greedy verification: keep drafts equal to the target's choice
+                expected = self.target(self.text[r] + committed)
+                if token != expected:
+                    break
+                committed.append(token)
+            self.accepted += len(committed)
+            self.drafted += len(draft)
+            committed.append(self.target(self.text[r] + committed))  # the bonus token
+            self.text[r] += committed
+            self.new[r] = committed
+        return finished
+
+
+def copying_target(context):
+    """Greedy next token of a target that repeats its prompt's last 12 tokens for ever."""
+    return context[len(context) - 12]
+
+
+def build_proposer(tmp_path, state_file=None, **kwargs):
+    pool = ServingPool(load_profile(profile_file(tmp_path, **kwargs)), None, VOCAB, state_file)
+    config = types.SimpleNamespace(speculative_config=types.SimpleNamespace(num_speculative_tokens=6))
+    return SpecdraftProposer(config, pool=pool)
+
+
+@pytest.mark.parametrize("policy, options", [("normalhedge", 'evaluate = "all"'), ("ucb", ""),
+                                             ("fixed", 'drafter = "suffix"')])
+def test_requests_are_told_apart_as_rows_move_and_finished_ones_are_dropped(tmp_path, policy, options):
+    proposer = build_proposer(tmp_path, policy=policy, options=options)
+    engine = SimulatedEngine(proposer, copying_target)
+    rng = random.Random(1)
+    prompts = {f"r{i}": [rng.randrange(VOCAB) for _ in range(12)] for i in range(6)}
+    for i in range(3):
+        engine.add(f"r{i}", prompts[f"r{i}"], 70)
+    waiting = [f"r{i}" for i in range(3, 6)]
+    steps = 0
+    while engine.rows or waiting:
+        finished = engine.step()
+        for _ in finished:
+            if waiting:  # a new request arrives as one finishes
+                engine.add(waiting[0], prompts[waiting.pop(0)], 70)
+        steps += 1
+        assert set(proposer.states) <= set(engine.rows) | set(finished)
+        assert steps < 500
+    engine.step()  # nothing running: every state is dropped
+    assert proposer.states == {}
+    for r, prompt in prompts.items():  # the simulated verify is greedy: each text is the target's
+        text = list(prompt)
+        while len(text) < len(engine.text[r]):
+            text.append(copying_target(text))
+        assert engine.text[r] == text
+    assert engine.drafted > 0 and engine.accepted > 0.5 * engine.drafted
+    assert proposer.stats["finished"] == 6 and proposer.stats["accepted"] == engine.accepted
+    assert steps < 0.6 * 6 * 70 / 3  # speculation committed several tokens a step
+
+
+def test_a_finished_answer_is_drafted_from_by_the_next_request(tmp_path):
+    """The suffix drafter's history is the server's: shared by every request's fork."""
+    proposer = build_proposer(tmp_path, policy="fixed", options='drafter = "suffix"')
+    noise = random.Random(5)
+    table = {}
+
+    def target(context):  # no pattern within one text: only an earlier answer can be copied
+        key = tuple(context[-3:])
+        if key not in table:
+            table[key] = noise.randrange(VOCAB)
+        return table[key]
+
+    engine = SimulatedEngine(proposer, target)
+    engine.add("first", [1, 2, 3, 4], 60)
+    while engine.rows:
+        engine.step()
+    first = (engine.accepted, engine.drafted)
+    engine.add("again", [1, 2, 3, 4], 60)
+    while engine.rows:
+        engine.step()
+    engine.step()
+    again = engine.accepted - first[0]
+    assert again >= 40  # nearly the whole answer drafted from the first request's text
+
+
+def test_the_learned_state_outlives_the_server_and_a_foreign_one_is_refused(tmp_path):
+    state = tmp_path / "state.json"
+    proposer = build_proposer(tmp_path, state_file=state)
+    engine = SimulatedEngine(proposer, copying_target)
+    engine.add("a", [3, 1, 4, 1, 5, 9, 2, 6], 50)
+    while engine.rows:
+        engine.step()
+    engine.step()
+    proposer.pool.save()
+    saved = json.loads(state.read_text())
+    assert saved["arms"] == ["suffix", "lookup", "none"] and "acceptance" in saved["state"]
+    restarted = build_proposer(tmp_path, state_file=state)
+    assert restarted.pool.prior == saved
+    driver = restarted.pool.new_driver()
+    assert driver.planner.acceptance.hits == saved["state"]["acceptance"]["hits"]
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**saved, "arms": ["x", "y"]}))
+    with pytest.raises(ValueError):
+        build_proposer(tmp_path, state_file=other)
+
+
+def test_the_runner_is_found_up_the_call_stack():
+    class Runner:
+        input_batch = types.SimpleNamespace(req_ids=["a"])
+        requests = {"a": None}
+
+        def call(self, f):
+            return f()
+
+    import sys
+
+    assert isinstance(Runner().call(lambda: find_runner(sys._getframe(0))), Runner)
+    with pytest.raises(RuntimeError, match="model runner was not found"):
+        find_runner(sys._getframe(0))
