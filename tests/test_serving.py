@@ -48,33 +48,37 @@ def profile_file(tmp_path, policy="normalhedge", options='evaluate = "all"', ext
     return file
 
 
-def costs_with(fixed: float, slope: float) -> StepCosts:
+def costs_with(fixed: float, per_request: float, per_draft: float) -> StepCosts:
     costs = StepCosts()
-    for tokens in (1, 5, 9, 20, 40):
-        for _ in range(5):
-            costs.observe(tokens, fixed + slope * tokens)
+    for requests in (1, 3, 8, 20):
+        for drafted in (0, 4, 9, 30):
+            for _ in range(3):
+                costs.observe(requests, drafted, fixed + per_request * requests + per_draft * drafted)
     return costs
 
 
 def test_the_batch_plan_probes_first_drafts_everything_on_a_flat_step_and_only_sure_tokens_on_a_priced_one():
     chances = [survival([0.9, 0.9, 0.9]), survival([0.3, 0.5]), []]
     assert plan_batch(chances, StepCosts()) == [1, 1, 0]  # the step's cost unknown: one token each
-    assert plan_batch(chances, costs_with(0.05, 0.0)) == [3, 2, 0]  # flat: every offered token is free
-    # A step priced by its tokens (nothing fixed): only a token surer than the batch's rate pays.
-    assert plan_batch(chances, costs_with(0.0, 0.01)) == [0, 0, 0]
+    assert plan_batch(chances, costs_with(0.05, 0.001, 0.0)) == [3, 2, 0]  # draft tokens free: all of them
+    # A draft token priced as a request (nothing fixed): only one surer than the batch's rate pays.
+    assert plan_batch(chances, costs_with(0.0, 0.01, 0.01)) == [0, 0, 0]
     # Mostly fixed: the sure request drafts all, the doubtful one stops where its chance drops.
-    fixed, slope = 0.05, 0.002
-    plan = plan_batch(chances, costs_with(fixed, slope))
+    fixed, per_request, per_draft = 0.05, 0.001, 0.002
+    plan = plan_batch(chances, costs_with(fixed, per_request, per_draft))
     assert plan[0] == 3 and plan[2] == 0
-    tokens, expected = 3 + sum(plan), 3 + sum(sum(c[:k]) for c, k in zip(chances, plan))
+    seconds = fixed + per_request * 3 + per_draft * sum(plan)
+    expected = 3 + sum(sum(c[:k]) for c, k in zip(chances, plan))
     for c, k in zip(chances, plan):  # no further token would raise the batch's rate
         if k < len(c):
-            assert (expected + c[k]) / (fixed + slope * (tokens + 1)) <= expected / (fixed + slope * tokens) + 1e-12
+            assert (expected + c[k]) / (seconds + per_draft) <= expected / seconds + 1e-12
 
 
-def test_step_costs_fit_the_line_from_observed_steps():
-    fixed, slope = costs_with(0.03, 0.004).fixed_and_slope()
-    assert fixed == pytest.approx(0.03, rel=0.05) and slope == pytest.approx(0.004, rel=0.1)
+def test_step_costs_tell_a_request_from_a_draft_token():
+    fixed, per_request, per_draft = costs_with(0.03, 0.004, 0.001).prices()
+    assert fixed == pytest.approx(0.03, rel=0.05) and per_request == pytest.approx(0.004, rel=0.05)
+    assert per_draft == pytest.approx(0.001, rel=0.1)
+    assert StepCosts().prices() is None
 
 
 def test_the_served_pool_leaves_out_drafters_that_need_the_target_and_says_why(tmp_path):
@@ -96,8 +100,10 @@ class SimulatedEngine:
     """vLLM's side of the loop: rows of running requests, greedy verification against a
     deterministic target, the committed tokens handed to `propose` each step."""
 
-    def __init__(self, proposer, target, seed=0):
-        self.proposer, self.target = proposer, target
+    def __init__(self, proposer, target, seed=0, prices=(0.05, 0.002, 0.0)):
+        proposer.sim_clock.engine = self
+        self.proposer, self.target, self.prices = proposer, target, prices
+        self.now = 0.0  # the proposer's clock: each step costs what `prices` say
         self.rows: list[str] = []
         self.text: dict[str, list[int]] = {}
         self.budget: dict[str, int] = {}
@@ -124,6 +130,8 @@ class SimulatedEngine:
             ids[i, :len(self.text[r])] = self.text[r]
         counts = np.array([len(self.text[r]) for r in self.rows] + [0, 0])
         live = set(self.rows)
+        fixed, per_request, per_draft = self.prices
+        self.now += fixed + per_request * len(self.rows) + per_draft * sum(len(d) for d in self.drafts.values())
         drafts = self.proposer.propose([self.new[r] for r in self.rows] + [[], []], counts, ids,
                                        request_ids=self.rows + [None, None], live=live)
         assert len(drafts) == len(self.rows) + 2 and drafts[-2:] == [[], []]
@@ -138,6 +146,7 @@ class SimulatedEngine:
                 if token != expected:
                     break
                 committed.append(token)
+            self.drafts[r] = draft
             self.accepted += len(committed)
             self.drafted += len(draft)
             committed.append(self.target(self.text[r] + committed))  # the bonus token
@@ -154,7 +163,10 @@ def copying_target(context):
 def build_proposer(tmp_path, state_file=None, **kwargs):
     pool = ServingPool(load_profile(profile_file(tmp_path, **kwargs)), None, VOCAB, state_file)
     config = types.SimpleNamespace(speculative_config=types.SimpleNamespace(num_speculative_tokens=6))
-    return SpecdraftProposer(config, pool=pool)
+    clock = types.SimpleNamespace(engine=None)
+    proposer = SpecdraftProposer(config, pool=pool, clock=lambda: clock.engine.now if clock.engine else 0.0)
+    proposer.sim_clock = clock
+    return proposer
 
 
 @pytest.mark.parametrize("policy, options", [("normalhedge", 'evaluate = "all"'), ("ucb", ""),
@@ -247,3 +259,19 @@ def test_the_runner_is_found_up_the_call_stack():
     assert isinstance(Runner().call(lambda: find_runner(sys._getframe(0))), Runner)
     with pytest.raises(RuntimeError, match="model runner was not found"):
         find_runner(sys._getframe(0))
+
+
+def test_drafting_stops_where_a_draft_token_costs_what_a_request_does(tmp_path):
+    """The same requests on a step whose draft tokens are free and on one where each costs
+    as much as a request: the proposer learns the price from the steps' timings."""
+    drafted = {}
+    for prices in ((0.05, 0.002, 0.0), (0.0, 0.01, 0.01)):
+        proposer = build_proposer(tmp_path)
+        engine = SimulatedEngine(proposer, copying_target, prices=prices)
+        rng = random.Random(3)
+        for i in range(8):
+            engine.add(f"r{i}", [rng.randrange(VOCAB) for _ in range(12)], 60)
+        while engine.rows:
+            engine.step()
+        drafted[prices[2]] = engine.drafted
+    assert drafted[0.0] > 100 and drafted[0.01] < 0.2 * drafted[0.0]

@@ -25,6 +25,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "profiles" / "demo.toml"
 
+if os.environ.get("SPECDRAFT_REQUIRE_VLLM") and importlib.util.find_spec("vllm") is None:
+    raise RuntimeError("vLLM is not installed but SPECDRAFT_REQUIRE_VLLM is set")
+
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None,

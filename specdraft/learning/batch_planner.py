@@ -2,9 +2,9 @@
 
 One step verifies every running request's draft at once, so a drafted token's price is
 what it adds to the *step*, paid by every request in it: `StepCosts` fits the step's
-seconds as a line in the tokens it scheduled, fixed + slope x tokens, from this worker's
-own steps. `plan_batch` then spends draft tokens where they raise the batch's committed
-tokens per second: each request offers its next token at the chance that every drafted
+seconds from what it scheduled (one price per request, another per draft token) from this
+worker's own steps. `plan_batch` then spends draft tokens where they raise the batch's
+committed tokens per second: each request offers its next token at the chance that every drafted
 token up to it survives; the surest go first, and a token is added only while its
 expected gain per second of step it adds beats the batch's rate so far. At one request
 on a step that costs the same at 1 or 9 tokens this drafts the whole confident chain; at a
@@ -19,30 +19,66 @@ from __future__ import annotations
 import heapq
 from typing import Sequence
 
-from specdraft.learning.goodput import _DecayedLine
-
 
 class StepCosts:
-    """Seconds of one engine step by the tokens it scheduled (decayed least squares, the
-    slope shrunk by a ridge so a few wide steps cannot stop drafting for good)."""
+    """Seconds of one engine step from what it scheduled: fixed + per request x requests +
+    per draft token x draft tokens, by decayed least squares (the two slopes shrunk by a
+    ridge, so a few wide steps cannot stop drafting for good).
 
-    def __init__(self, decay: float = 0.98):
-        self.line = _DecayedLine(decay, ridge=4.0)
+    Requests and draft tokens get a price each because they cost differently: a request's
+    token brings its own sampling, bookkeeping and attention over its context, a draft
+    token only one more row of the forward. One price per scheduled token would charge a
+    draft token what a request costs (and at a steady concurrency the request count, not
+    drafting, moves the step's size)."""
+
+    def __init__(self, decay: float = 0.98, ridge: float = 4.0):
+        self.decay, self.ridge = decay, ridge
+        self.xx = [[0.0] * 3 for _ in range(3)]
+        self.xy = [0.0] * 3
         self.steps = 0
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        if tokens > 0 and seconds > 0:
-            self.line.add(float(tokens), seconds)
-            self.steps += 1
+    def observe(self, requests: int, drafted: int, seconds: float) -> None:
+        if requests <= 0 or seconds <= 0:
+            return
+        x = (1.0, float(requests), float(drafted))
+        for i in range(3):
+            self.xy[i] = self.decay * self.xy[i] + x[i] * seconds
+            for j in range(3):
+                self.xx[i][j] = self.decay * self.xx[i][j] + x[i] * x[j]
+        self.steps += 1
 
-    def fixed_and_slope(self) -> tuple[float, float] | None:
-        """(seconds at 0 tokens, seconds per token), or None before two steps were seen."""
+    def prices(self) -> tuple[float, float, float] | None:
+        """(fixed, per request, per draft token) in seconds, or None before two steps."""
         if self.steps < 2:
             return None
-        at0, at1 = self.line(0.0), self.line(1.0)
-        if at0 is None or at1 is None:
+        a = [row[:] for row in self.xx]
+        b = self.xy[:]
+        for i in (1, 2):  # the ridge shrinks the two prices, not the fixed part
+            a[i][i] += self.ridge
+        solved = _solve3(a, b)
+        if solved is None:
             return None
-        return at0, max(0.0, at1 - at0)
+        fixed, per_request, per_draft = solved
+        per_request, per_draft = max(0.0, per_request), max(0.0, per_draft)
+        if fixed < 0:  # a negative intercept is noise: keep the mean step's cost
+            fixed = 0.0
+        return fixed, per_request, per_draft
+
+
+def _solve3(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """a x = b for a 3 x 3 system (Gaussian elimination with partial pivoting)."""
+    n = 3
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-15:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(n):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [v - f * w for v, w in zip(m[r], m[col])]
+    return [m[i][n] / m[i][i] for i in range(n)]
 
 
 def survival(rates: Sequence[float]) -> list[float]:
@@ -60,13 +96,13 @@ def plan_batch(chances: Sequence[Sequence[float]], costs: StepCosts, probe: int 
     its length is what the request has on offer. Before the step's cost is known every
     request drafts `probe` tokens at most (a plain step teaches nothing about the slope)."""
     plan = [0] * len(chances)
-    line = costs.fixed_and_slope()
-    if line is None:
+    prices = costs.prices()
+    if prices is None:
         return [min(probe, len(c)) for c in chances]
-    fixed, slope = line
-    tokens = float(len(chances))  # every request's bonus token is scheduled anyway
-    expected = float(len(chances))
-    if slope <= 0.0:  # a flat step: every offered token is free
+    fixed, per_request, per_draft = prices
+    seconds = fixed + per_request * len(chances)
+    expected = float(len(chances))  # every request commits its bonus token
+    if per_draft <= 0.0:  # a draft token costs nothing measurable: every offered one is free
         return [len(c) for c in chances]
     heap = [(-c[0], r) for r, c in enumerate(chances) if c]
     heapq.heapify(heap)
@@ -74,10 +110,10 @@ def plan_batch(chances: Sequence[Sequence[float]], costs: StepCosts, probe: int 
         negative, r = heapq.heappop(heap)
         chance = -negative
         # Worth it while the token's expected gain per second it adds beats the batch's rate.
-        if chance * (fixed + slope * tokens) <= expected * slope:
+        if chance * seconds <= expected * per_draft:
             break
         plan[r] += 1
-        tokens += 1
+        seconds += per_draft
         expected += chance
         if plan[r] < len(chances[r]):
             heapq.heappush(heap, (-chances[r][plan[r]], r))

@@ -23,7 +23,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from specdraft.learning.batch_planner import StepCosts, plan_batch
 from specdraft.serving.pool import ServingPool
@@ -48,18 +48,19 @@ def find_runner(frame: Any) -> Any:
 
 
 class SpecdraftProposer:
-    def __init__(self, vllm_config: Any, pool: ServingPool | None = None):
+    def __init__(self, vllm_config: Any, pool: ServingPool | None = None, clock: Callable[[], float] = time.perf_counter):
         spec = vllm_config.speculative_config
         self.max_draft = int(spec.num_speculative_tokens)
         self.pool = pool if pool is not None else self._pool_from_environment(vllm_config)
+        self.clock = clock  # tests drive a simulated engine on a clock of their own
         self.states: dict[str, RequestDrafting] = {}
         self.costs = StepCosts()
         self.last_step_start: float | None = None
-        self.last_step_tokens = 0
+        self.last_step_size = (0, 0)  # requests and draft tokens the next step verifies
         self.last_saved = 0.0
         self.log_every = float(os.environ.get(LOG_ENV, "0") or 0)
         self.last_log = time.perf_counter()
-        self.stats = {"steps": 0, "drafted": 0, "verified": 0, "accepted": 0, "finished": 0}
+        self.stats = {"steps": 0, "drafted": 0, "verified": 0, "accepted": 0, "finished": 0, "host_seconds": 0.0}
         if self.pool.state_file is not None:
             atexit.register(self._save_at_exit)
         self.arm_drafts = [0] * len(self.pool.arms)
@@ -89,7 +90,7 @@ class SpecdraftProposer:
                 live: set[str] | None = None) -> list[list[int]]:
         """Draft tokens per batch row. `request_ids` / `live` (row ids, unfinished ids) are
         read from the calling runner when not given (tests pass them)."""
-        now = time.perf_counter()
+        now = self.clock()
         if request_ids is None or live is None:
             runner = find_runner(sys._getframe(1))
             request_ids = list(runner.input_batch.req_ids)
@@ -104,7 +105,7 @@ class SpecdraftProposer:
         prefilled = any(req_id is not None and (req_id not in self.states or not sampled)
                         for req_id, sampled in zip(request_ids, sampled_token_ids))
         if not prefilled and step_seconds > 0:
-            self.costs.observe(self.last_step_tokens, step_seconds)
+            self.costs.observe(*self.last_step_size, step_seconds)
         drafting = [self._committed(row, request_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
                                     step_seconds) for row in range(rows)]
         offers = [state.propose()[1][: self.max_draft] if state is not None else [] for state in drafting]
@@ -122,8 +123,10 @@ class SpecdraftProposer:
         self._drop_finished(live)
         self._maybe_save()
         self.stats["steps"] += 1
-        self.last_step_tokens = sum(1 + len(d) for d, s in zip(drafts, drafting) if s is not None)
+        self.last_step_size = (sum(s is not None for s in drafting),
+                               sum(len(d) for d, s in zip(drafts, drafting) if s is not None))
         self._maybe_log()
+        self.stats["host_seconds"] += self.clock() - now
         return drafts
 
     def _committed(self, row: int, request_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]],
@@ -174,8 +177,11 @@ class SpecdraftProposer:
         drafted, accepted = self.stats["verified"], self.stats["accepted"]
         total = sum(self.arm_drafts) or 1
         shares = ", ".join(f"{name} {100 * n / total:.0f}%" for name, n in zip(self.pool.arms, self.arm_drafts) if n)
-        line = self.costs.fixed_and_slope()
-        cost = f"; step {1000 * line[0]:.1f} ms + {1000 * line[1]:.2f} ms/token" if line else ""
+        prices = self.costs.prices()
+        cost = (f"; step {1000 * prices[0]:.1f} ms + {1000 * prices[1]:.2f} ms/request + {1000 * prices[2]:.2f} "
+                "ms/draft token") if prices else ""
+        steps = self.stats["steps"] or 1
+        cost += f"; drafting {1000 * self.stats['host_seconds'] / steps:.2f} ms a step"
         return (f"specdraft proposer: {self.stats['finished']} requests done, {len(self.states)} running, "
                 f"{self.stats['drafted']} tokens drafted, acceptance {accepted / drafted if drafted else 0:.2f}; drafts by {shares or 'none yet'}{cost}")
 
