@@ -43,6 +43,9 @@ class Draft:
     # (a model idle for a while): not a cost of drafting these k tokens, so the round cost
     # model must not charge it per drafted token.
     catch_up_seconds: float = 0.0
+    # A lookup's match length behind the draft (0: not a lookup, or nothing matched): how
+    # sure the draft is, for a caller that calibrates acceptance by it (serving/).
+    match_length: int = 0
 
 
 @dataclass(frozen=True)

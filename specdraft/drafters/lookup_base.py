@@ -28,9 +28,12 @@ class LookupDrafter(Drafter):
         nothing at or after `position`. `stop_price`: the round's early-stop floor on the
         draft's confidence (`StopRule.price`), for a kind that has one."""
 
+    last_match = 0  # the match length behind the last lookup's tokens (a kind sets it)
+
     def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
         tokens = self.lookup(context, len(context), k, stop.price if stop else None)
-        return Draft(torch.tensor(tokens, dtype=torch.long, device=self.ctx.device), None)
+        return Draft(torch.tensor(tokens, dtype=torch.long, device=self.ctx.device), None,
+                     match_length=self.last_match if tokens else 0)
 
     def awake_at(self, context: Sequence[int], position: int) -> bool:
         return bool(self.lookup(context, position, 1))

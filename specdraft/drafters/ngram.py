@@ -44,6 +44,7 @@ class NgramDrafter(LookupDrafter):
             if length > n:
                 found = self.index.get(tuple(context[length - n:length]))
                 if found is not None:
+                    self.last_match = n
                     return found
         return None
 

@@ -154,6 +154,7 @@ class SuffixDrafter(LookupDrafter):
             rank = (draft.score, length)
             if draft.tokens and (best is None or rank > best):
                 best, tokens = rank, draft.tokens
+                self.last_match = length
         return tokens
 
     def _sources(self, context: Sequence[int], position: int) -> list[list[Occurrences]]:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import heapq
 from typing import Sequence
 
+from specdraft.learning.goodput import AcceptanceByPosition
+
 
 class StepCosts:
     """Seconds of one engine step from what it scheduled: fixed + per request x requests +
@@ -118,3 +120,31 @@ def plan_batch(chances: Sequence[Sequence[float]], costs: StepCosts, probe: int 
         if plan[r] < len(chances[r]):
             heapq.heappush(heap, (-chances[r][plan[r]], r))
     return plan
+
+
+# Match-length buckets (lower edges): a lookup continuing a 1-token match is right far less
+# often than one continuing 8 tokens, and the bucket tells the two apart.
+MATCH_EDGES = (1, 2, 3, 4, 6, 9, 16)
+
+
+class MatchCalibration:
+    """Acceptance by draft position per drafter and match length, learned from every
+    request a worker serves: the chance a request offers for its draft tokens. The
+    drafter's average acceptance would price a sure long match and a guess from one token
+    alike; at a concurrency where only sure tokens pay, that sends the guesses and
+    withholds the sure ones."""
+
+    def __init__(self, arms: int, k_max: int, decay: float = 0.995):
+        self.table = AcceptanceByPosition(arms * len(MATCH_EDGES), k_max, decay=decay)
+
+    def _index(self, arm: int, match_length: int) -> int:
+        bucket = max(i for i, edge in enumerate(MATCH_EDGES) if match_length >= edge or i == 0)
+        return arm * len(MATCH_EDGES) + bucket
+
+    def observe(self, arm: int, match_length: int, alignment: Sequence[float]) -> None:
+        self.table.observe(self._index(arm, match_length), alignment)
+
+    def chances(self, arm: int, match_length: int, k: int) -> list[float]:
+        """P(draft tokens 1..m all accepted), m = 1..k, for a draft of `arm` behind a match
+        of `match_length` tokens."""
+        return survival(self.table.rates(self._index(arm, match_length), k))

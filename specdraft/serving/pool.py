@@ -23,6 +23,7 @@ import torch
 from specdraft.drafters import DraftContext, Drafter, PlainDecoding, PoolContext
 from specdraft.drafters.registry import build_pool, kind_class
 from specdraft.errors import ProfileError
+from specdraft.learning.batch_planner import MatchCalibration
 from specdraft.learning.driver import PolicyDriver
 from specdraft.learning.policies import build_policy, option_value
 from specdraft.models.loading import LoadedModel
@@ -71,6 +72,8 @@ class ServingPool:
         self.seed = seed
         self.state_file = state_file
         self.prior: dict | None = None
+        # Acceptance by drafter and match length, learned from every request this worker serves.
+        self.calibration = MatchCalibration(len(self.arms), max(1, self.draft_tokens))
         self._lock = threading.Lock()
         self._requests = 0
         if state_file is not None and state_file.exists():

@@ -139,7 +139,8 @@ class SpecdraftProposer:
             return None
         state = self.states.get(req_id)
         if state is None:
-            state = self.states[req_id] = RequestDrafting(self.pool.new_drafters(), self.pool.new_driver())
+            state = self.states[req_id] = RequestDrafting(self.pool.new_drafters(), self.pool.new_driver(),
+                                                          self.pool.calibration)
         length = int(num_tokens_no_spec[row])
         verified, accepted = state.committed(token_ids_cpu[row, :length].tolist(), list(committed), step_seconds)
         self.stats["verified"] += verified

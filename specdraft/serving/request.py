@@ -15,19 +15,19 @@ import time
 from typing import Sequence
 
 from specdraft.drafters import Drafter
-from specdraft.learning.batch_planner import survival
+from specdraft.learning.batch_planner import MatchCalibration
 from specdraft.learning.driver import PolicyDriver, RoundOutcome
 from specdraft.learning.feedback import RoundFeedback
 from specdraft.learning.policies.base import PLAIN_ARM
 
 
 class RequestDrafting:
-    def __init__(self, drafters: list[Drafter], driver: PolicyDriver):
-        self.drafters, self.driver = drafters, driver
+    def __init__(self, drafters: list[Drafter], driver: PolicyDriver, calibration: MatchCalibration):
+        self.drafters, self.driver, self.calibration = drafters, driver, calibration
         self.context: list[int] = []
         self.produced = 0
-        self.sent: tuple[int, list[int], float] | None = None  # arm, tokens, host seconds drafting
-        self.offer: tuple[int, list[int], float] = (0, [], 0.0)
+        self.sent: tuple[int, list[int], float, int] | None = None  # arm, tokens, host seconds, match length
+        self.offer: tuple[int, list[int], float, int] = (0, [], 0.0, 0)
         driver.start_prompt(self._evaluate if driver.full_information else None)
 
     # --- feedback from the step that just ran -------------------------------------------
@@ -40,12 +40,14 @@ class RequestDrafting:
         self.produced += len(tokens)
         if self.sent is None:
             return 0, 0
-        arm, draft, draft_seconds = self.sent
+        arm, draft, draft_seconds, match_length = self.sent
         self.sent = None
         accepted = 0
         while accepted < min(len(draft), len(tokens) - 1) and draft[accepted] == tokens[accepted]:
             accepted += 1
         alphas = [1.0] * accepted + ([0.0] if accepted < len(draft) else [])
+        if draft:
+            self.calibration.observe(arm, match_length, alphas)
         feedback = RoundFeedback(arm, len(draft), accepted, alphas, round_seconds=step_seconds + draft_seconds,
                                  draft_seconds=draft_seconds, verify_seconds=step_seconds,
                                  verify_width=len(draft) + 1)
@@ -69,16 +71,17 @@ class RequestDrafting:
         plan = self.driver.choose(self.produced, awake)
         drafter = self.drafters[plan.arm]
         tokens: list[int] = []
+        match_length = 0
         if drafter.name != PLAIN_ARM and self.driver.draft_tokens > 0:
-            tokens = drafter.propose(self.context, self.driver.draft_tokens).tokens.tolist()
-        rates = self.driver.planner.acceptance.rates(plan.arm, len(tokens)) if tokens else []
-        self.offer = (plan.arm, tokens, time.perf_counter() - began)
-        return tokens, survival(rates)
+            draft = drafter.propose(self.context, self.driver.draft_tokens)
+            tokens, match_length = draft.tokens.tolist(), draft.match_length
+        self.offer = (plan.arm, tokens, time.perf_counter() - began, match_length)
+        return tokens, self.calibration.chances(plan.arm, match_length, len(tokens)) if tokens else []
 
     def send(self, count: int) -> list[int]:
         """What the batch plan sends of the offered draft: its first `count` tokens."""
-        arm, tokens, seconds = self.offer
-        self.sent = (arm, tokens[:count], seconds)
+        arm, tokens, seconds, match_length = self.offer
+        self.sent = (arm, tokens[:count], seconds, match_length)
         return tokens[:count]
 
     def finish(self) -> None:

@@ -218,15 +218,23 @@ class NormalHedgePolicy(HedgeFamily):
         learner = sum(pi * li for pi, li in zip(p, losses))
         self.weights_state = [r + learner - l for r, l in zip(self.weights_state, losses)]
 
+    _memo: tuple[tuple[float, ...], list[float]] | None = None
+
     def distribution(self) -> list[float]:
         regrets = self.weights_state
         if max(regrets) <= 0:
             return [1.0 / len(regrets)] * len(regrets)
+        # The scale is a root found by bisection, and rounds between updates (every round's
+        # choice, a serving engine's many requests) ask again for the same regrets.
+        key = tuple(regrets)
+        if self._memo is not None and self._memo[0] == key:
+            return list(self._memo[1])
         c = normalhedge_scale(regrets)
         top = max(max(r, 0.0) ** 2 for r in regrets) / (2 * c)
         w = [max(r, 0.0) / c * math.exp(max(r, 0.0) ** 2 / (2 * c) - top) for r in regrets]
         total = sum(w)
-        return [x / total for x in w]
+        self._memo = (key, [x / total for x in w])
+        return list(self._memo[1])
 
 
 class AdaNormalHedgePolicy(HedgeFamily):
