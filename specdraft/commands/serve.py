@@ -65,17 +65,18 @@ def run_serve_command(opts: ServeOptions, console: Console) -> int:
 
 
 def stop(server: subprocess.Popen) -> None:
-    """Ctrl-C reached the server too (same process group); give it time to finish its
-    requests' bookkeeping (the proposer saves its policy state on exit), then insist."""
-    for sig, wait in ((signal.SIGINT, 30), (signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+    """Ctrl-C: in a terminal the server has it too (same process group) and shuts down by
+    itself; a signal sent to this process alone is passed on after a moment (a second
+    SIGINT would cut vLLM's own shutdown short). Then insist."""
+    for sig, wait in ((None, 5), (signal.SIGINT, 25), (signal.SIGTERM, 10), (signal.SIGKILL, 5)):
         if server.poll() is not None:
             return
-        if sig != signal.SIGINT:
-            server.send_signal(sig)
         try:
+            if sig is not None:
+                server.send_signal(sig)
             server.wait(timeout=wait)
             return
         except subprocess.TimeoutExpired:
             continue
-        except KeyboardInterrupt:  # a second Ctrl-C: stop waiting politely
+        except KeyboardInterrupt:  # another Ctrl-C: stop waiting politely
             continue
