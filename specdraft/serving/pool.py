@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,6 @@ from specdraft.models.loading import LoadedModel
 from specdraft.profile import Profile
 from specdraft.runtime import sampling_params
 from specdraft.storage import atomic_files
-
-log = logging.getLogger("specdraft")
 
 NO_LIMIT = 10**9  # the engine stops a request at its own max_tokens
 

@@ -18,7 +18,6 @@ several workers, ranks or server processes each hold their own (see README, Serv
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import sys
 import time
@@ -28,8 +27,6 @@ from typing import Any, Callable, Sequence
 from specdraft.learning.batch_planner import StepCosts, plan_batch
 from specdraft.serving.pool import ServingPool
 from specdraft.serving.request import RequestDrafting
-
-log = logging.getLogger("specdraft")
 
 POOL_ENV, STATE_ENV, LOG_ENV = "SPECDRAFT_POOL", "SPECDRAFT_POLICY_STATE", "SPECDRAFT_LOG_EVERY"
 CLASS_PATH = "specdraft.serving.proposer.SpecdraftProposer"
