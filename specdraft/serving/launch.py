@@ -17,7 +17,7 @@ from pathlib import Path
 
 from specdraft.errors import UsageError
 from specdraft.profile import Profile
-from specdraft.serving.proposer import CLASS_PATH, POOL_ENV, STATE_ENV
+from specdraft.serving.proposer import CLASS_PATH, LOG_ENV, POOL_ENV, STATE_ENV
 
 VLLM_VERSION = "0.32.0"  # the custom_class proposer interface specdraft is written and tested against
 
@@ -69,7 +69,7 @@ def proposer_environment(pool_file: Path, policy_state: Path | None, log_every: 
     if policy_state is not None:
         env[STATE_ENV] = str(policy_state.resolve())
     if log_every > 0:
-        env["SPECDRAFT_LOG_EVERY"] = str(log_every)
+        env[LOG_ENV] = str(log_every)
     return env
 
 

@@ -56,8 +56,8 @@ class ServingPool:
 
     def __init__(self, profile: Profile, tokenizer: Any, vocab_size: int, state_file: Path | None = None,
                  record: bool = True, seed: int = 0):
-        profile, self.left_out = served_drafters(profile)
-        self.profile = profile
+        self.profile, _ = served_drafters(profile)  # the caller warns about those left out
+        profile = self.profile
         self.ctx = DraftContext(sampling_params(profile), None, torch.device("cpu"), vocab_size)
         pool = PoolContext(self.ctx, LoadedModel(torch.nn.Module(), tokenizer, profile.target.describe()), None,
                            str(profile.file), seed, record=record)

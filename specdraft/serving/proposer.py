@@ -105,7 +105,7 @@ class SpecdraftProposer:
             self.costs.observe(*self.last_step_size, step_seconds)
         drafting = [self._committed(row, request_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
                                     step_seconds) for row in range(rows)]
-        offers = [state.propose()[1][: self.max_draft] if state is not None else [] for state in drafting]
+        offers = [state.propose()[: self.max_draft] if state is not None else [] for state in drafting]
         plan = plan_batch(offers, self.costs)
         drafts: list[list[int]] = []
         for state, count in zip(drafting, plan):
@@ -116,7 +116,7 @@ class SpecdraftProposer:
             drafts.append(sent)
             self.stats["drafted"] += len(sent)
             if sent:
-                self.arm_drafts[state.offer[0]] += 1
+                self.arm_drafts[state.offered_arm] += 1
         self._drop_finished(live)
         self._maybe_save()
         self.stats["steps"] += 1

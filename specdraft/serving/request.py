@@ -32,11 +32,11 @@ class RequestDrafting:
 
     # --- feedback from the step that just ran -------------------------------------------
 
-    def committed(self, context: Sequence[int], tokens: Sequence[int], step_seconds: float) -> tuple[int, int]:
-        """The engine committed `tokens` (the last of `context`, now the request's whole text).
-        Returns (drafted, accepted) of the draft this step verified."""
+    def committed(self, context: list[int], tokens: Sequence[int], step_seconds: float) -> tuple[int, int]:
+        """The engine committed `tokens` (the last of `context`, now the request's whole text,
+        a list this state keeps). Returns (drafted, accepted) of the draft this step verified."""
         start = len(context) - len(tokens)
-        self.context = list(context)
+        self.context = context
         self.produced += len(tokens)
         if self.sent is None:
             return 0, 0
@@ -61,9 +61,10 @@ class RequestDrafting:
 
     # --- the next draft -----------------------------------------------------------------
 
-    def propose(self) -> tuple[list[int], list[float]]:
-        """The chosen drafter's draft (up to the profile's draft_tokens) and, per drafted
-        token, the chance that it and every token before it are accepted."""
+    def propose(self) -> list[float]:
+        """Draft with the chosen drafter (up to the profile's draft_tokens; kept as the offer
+        `send` cuts) and return, per drafted token, the chance that it and every token
+        before it are accepted."""
         began = time.perf_counter()
         awake = None
         if self.driver.wants_awake:
@@ -76,7 +77,11 @@ class RequestDrafting:
             draft = drafter.propose(self.context, self.driver.draft_tokens)
             tokens, match_length = draft.tokens.tolist(), draft.match_length
         self.offer = (plan.arm, tokens, time.perf_counter() - began, match_length)
-        return tokens, self.calibration.chances(plan.arm, match_length, len(tokens)) if tokens else []
+        return self.calibration.chances(plan.arm, match_length, len(tokens)) if tokens else []
+
+    @property
+    def offered_arm(self) -> int:
+        return self.offer[0]
 
     def send(self, count: int) -> list[int]:
         """What the batch plan sends of the offered draft: its first `count` tokens."""
