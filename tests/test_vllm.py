@@ -122,6 +122,7 @@ def test_serve_answers_a_streamed_completion_as_vllm_plain_does_and_stops_on_ctr
         assert len(pieces) > 1  # streamed, not one answer
         os.killpg(server.pid, signal.SIGINT)  # Ctrl-C in the terminal reaches the whole group
         assert server.wait(timeout=90) == 130
+        assert server.stdout.read() == b""  # vLLM's logs went to stderr with ours
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGKILL)

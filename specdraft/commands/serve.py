@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -55,7 +56,8 @@ def run_serve_command(opts: ServeOptions, console: Console) -> int:
         Path(opts.pool), Path(opts.policy_state) if opts.policy_state else None, opts.log_every))
     console.print(f'serving {profile.target.describe()} as model "{name}" on http://{opts.host}:{opts.port}/v1 '
                   f"(drafters: {', '.join(d.name for d in served.drafters)}; Ctrl-C stops)", markup=False)
-    server = subprocess.Popen(command, env=env)
+    # stdout carries no text of ours here, and vLLM's logs are logs: both of its streams go to stderr.
+    server = subprocess.Popen(command, env=env, stdout=sys.stderr)
     try:
         code = server.wait()
     except KeyboardInterrupt:
