@@ -5,9 +5,12 @@ dequantized into float32 (`float32`: packed for oneDNN), into bfloat16 as specdr
 (`bfloat16-torch`: oneDNN's bfloat16 products through transformers, what `dtype =
 "bfloat16"` ran before); and, over many positions of a greedy continuation, whether each row
 of a verify block gives the one-token step's logits (bit for bit, and the same argmax).
+With --tree, each format is also timed over a token tree of the same number of rows (three
+chains from the root, as a round of three drafters gives, then its first chain kept): what
+a tree round's verify costs against a chain's.
 
     python benchmarks/target_width_cost.py --pool profiles/demo.toml --widths 1,2,3,4,5,6,7,8,9,10,11 \
-        --positions 2000 [--formats gguf,float32,bfloat16,bfloat16-torch]
+        --positions 2000 [--formats gguf,float32,bfloat16,bfloat16-torch] [--tree]
 """
 
 from __future__ import annotations
@@ -71,6 +74,22 @@ def invariance(model, lean: bool, prompt: torch.Tensor, positions: int) -> tuple
     return equal, same
 
 
+def three_chains(rows: int) -> list[int]:
+    """Parent rows of a tree of `rows` rows: the root, then three chains from it in turn."""
+    parents, tips = [-1], [0, 0, 0]
+    for row in range(1, rows):
+        chain = (row - 1) % 3
+        parents.append(tips[chain])
+        tips[chain] = row
+    return parents
+
+
+def feed_tree(lm: CachedLM, tokens: torch.Tensor) -> None:
+    parents = three_chains(tokens.shape[0])
+    lm.feed_tree(tokens, parents)
+    lm.keep_path([row for row in range(len(parents)) if row == 0 or (row - 1) % 3 == 0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pool", required=True)
@@ -79,6 +98,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--positions", type=int, default=2000, help="positions checked for invariance (0: skip)")
     parser.add_argument("--formats", default="gguf,float32", help="gguf, float32, bfloat16, bfloat16-torch")
+    parser.add_argument("--tree", action="store_true", help="also time a token tree's verify at each size")
     args = parser.parse_args()
     profile = load_profile(args.pool)
     loaded = {form: load(profile, form) for form in args.formats.split(",")}
@@ -87,12 +107,15 @@ def main() -> None:
     vocab = int(next(iter(models.values()))[0].config.vocab_size)
     widths = [int(w) for w in args.widths.split(",")]
     configs = {name: (CachedLM(model, lean=is_lean), None) for name, (model, is_lean) in models.items()}
+    if args.tree:
+        configs |= {f"{name} tree": (lm, None, feed_tree) for name, (lm, _) in list(configs.items())}
     costs = interleaved_costs(configs, widths, args.context, args.repeats, vocab)
-    print(f"\nforward ms by width (median of {args.repeats}, after {args.context} cached tokens); x = / width 1")
-    print("width  " + "  ".join(f"{name:>16s}" for name in models))
+    print(f"\nforward ms by width (median of {args.repeats}, after {args.context} cached tokens); x = / width 1 "
+          "(of the chain)")
+    print("width  " + "  ".join(f"{name:>16s}" for name in configs))
     for width in widths:
-        cells = [f"{costs[(name, width)] * 1e3:8.2f} ({costs[(name, width)] / costs[(name, 1)]:4.2f}x)"
-                 for name in models]
+        cells = [f"{costs[(name, width)] * 1e3:8.2f} ({costs[(name, width)] / costs[(name.split()[0], 1)]:4.2f}x)"
+                 for name in configs]
         print(f"{width:5d}  " + "  ".join(f"{cell:>16s}" for cell in cells))
     if args.positions:
         prompt = tokenizer("Complete this Python function:\n\ndef merge_sort(items):\n",

@@ -73,12 +73,12 @@ def exact_joint(model, prompt, params, length):
     return out
 
 
-@pytest.mark.parametrize("params, padded", [(SamplingParams(1.0), False), (SamplingParams(0.8, top_k=4, top_p=0.9), False),
-                                            (SamplingParams(1.0), True)])
-def test_generated_sequences_follow_the_target(params, padded):
-    """`padded`: every verify runs over 6 tokens, the draft padded with filler (as when a
-    wider forward is cheaper): the filler's positions must not touch the distribution."""
-    vocab, prompt = 6, [1, 4, 2]
+SAMPLING_PROMPT = [1, 4, 2]
+
+
+def sampling_pool(params: SamplingParams, vocab: int = 6):
+    """A sharp tiny target over `vocab` tokens and a drafter of every kind around it:
+    (target, its CachedLM, the generator, drafters)."""
     target = tiny_llama(seed=0, vocab=vocab, layers=2, scale=8.0)
     gen = torch.Generator().manual_seed(1)
     ctx = DraftContext(params, gen, torch.device("cpu"), vocab)
@@ -93,15 +93,30 @@ def test_generated_sequences_follow_the_target(params, padded):
                 HeadDrafter("head", ctx, random_head(target, [1, 2, 3, 4]), target),
                 # weight-only int8 (bf16 arithmetic inside): q is its own distribution, still exact
                 ModelDrafter("int8", ctx, quantized(tiny_llama(seed=5, vocab=vocab, layers=1, scale=8.0), 8))]
+    return target, target_lm, gen, drafters
+
+
+def pair_and_third_laws(target, prompt, params) -> tuple[Counter, Counter]:
+    """The exact law of the first two generated tokens and of the third."""
+    joint2, marginal3 = Counter(), Counter()
+    for seq, prob in exact_joint(target, prompt, params, 3).items():
+        joint2[seq[:2]] += prob
+        marginal3[seq[2]] += prob
+    return joint2, marginal3
+
+
+@pytest.mark.parametrize("params, padded", [(SamplingParams(1.0), False), (SamplingParams(0.8, top_k=4, top_p=0.9), False),
+                                            (SamplingParams(1.0), True)])
+def test_generated_sequences_follow_the_target(params, padded):
+    """`padded`: every verify runs over 6 tokens, the draft padded with filler (as when a
+    wider forward is cheaper): the filler's positions must not touch the distribution."""
+    target, target_lm, gen, drafters = sampling_pool(params)
+    prompt = SAMPLING_PROMPT
     policy = RandomPolicy([d.name for d in drafters], seed=2)
     engine = SpeculativeEngine(target_lm, drafters, policy, EngineSettings(3, 3, params), gen)
     if padded:
         engine.driver.planner.costs.verify.install([2.0 - w / 6 for w in range(1, 7)])
-    exact = exact_joint(target, prompt, params, 3)
-    joint2, marginal3 = Counter(), Counter()
-    for seq, prob in exact.items():
-        joint2[seq[:2]] += prob
-        marginal3[seq[2]] += prob
+    joint2, marginal3 = pair_and_third_laws(target, prompt, params)
     # Which sample a seed gives follows this machine's timings (goodput plans K from them),
     # so a correct sampler would fail a single batch at P_MIN now and then (CI saw p = 9e-5
     # once). A batch that fails is followed by a fresh one that must pass: a correct sampler

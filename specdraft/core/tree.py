@@ -21,6 +21,7 @@ class TokenTree:
     tokens: list[int]  # row 0: the root (the last committed token), then drafted tokens
     parents: list[int]  # parents[0] = -1; parents[i] < i
     sources: list[set[int]] = field(default_factory=list)  # per row: the chains through it
+    chain_rows: list[list[int]] = field(default_factory=list)  # per chain: its tokens' rows, in order
 
     @classmethod
     def merge(cls, root: int, chains: Sequence[Sequence[int]]) -> "TokenTree":
@@ -31,6 +32,7 @@ class TokenTree:
         children: dict[tuple[int, int], int] = {}
         for j, chain in enumerate(chains):
             row = 0
+            tree.chain_rows.append([])
             for token in chain:
                 child = children.get((row, token))
                 if child is None:
@@ -40,6 +42,7 @@ class TokenTree:
                     tree.parents.append(row)
                     tree.sources.append(set())
                 tree.sources[child].add(j)
+                tree.chain_rows[j].append(child)
                 row = child
         return tree
 
@@ -51,6 +54,15 @@ class TokenTree:
         """Leaves: the distinct root-to-leaf paths (1 for a chain; 0 drafted tokens is 1)."""
         parents = set(self.parents[1:])
         return max(1, sum(1 for row in range(1, len(self)) if row not in parents))
+
+    def candidates(self, row: int, depth: int) -> list[tuple[int, int]]:
+        """(chain, child row) for every chain through `row` (at `depth`) with a token after
+        it, in chain order: the drafts a verifier tries at that node."""
+        out = []
+        for j, rows in enumerate(self.chain_rows):
+            if len(rows) > depth and (depth == 0 or rows[depth - 1] == row):
+                out.append((j, rows[depth]))
+        return out
 
     def path(self, row: int) -> list[int]:
         """The rows from the root down to `row`."""
@@ -71,3 +83,11 @@ def accept_greedy(tree: TokenTree, argmax: Sequence[int]) -> tuple[list[int], li
     while (rows[-1], int(argmax[rows[-1]])) in children:
         rows.append(children[(rows[-1], int(argmax[rows[-1]]))])
     return rows, [tree.tokens[row] for row in rows[1:]] + [int(argmax[rows[-1]])]
+
+
+def matched(chain: Sequence[int], committed: Sequence[int]) -> int:
+    """How many of `chain`'s leading tokens the round committed: what its drafter keeps."""
+    n = 0
+    while n < len(chain) and n < len(committed) and chain[n] == committed[n]:
+        n += 1
+    return n

@@ -8,6 +8,16 @@ normalize(max(0, p_j - q_j)); if all are accepted draw the bonus token from p_{k
 A deterministic drafter (n-gram) has one-hot q, passed as `draft_probs=None`.
 
 Everything stays on the device; the caller syncs once to read the packed result.
+
+A token tree (several drafters' chains merged, `core/tree.py`) is accepted by multi-draft
+speculative sampling (SpecInfer's recursive rejection): at each node the chains through it
+offer their next tokens in turn; draft x from q is accepted with probability
+min(1, r(x) / q(x)) where r is what is left of the target's p (p itself at first, then
+normalize(max(0, r - q)) after each rejection); the first accepted child is followed, and
+when every child is rejected (or there is none) the token is drawn from r. Each chain's
+tokens were drawn independently of the others' given the path (or chosen deterministically,
+one-hot q), which is what makes the committed token follow p exactly. That walk reads the
+host once per draft it tries.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from specdraft.core.sampling import SamplingParams, distributions
+from specdraft.core.tree import TokenTree
 
 
 @dataclass(frozen=True)
@@ -90,3 +101,53 @@ def verify_sampling(
     tokens = torch.cat([draft_tokens, draft_tokens.new_zeros(1)])
     tokens = tokens.scatter(0, n.view(1), fix)
     return Verdict(n, tokens, alignment(p[:k], draft_tokens, draft_probs))
+
+
+def verify_tree_sampling(
+    tree: TokenTree,
+    target_probs: torch.Tensor,  # [rows, V] p at every row of the tree, processed
+    chain_probs: list[torch.Tensor | None],  # per chain: [its tokens, V] q, or None for one-hot
+    generator: torch.Generator | None,
+) -> tuple[list[int], list[int]]:
+    """Multi-draft speculative sampling down `tree` (module docstring): (the accepted path's
+    rows from the root, the committed tokens: the accepted drafts, then the recovered or
+    bonus token)."""
+    rows: list[int] = [0]
+    tokens: list[int] = []
+    while True:
+        node, depth = rows[-1], len(rows) - 1
+        residual = target_probs[node]
+        chosen = None
+        for j, child in tree.candidates(node, depth):
+            token = tree.tokens[child]
+            q = chain_probs[j]
+            if q is None:
+                q_row = torch.zeros_like(residual).index_fill_(0, torch.tensor([token], device=residual.device), 1.0)
+            else:
+                q_row = q[depth].to(residual.dtype)
+            u = torch.rand((), generator=generator, device=residual.device, dtype=residual.dtype)
+            if bool(u * q_row[token] < residual[token]):
+                chosen = child
+                break
+            left = torch.clamp(residual - q_row, min=0.0)
+            mass = left.sum()
+            if bool(mass > 0):  # (no mass left only by rounding: rejection had probability 0)
+                residual = left / mass
+        if chosen is None:
+            tokens.append(int(torch.multinomial(residual, 1, generator=generator)))
+            return rows, tokens
+        rows.append(chosen)
+        tokens.append(tree.tokens[chosen])
+
+
+def tree_alignment(tree: TokenTree, target: torch.Tensor, greedy: bool, chain: int,
+                   draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> torch.Tensor:
+    """A chain's alpha_j as it would get alone [k]: every row of the tree carries its own
+    path's target distribution, so position j is judged at the row of the chain's token
+    before it (the root for j = 0). `target`: the argmax per row [rows] when `greedy`, else
+    the processed p [rows, V]."""
+    rows = tree.chain_rows[chain]
+    parents = torch.tensor([0, *rows[:-1]], dtype=torch.long, device=draft_tokens.device)
+    if greedy:
+        return (target.index_select(0, parents) == draft_tokens).to(torch.float32)
+    return alignment(target.index_select(0, parents), draft_tokens, draft_probs)

@@ -1,7 +1,10 @@
 """The round (ARCHITECTURE.md, "The round"): choose, draft, verify, commit, learn.
 
 The engine knows nothing about text: it takes prompt token ids and yields one RoundRecord
-per round with the tokens that round committed. It never branches on drafter kind or
+per round with the tokens that round committed. A plan with branches (full-information
+policies, `learning/tree_planner.py`) has further drafters propose too: their chains merge
+into one token tree (`core/tree.py`) verified in one forward, and the longest accepted path
+is committed; a plan without branches is the one-chain round. It never branches on drafter kind or
 policy: the PolicyDriver plans the round (arm, draft length, early-stop price) and decides
 what the policy learns and when, the PoolEvaluator scores drafters when the policy asks
 for full information, from the target's hidden states for the layers the pool's drafters
@@ -23,7 +26,8 @@ from typing import Iterator, Sequence
 import torch
 
 from specdraft.decoding.evaluation import PoolEvaluator, RoundEvidence
-from specdraft.core.sampling import SamplingParams, distributions, sampling_probs
+from specdraft.decoding.tree_verify import Proposal, Verified, verify_tree
+from specdraft.core.sampling import SamplingParams, sampling_probs
 from specdraft.core.stopwatch import Stopwatch
 from specdraft.core.verify import verify_greedy, verify_sampling
 from specdraft.drafters.base import Draft, Drafter
@@ -66,6 +70,11 @@ class RoundRecord:
     expected_tokens: float | None = None  # the policy's estimate of what the round commits ...
     expected_seconds: float | None = None  # ... and of how long it takes (None while unknown)
     verify_width: int = 0  # tokens the verify forward ran over (drafted + 1, or padded wider)
+    # The drafters whose chains the verify checked, the chosen one first, each as (name,
+    # tokens drafted, tokens of them committed); more than one in a tree round.
+    branches: list[tuple[str, int, int]] | None = None
+    tree_size: int = 0  # drafted tokens the verify checked (shared prefixes counted once)
+    winner: str | None = None  # the drafter whose chain the committed tokens followed furthest
     # On a prompt's first round: the prompt's prefill before it (the target's, and under full
     # information the drafters' that will be scored from the first round on).
     prefill_s: float = 0.0
@@ -75,25 +84,6 @@ class RoundRecord:
         """This round's gammas per drafter and committed position, if evaluated now (it is
         always the last of the rounds evaluated together)."""
         return self.evaluated[-1][1] if self.evaluated else None
-
-
-@dataclass
-class _Verified:
-    """The verify step's result, read from the device once."""
-
-    accepted: int
-    tokens: list[int]  # accepted drafts + the recovered or bonus token
-    alphas: list[float]
-    next_input: torch.Tensor  # [1] the last committed token: the next verify feeds it
-    width: int  # tokens the forward ran over: k + 1, or more when a wider forward is cheaper
-    alphas_on_device: torch.Tensor  # [k]
-    logits: torch.Tensor  # [k + 1, V]
-    probs: torch.Tensor | None  # [k + 1, V] processed p under sampling, None under greedy
-    hidden: dict[int, torch.Tensor]  # {layer: [k + 1, H]} for the drafters scored from them
-
-    def target_probs(self, count: int, params: SamplingParams) -> torch.Tensor:
-        """The target's distributions at the first `count` positions [count, V]."""
-        return distributions(self.logits[:count], params) if self.probs is None else self.probs[:count]
 
 
 @dataclass
@@ -137,14 +127,19 @@ class SpeculativeEngine:
                 watch.lap("overhead")
                 draft = drafter.propose(state.context, k, plan.stop) if k > 0 else drafter.empty_draft()
                 watch.lap("draft")
-                verified = self._verify(state.next_input, draft)
+                proposals = [Proposal(arm, draft, max(0.0, watch["draft"] - draft.catch_up_seconds)),
+                             *self._branches(state.context, plan.branches)]
+                watch.lap("draft")
+                verified = self._verify_tree(state.context, proposals) if len(proposals) > 1 else \
+                    self._verify(state.next_input, draft, arm)
                 watch.lap("verify")
                 start = len(state.context)
-                tokens, finish = self._commit(state, drafter, verified)
-                feedback = RoundFeedback(arm, len(verified.alphas), verified.accepted, verified.alphas, watch.elapsed,
-                                         draft_seconds=max(0.0, watch["draft"] - draft.catch_up_seconds),
+                tokens, finish = self._commit(state, verified)
+                feedback = RoundFeedback(arm, len(verified.alphas), verified.kept[0][1], verified.alphas,
+                                         watch.elapsed, draft_seconds=proposals[0].seconds,
                                          verify_seconds=watch["verify"], verify_width=verified.width,
-                                         silent=None if awake is None else [not a for a in awake])
+                                         silent=None if awake is None else [not a for a in awake],
+                                         branch_drafts=tuple((p.arm, p.drafted, p.seconds) for p in proposals[1:]))
                 evidence = self._evidence(verified, len(tokens)) if self.driver.full_information else None
                 learned = self.driver.finish_round(RoundOutcome(feedback, start, len(tokens), evidence),
                                                    last=finish is not None)
@@ -157,7 +152,10 @@ class SpeculativeEngine:
                                   evaluate_s=watch["evaluate"], finish=finish, evaluated=learned.evaluated or None,
                                   values=learned.values or None, value_unit=value_unit(self.driver.planner), planned=k,
                                   expected_tokens=plan.expected_tokens, expected_seconds=plan.expected_seconds,
-                                  verify_width=verified.width, prefill_s=prefill_s)
+                                  verify_width=verified.width, prefill_s=prefill_s,
+                                  branches=[(self.drafters[a].name, p.drafted, n)
+                                            for (a, n), p in zip(verified.kept, proposals)],
+                                  tree_size=verified.tree_size, winner=self._winner(verified))
                 if finish:
                     return
         finally:  # also when the caller stops early: what was generated is still text
@@ -195,7 +193,23 @@ class SpeculativeEngine:
         return _Prompt(context, torch.tensor(context[-1:], dtype=torch.long, device=device),
                        self.target.clock() - started)
 
-    def _verify(self, next_input: torch.Tensor, draft: Draft) -> _Verified:
+    def _branches(self, context: list[int], branches: Sequence[tuple[int, int]]) -> list[Proposal]:
+        """The plan's further chains: each branch drafter proposes its depth (no early stop:
+        the planner chose the depth for the tree as a whole)."""
+        out = []
+        for arm, depth in branches:
+            started = self.target.clock()
+            draft = self.drafters[arm].propose(context, depth)
+            out.append(Proposal(arm, draft, max(0.0, self.target.clock() - started - draft.catch_up_seconds)))
+        return out
+
+    def _winner(self, verified: Verified) -> str | None:
+        """The drafter whose chain the committed tokens followed furthest (the chosen one on
+        a tie), None when no drafted token was accepted."""
+        arm, kept = max(verified.kept, key=lambda item: item[1])  # (max keeps the first of equals)
+        return self.drafters[arm].name if kept else None
+
+    def _verify(self, next_input: torch.Tensor, draft: Draft, arm: int) -> Verified:
         """One target forward over [last committed token, draft] and lossless acceptance.
 
         When the cost curve says a wider forward is cheaper (a BLAS kernel switch), the
@@ -203,7 +217,7 @@ class SpeculativeEngine:
         every real position, their logits are dropped, and the commit crops them from the
         cache with the rejected drafts."""
         k = draft.tokens.shape[0]
-        layers = tuple(sorted(set(self.feature_layers) | set(self.hidden_layers if self.driver.full_information else ())))
+        layers = self._verify_layers()
         tokens = torch.cat([next_input, draft.tokens])
         width = self.driver.verify_width(k + 1)
         if width > k + 1:
@@ -223,13 +237,23 @@ class SpeculativeEngine:
             [verdict.n_accepted.view(1).double(), verdict.tokens.double(), verdict.alphas.double()]
         ).tolist()
         n = int(packed[0])
-        return _Verified(n, [int(t) for t in packed[1 : n + 2]], packed[k + 2 :],
-                         verdict.tokens.index_select(0, verdict.n_accepted.view(1)), width, verdict.alphas, logits,
-                         probs, hidden)
+        return Verified(n, [int(t) for t in packed[1 : n + 2]], packed[k + 2 :],
+                         verdict.tokens.index_select(0, verdict.n_accepted.view(1)), width, {arm: verdict.alphas},
+                         logits, probs, hidden, [(arm, n)], k)
 
-    def _evidence(self, verified: _Verified, count: int) -> RoundEvidence:
+    def _verify_tree(self, context: list[int], proposals: list[Proposal]) -> Verified:
+        """One forward over the token tree of every proposal's chain (decoding/tree_verify.py)."""
+        return verify_tree(self.target, context[-1], proposals, self.driver.verify_width, self._verify_layers(),
+                           self.settings.sampling, self.generator)
+
+    def _verify_layers(self) -> tuple[int, ...]:
+        """Target layers whose hidden states the verify hands over: the feature drafters',
+        and under full information those the pool's drafters are scored from."""
+        return tuple(sorted(set(self.feature_layers) | set(self.hidden_layers if self.driver.full_information else ())))
+
+    def _evidence(self, verified: Verified, count: int) -> RoundEvidence:
         """What evaluating the drafters on this round's `count` committed positions needs."""
-        return RoundEvidence(verified.alphas_on_device, verified.target_probs(count, self.settings.sampling),
+        return RoundEvidence(verified.known_alphas, verified.target_probs(count, self.settings.sampling),
                              {layer: h[:count] for layer, h in verified.hidden.items()})
 
     def _hand_over(self, position: int, hidden: dict[int, torch.Tensor], count: int) -> None:
@@ -238,11 +262,12 @@ class SpeculativeEngine:
         for drafter in self.feature_drafters:
             drafter.observe_features(position, {layer: hidden[layer][:count] for layer in drafter.feature_layers})
 
-    def _commit(self, state: _Prompt, drafter: Drafter, verified: _Verified) -> tuple[list[int], str | None]:
+    def _commit(self, state: _Prompt, verified: Verified) -> tuple[list[int], str | None]:
         """Keep the accepted tokens: crop rejected positions from the caches, cut at EOS and
         at the budget. Returns the committed tokens and why generation ends, if it does."""
         self.target.crop(len(state.context) + verified.accepted)  # context[:-1] + last + accepted drafts
-        drafter.on_commit(verified.accepted)
+        for arm, kept in verified.kept:  # each drafter rolls back to what it drafted and was committed
+            self.drafters[arm].on_commit(kept)
         # The verify fed [last committed token, accepted drafts]: their features are final.
         self._hand_over(len(state.context) - 1, verified.hidden, verified.accepted + 1)
         tokens, finish = verified.tokens, None

@@ -2,8 +2,9 @@
 of every drafter at every committed position of a batch of rounds.
 
 Positions a drafter did not draft are scored in one forward per contiguous span, so
-batching m rounds (`update_every`) costs one forward per drafter, not m; the chosen
-drafter's own draft alignment is reused where it equals its score. Every drafter ends
+batching m rounds (`update_every`) costs one forward per drafter, not m; a drafter's own
+draft alignment (the chosen one's, and in a tree round every branch's) is reused where it
+equals its score. Every drafter ends
 caught up, so switching later costs nothing. One host sync reads everything.
 """
 
@@ -22,7 +23,9 @@ from specdraft.learning.driver import Gammas, RoundOutcome
 class RoundEvidence:
     """What the live evaluator needs from a round besides its position."""
 
-    alphas: torch.Tensor  # [k] the chosen drafter's alignment at its drafted positions
+    # {arm: [n]} for each drafter that drafted in the round: its alignment at its first n
+    # drafted positions, those whose context is the committed one
+    alphas: dict[int, torch.Tensor]
     target_probs: torch.Tensor  # [count, V] the target's distributions at the committed positions
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # {layer: [count, H]} there
 
@@ -59,13 +62,14 @@ class PoolEvaluator:
         parts, span = [], []  # span: consecutive rounds whose positions the drafter must score
         for round_ in rounds:
             evidence: RoundEvidence = round_.evidence
-            if round_.feedback.arm != arm or not drafter.draft_alignment_is_score:
+            drafted = evidence.alphas.get(arm)
+            if drafted is None or not drafter.draft_alignment_is_score:
                 span.append(round_)
                 continue
             parts.extend(self._score_span(drafter, span))
             span = []
-            known = min(round_.count, evidence.alphas.shape[0])  # its draft scored these already
-            parts.append(evidence.alphas[:known].to(evidence.target_probs.dtype))
+            known = min(round_.count, drafted.shape[0])  # its draft scored these already
+            parts.append(drafted[:known].to(evidence.target_probs.dtype))
             if round_.count > known:
                 hidden = {layer: h[known:] for layer, h in evidence.hidden.items()}
                 parts.append(drafter.score(self.context, round_.start + known, round_.count - known,

@@ -122,7 +122,7 @@ class PolicyDriver:
             if any(sits_out):
                 before = awake if awake is not None else [True] * len(sits_out)
                 awake = [a and not s for a, s in zip(before, sits_out)]
-        return self.planner.plan(self.policy.select(awake), cap)
+        return self.planner.plan(self.policy.select(awake), cap, awake)
 
     def verify_width(self, tokens: int) -> int:
         """How many tokens to run a verify of `tokens` over: wider when that is cheaper."""

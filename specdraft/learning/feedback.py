@@ -35,6 +35,9 @@ class RoundFeedback:
     # (prompt lookup without a match): asleep, it was no candidate for the round. Set when
     # the round was chosen among the awake arms, else filled in by the evaluator.
     silent: Sequence[bool] | None = None
+    # A tree round's further chains, as (arm, tokens drafted, seconds drafting them): what
+    # the cost model learns those drafters' draft costs from.
+    branch_drafts: Sequence[tuple[int, int, float]] = ()
 
 
 def bd_reward(alphas: Sequence[float]) -> float:

@@ -134,6 +134,10 @@ class RoundCostModel:
                 verify_width: int = 0) -> None:
         """`verify_width`: the tokens the verify forward ran over (0: drafted + 1, unpadded)."""
         self.verify.add(verify_width or drafted + 1, verify_seconds)
+        self.observe_draft(arm, drafted, draft_seconds)
+
+    def observe_draft(self, arm: int, drafted: int, draft_seconds: float) -> None:
+        """`arm` drafted `drafted` tokens in `draft_seconds` (a tree round's branches too)."""
         if drafted:
             per_token = draft_seconds / drafted
             weight = self.decay * self.draft_weight[arm]

@@ -19,6 +19,7 @@ from typing import Sequence
 from specdraft.learning.confidence import StopRule
 from specdraft.learning.feedback import RoundFeedback
 from specdraft.learning.goodput import AcceptanceByPosition, RoundCostModel, best_draft_length, committed_by_length
+from specdraft.learning.tree_planner import Branches, TreePlanner
 
 PLAIN_ARM = "none"  # the arm that drafts nothing: a plain decoding round
 
@@ -32,8 +33,11 @@ class RoundPlan:
     # Early stop: when one more draft token stops paying for its time; None before costs
     # are known, and with draft_length = "fixed".
     stop: StopRule | None = None
-    expected_tokens: float | None = None  # E[committed | arm, K]
+    expected_tokens: float | None = None  # E[committed | arm, K] (of the whole tree, with branches)
     expected_seconds: float | None = None  # T(arm, K)
+    # Further drafters' chains verified with the chosen one's as a token tree, (arm, depth)
+    # each (learning/tree_planner.py); empty: a one-chain round.
+    branches: Branches = ()
 
 
 def awake_arms(count: int, awake: Sequence[bool] | None) -> list[int]:
@@ -62,7 +66,7 @@ class RoundPlanner:
 
     def __init__(self, arms: Sequence[str], draft_tokens: int, *, objective: str = "goodput",
                  draft_length: str = "goodput", full_information: bool = False, seed: int | None = None,
-                 carried_rounds: float = 4.0):
+                 carried_rounds: float = 4.0, tree: bool = False):
         self.arms = list(arms)
         self.draft_tokens = draft_tokens
         self.goodput = objective == "goodput"
@@ -74,6 +78,9 @@ class RoundPlanner:
         self.rng = random.Random(None if seed is None else seed + 1)
         self.costs = RoundCostModel(len(self.arms))
         self.acceptance = AcceptanceByPosition(len(self.arms), draft_tokens)
+        # Trees need every drafter scored every round and a speed to plan for.
+        self.tree = (TreePlanner(self.arms, [name == PLAIN_ARM for name in self.arms], self.costs)
+                     if tree and full_information and self.goodput and self.dynamic_length else None)
         self.initial_state: dict | None = None  # loaded: where every reset starts
         self._idle = [0] * len(self.arms)  # rounds each arm was planned at K = 0 since its last draft
         self._probe_gap = [self.REPROBE] * len(self.arms)
@@ -85,7 +92,7 @@ class RoundPlanner:
         """The planner for `policy`'s arms, K and shared options (objective, draft_length, evaluate)."""
         return cls(policy.arms, policy.draft_tokens, objective=policy.options["objective"],
                    draft_length=policy.options["draft_length"], full_information=policy.full_information,
-                   seed=policy.seed, carried_rounds=policy.CARRIED_ROUNDS)
+                   seed=policy.seed, carried_rounds=policy.CARRIED_ROUNDS, tree=policy.options.get("tree", False))
 
     def reset(self) -> None:
         """Before a prompt that the policy resets at: acceptance by position starts from the
@@ -96,6 +103,8 @@ class RoundPlanner:
         self.acceptance = self.acceptance.carried_over(self.carried_rounds)
         self._idle = [0] * len(self.arms)
         self._probe_gap = [self.REPROBE] * len(self.arms)
+        if self.tree is not None:
+            self.tree.reset()
         if self.initial_state is not None:
             self._apply(self.initial_state, self.costs, self.acceptance)
 
@@ -110,7 +119,11 @@ class RoundPlanner:
         full-information evaluation skipped."""
         self.costs.observe(feedback.arm, feedback.drafted, feedback.draft_seconds, feedback.verify_seconds,
                            feedback.verify_width)
+        for arm, drafted, seconds in feedback.branch_drafts:
+            self.costs.observe_draft(arm, drafted, seconds)
         self._scored[feedback.arm] = True
+        if self.tree is not None and feedback.gammas is not None:
+            self.tree.observe(feedback.gammas, feedback.silent)
         for arm, gammas in enumerate(feedback.gammas or ()):
             self._scored[arm] = self._scored[arm] or gammas is not None
         if feedback.gammas is None:
@@ -128,16 +141,21 @@ class RoundPlanner:
 
     # --- one round's plan ----------------------------------------------------------------
 
-    def plan(self, arm: int, cap: int) -> RoundPlan:
+    def plan(self, arm: int, cap: int, awake: Sequence[bool] | None = None) -> RoundPlan:
         """The plan for a round of `arm`: its draft length (at most `cap`), early stop and
-        expectations. One posterior draw of the arm's acceptance by position plans both K
-        and how far the early stop looks ahead (Thompson sampling: see
-        AcceptanceByPosition.rates), so a plan that explores deeper is not cut back by the
-        means it set out to test."""
+        expectations, and with trees on the `awake` drafters' branches that pay. One
+        posterior draw of the arm's acceptance by position plans both K and how far the
+        early stop looks ahead (Thompson sampling: see AcceptanceByPosition.rates), so a
+        plan that explores deeper is not cut back by the means it set out to test."""
         rates = self._drawn_rates(arm, cap)
         k = self.draft_length(arm, cap, rates)
         expected, seconds = self.estimate(arm, k)
-        return RoundPlan(arm, k, self.stop_rule(arm, k, expected, seconds, rates, horizon=cap), expected, seconds)
+        stop = self.stop_rule(arm, k, expected, seconds, rates, horizon=cap)
+        tree = self.tree.branches(arm, k, cap, awake) if self.tree is not None else None
+        if tree is None:
+            return RoundPlan(arm, k, stop, expected, seconds)
+        branches, expected, seconds = tree
+        return RoundPlan(arm, k, stop, expected, seconds, branches)
 
     def draft_length(self, arm: int, cap: int, rates: Sequence[float] | None = None) -> int:
         """How many tokens `arm` drafts this round, at most `cap`: always `cap` with

@@ -46,6 +46,12 @@ class Sample:
     draft_lengths: dict[str, int] = field(default_factory=dict)
     ideal_speedup: float | None = None
     drafter_rounds: dict[str, int] = field(default_factory=dict)  # rounds each arm played
+    # Token trees: rounds that verified several drafters' chains, the chains verified in
+    # all, and per drafter the tree rounds it drafted a branch in and those it won.
+    tree_rounds: int = 0
+    branches: int = 0
+    branched: dict[str, int] = field(default_factory=dict)
+    won: dict[str, int] = field(default_factory=dict)
     # A peer engine's run (llama.cpp): other kernels decide near-ties, so its output is
     # compared as text (`identical`) instead of counted as a mismatch; `failed` says why a
     # run of it broke off.
@@ -131,7 +137,10 @@ def _engine_config(label: str, runtime: Runtime, chat: bool | None) -> Config:
                       time_s=time_s,
                       draft_lengths={str(k): n for k, n in sorted(stats.draft_lengths.items())},
                       ideal_speedup=stats.ideal_speedup,
-                      drafter_rounds={name: use.rounds for name, use in stats.usage.items() if use.rounds})
+                      drafter_rounds={name: use.rounds for name, use in stats.usage.items() if use.rounds},
+                      tree_rounds=stats.tree_rounds, branches=stats.branches,
+                      branched={name: use.branched for name, use in stats.usage.items() if use.branched},
+                      won={name: use.won for name, use in stats.usage.items() if use.won})
 
     def forget() -> None:
         for drafter in runtime.drafters:

@@ -7,7 +7,10 @@ commits accepted + 1 tokens. The policy is driven by the same PolicyDriver as li
 decoding; full-information evaluation reads the trace's teacher-forced gammas, and round
 costs are simulated from the measured forward costs. BE rewards and full-information
 losses replay exactly; BD rewards past the first rejected position use the teacher-forced
-alignment, an approximation.
+alignment, an approximation. A plan with branches (a token tree) replays each branch's
+lane the same way: the round commits the longest run + 1, and its verify covers the
+committed path once plus every chain's rejected tokens (chains are taken to part wherever
+they are wrong, as the tree planner assumes).
 """
 
 from __future__ import annotations
@@ -70,15 +73,18 @@ def _replay_prompt(head: TraceHeader, prompt: PromptTrace, driver: PolicyDriver,
         awake = _awake(prompt, arms, position) if driver.wants_awake else None
         plan = driver.choose(position, awake)  # no early stop here: a trace has no drafter confidences
         arm, k = plan.arm, plan.draft_tokens
+        chains = [_replayed_chain(head, prompt, arms, a, depth, position) for a, depth in ((arm, k), *plan.branches)]
+        drafted, accepted, draft_s = chains[0]
+        longest = max(run for _, run, _ in chains)
+        count = min(longest + 1, total - position)
+        verify_s = target(1 + longest + sum(d - run for d, run, _ in chains))
+        seconds = verify_s + sum(cost for _, _, cost in chains)
         lane = prompt.drafters.get(arms[arm])
-        drafted = min(lane.drafted[position], k) if lane else 0
-        accepted = min(lane.run[position], drafted) if lane else 0
-        count = min(accepted + 1, total - position)
-        verify_s, draft_s = target(drafted + 1), _draft_seconds(head, arms[arm], drafted)
-        seconds = verify_s + draft_s
         feedback = RoundFeedback(arm, drafted, accepted, lane.span[position][:drafted] if lane else [], seconds,
                                  draft_seconds=draft_s, verify_seconds=verify_s,
-                                 silent=None if awake is None else [not a for a in awake])
+                                 silent=None if awake is None else [not a for a in awake],
+                                 branch_drafts=tuple((a, d, cost) for (a, _), (d, _, cost)
+                                                     in zip(plan.branches, chains[1:])))
         learned = driver.finish_round(RoundOutcome(feedback, position, count), last=position + count >= total)
         result.simulated_s += seconds
         if driver.full_information:  # every other model drafter catches up on the chunk
@@ -89,7 +95,7 @@ def _replay_prompt(head: TraceHeader, prompt: PromptTrace, driver: PolicyDriver,
         result.rounds += 1
         for j in range(drafted):
             result.drafted_at[j] += 1
-            result.accepted_at[j] += j < accepted
+            result.accepted_at[j] += j < longest
         position += count
     if tracker is not None:
         result.regret, result.best_arm_share = tracker.regret, tracker.best_arm_share
@@ -120,6 +126,15 @@ def _awake(prompt: PromptTrace, arms: list[str], position: int) -> list[bool]:
     always a candidate; a drafter that drafted nothing there when traced was silent.)"""
     lanes = [None if name == PLAIN_ARM else prompt.drafters.get(name) for name in arms]
     return [lane is None or lane.drafted[position] > 0 for lane in lanes]
+
+
+def _replayed_chain(head: TraceHeader, prompt: PromptTrace, arms: list[str], arm: int, depth: int,
+                    position: int) -> tuple[int, int, float]:
+    """(drafted, accepted, draft seconds) of `arm` drafting up to `depth` tokens at `position`."""
+    lane = prompt.drafters.get(arms[arm])
+    drafted = min(lane.drafted[position], depth) if lane else 0
+    accepted = min(lane.run[position], drafted) if lane else 0
+    return drafted, accepted, _draft_seconds(head, arms[arm], drafted)
 
 
 def _draft_seconds(head: TraceHeader, name: str, drafted: int) -> float:

@@ -1,6 +1,7 @@
 """What bench prints and writes: per task and configuration (and "all" tasks), the speedup
 over plain decoding, mean accepted tokens, acceptance by position, regret, mismatches, the
-time split and the drafted lengths, with marks on numbers that should not be trusted. Also
+time split, the drafted lengths (a tree's size) and how often rounds verified trees and
+whose branch won, with marks on numbers that should not be trusted. Also
 the two views of a stream: leaving its first prompts out (they warm drafters that learn
 from earlier answers) and speed as a ratio to a chosen configuration."""
 
@@ -36,7 +37,10 @@ class SummaryRow:
     identical: float | None  # a peer engine's share of outputs with plain decoding's text
     failed: int
     time_share: dict[str, float]  # phase -> share of the wall time
-    draft_lengths: dict[str, int]  # drafted length -> rounds
+    draft_lengths: dict[str, int]  # drafted length (a tree's size) -> rounds
+    tree_share: float | None  # rounds that verified several drafters' chains (None: plain or a peer)
+    branches_per_round: float | None  # chains verified per round
+    wins: dict[str, float]  # drafter -> share of the tree rounds its branch won
     ideal_speedup: float | None
     repeat_spread: float | None  # slowest / fastest repeat of one prompt, the largest
     noisy: bool
@@ -91,6 +95,9 @@ def _row(task: str, config: str, group: list[Sample], plain_time: float) -> Summ
         failed=sum(s.failed is not None for s in group),
         time_share={phase: seconds / elapsed for phase, seconds in split.items()} if elapsed else {},
         draft_lengths=dict(sorted(lengths.items(), key=lambda kv: int(kv[0]))),
+        tree_share=sum(s.tree_rounds for s in group) / rounds if rounds and not peer and config != PLAIN else None,
+        branches_per_round=sum(s.branches for s in group) / rounds if rounds and not peer and config != PLAIN else None,
+        wins=_wins(group),
         ideal_speedup=_mean([s.ideal_speedup for s in group]),
         repeat_spread=spread, noisy=spread is not None and spread > NOISY_SPREAD,
         implausible=(speedup is not None and mean_accepted is not None and rounds > 0
@@ -126,6 +133,13 @@ def _added_up(mappings) -> dict:
 
 def _time_split(group: list[Sample]) -> dict[str, float]:
     return _added_up(s.time_s for s in group)
+
+
+def _wins(group: list[Sample]) -> dict[str, float]:
+    """Per drafter, the share of the group's tree rounds whose committed tokens followed its branch."""
+    trees = sum(s.tree_rounds for s in group)
+    won = _added_up(s.won for s in group)
+    return {name: count / trees for name, count in sorted(won.items(), key=lambda kv: -kv[1])} if trees else {}
 
 
 def _draft_lengths(group: list[Sample]) -> dict[str, int]:

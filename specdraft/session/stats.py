@@ -11,9 +11,11 @@ from specdraft.learning.feedback import RegretTracker
 
 @dataclass
 class DrafterUsage:
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
+    rounds: int = 0  # rounds the policy chose it
+    drafted: int = 0  # tokens it drafted, as the chosen chain or a tree's branch
+    accepted: int = 0  # of those, the ones committed
+    branched: int = 0  # tree rounds it drafted a chain in (beside another drafter's)
+    won: int = 0  # tree rounds whose committed tokens followed its chain furthest
 
     @property
     def acceptance(self) -> float:
@@ -38,7 +40,13 @@ class GenerationStats:
     last_planned: int = 0
     evaluate_s: float = 0.0
     prefill_s: float = 0.0  # the prompts' prefill: the target's, and the drafters' scored from the start
-    draft_lengths: Counter = field(default_factory=Counter)  # drafted tokens per round -> rounds
+    # drafted tokens per round (a tree's size: shared prefixes once) -> rounds
+    draft_lengths: Counter = field(default_factory=Counter)
+    tree_rounds: int = 0  # rounds that verified more than one drafter's chain
+    branches: int = 0  # chains verified, summed over rounds
+    last_tree_size: int = 0
+    last_branches: int = 1
+    last_winner: str | None = None
     # The policy's estimates for the rounds it could estimate, so a user can see how well
     # the cost model predicts this machine: expected committed tokens and seconds.
     expected_tokens: float = 0.0
@@ -72,16 +80,26 @@ class GenerationStats:
                 self.regret_tracker.add_round(arm, gammas, self.draft_tokens)
         self.last_drafter, self.last_accepted, self.last_drafted = record.drafter, record.accepted, record.drafted
         self.last_planned = record.planned
-        self.draft_lengths[record.drafted] += 1
+        branches = record.branches or [(record.drafter, record.drafted, record.accepted)]
+        tree_size = record.tree_size if record.branches else record.drafted
+        self.last_tree_size, self.last_branches, self.last_winner = tree_size, len(branches), record.winner
+        self.draft_lengths[tree_size] += 1
+        self.branches += len(branches)
+        if len(branches) > 1:
+            self.tree_rounds += 1
         if record.expected_seconds:
             self.expected_tokens += record.expected_tokens
             self.expected_seconds += record.expected_seconds
             self.estimated_rounds_s += record.draft_s + record.verify_s
             self.estimated_rounds_tokens += record.accepted + 1
-        use = self.usage.setdefault(record.drafter, DrafterUsage())
-        use.rounds += 1
-        use.drafted += record.drafted
-        use.accepted += record.accepted
+        self.usage.setdefault(record.drafter, DrafterUsage()).rounds += 1
+        for name, drafted, kept in branches:
+            use = self.usage.setdefault(name, DrafterUsage())
+            use.drafted += drafted
+            use.accepted += kept
+            if len(branches) > 1:
+                use.branched += 1
+                use.won += name == record.winner
 
     @property
     def tokens_per_round(self) -> float:
@@ -89,6 +107,16 @@ class GenerationStats:
         (plain decoding: 1): mean accepted tokens (MAT), `mean_accepted` in --json. A round's
         own `accepted` counts accepted draft tokens only."""
         return self.tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def tree_share(self) -> float:
+        """The share of rounds that verified a tree of several drafters' chains."""
+        return self.tree_rounds / self.rounds if self.rounds else 0.0
+
+    @property
+    def branches_per_round(self) -> float:
+        """Drafters' chains verified per round (1: every round one chain)."""
+        return self.branches / self.rounds if self.rounds else 0.0
 
     @property
     def _tracked(self) -> RegretTracker | None:
@@ -160,7 +188,10 @@ class GenerationStats:
             "mean_accepted": round(self.tokens_per_round, 4),
             "tokens_per_s": round(self.tokens_per_s, 3),
             "elapsed_s": round(self.elapsed_s, 4),
-            "drafters": {n: {"rounds": u.rounds, "accepted": u.accepted, "drafted": u.drafted} for n, u in self.usage.items()},
+            "drafters": {n: {"rounds": u.rounds, "accepted": u.accepted, "drafted": u.drafted,
+                             "branched": u.branched, "won": u.won} for n, u in self.usage.items()},
+            "tree_rounds": self.tree_rounds,
+            "branches_per_round": round(self.branches_per_round, 4),
             "time_s": {"draft": round(self.draft_s, 4), "verify": round(self.verify_s, 4),
                        "evaluate": round(self.evaluate_s, 4), "prefill": round(self.prefill_s, 4),
                        "overhead": round(self.overhead_s, 4)},

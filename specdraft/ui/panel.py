@@ -1,5 +1,7 @@
 """The live panel on stderr: current drafter, accepted length, mean accepted tokens,
-tokens/s, per-drafter usage and the regret slot (in the unit of the policy's objective:
+tokens/s, the last round's token tree (its size, branches, and whose branch won),
+per-drafter usage (with trees: how often each drafted a branch and how often it won) and
+the regret slot (in the unit of the policy's objective:
 accepted tokens or tokens per second).
 
 Rich's Live redirects stdout by default, which would swallow the generated text; here it
@@ -30,11 +32,18 @@ def stats_panel(stats: GenerationStats, policy: str, scores: dict[str, float] | 
         f"drafter [bold cyan]{escape(stats.last_drafter or '-')}[/]",
         f"K [bold]{stats.last_planned}[/]",
         f"accepted [bold]{stats.last_accepted}/{stats.last_drafted}[/]",
+    ]
+    if stats.last_branches > 1:
+        parts.append(f"tree [bold]{stats.last_tree_size}[/] ({stats.last_branches} branches, "
+                     f"won by {escape(stats.last_winner or 'none')})")
+    parts += [
         f"mean accepted [bold]{stats.tokens_per_round:.2f}[/]",
         f"[bold]{stats.tokens_per_s:.1f}[/] tok/s",
         f"tokens {stats.tokens}",
     ]
     parts.extend(_speed_parts(stats))
+    if stats.tree_rounds:
+        parts.append(f"trees {stats.tree_share:.0%} of rounds, {stats.branches_per_round:.2f} branches a round")
     if regret is not None:
         parts.append(f"regret [bold]{regret:.2f}[/] {regret_unit_phrase(stats.regret_unit, stats.regret_rounds)} "
                      f"(best {escape(str(stats.best_drafter))})")
@@ -44,13 +53,16 @@ def stats_panel(stats: GenerationStats, policy: str, scores: dict[str, float] | 
         parts.append("regret [dim]unknown (bandit feedback)[/]")
     head = Text.from_markup(" · ".join(parts))
     table = Table(box=None, padding=(0, 2), show_edge=False)
-    for column in ("drafter", "rounds", "share", "acceptance"):
+    trees = stats.tree_rounds > 0
+    for column in ("drafter", "rounds", "share", "acceptance") + (("branched", "won") if trees else ()):
         table.add_column(column, justify="left" if column == "drafter" else "right")
     if scores is not None:
         table.add_column("score", justify="right")
     for name, use in stats.usage.items():
         share = use.rounds / stats.rounds if stats.rounds else 0.0
         row = [escape(name), str(use.rounds), f"{share:.0%}", f"{use.acceptance:.0%}" if use.drafted else "-"]
+        if trees:
+            row += [str(use.branched), f"{use.won / use.branched:.0%}" if use.branched else "-"]
         if scores is not None:
             value = scores.get(name, float("nan"))
             row.append(f"{value:.3f}" if value == value and abs(value) != float("inf") else "-")
@@ -132,6 +144,7 @@ def summary_line(stats: GenerationStats) -> str:
     parts: Sequence[str] = (
         f"{stats.tokens} tokens in {stats.elapsed_s:.2f}s ({stats.tokens_per_s:.1f} tok/s)",
         f"{stats.rounds} rounds, mean accepted {stats.tokens_per_round:.2f}",
+        f"trees in {stats.tree_share:.0%} of rounds" if stats.tree_rounds else "",
         " · ".join(Text.from_markup(p).plain for p in _speed_parts(stats)),
         ", ".join(f"{n} {u.rounds}r/{u.accepted}acc" for n, u in stats.usage.items() if u.rounds),
     )

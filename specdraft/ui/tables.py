@@ -16,11 +16,13 @@ def bench_table(rows: Sequence[dict], title: str, simulated: bool = False, versu
     """bench's summary; with `versus`, a column of each row's speed over that configuration's."""
     table = Table(title=escape(title), title_justify="left", show_lines=False)  # titles quote file names
     versus_column = (f"vs {versus}",) if versus else ()
+    trees = any(r.get("tree_share") for r in rows)  # (a column only when some round verified a tree)
     for column in ("task", "config", "prompts", "simulated speedup" if simulated else "speedup", *versus_column,
                    "mean accepted",
                    "acceptance by position", "tok/s", "best-arm share", "regret", "mismatches", "ideal",
-                   "time d/v/e/p/o", "K: rounds"):
-        table.add_column(escape(column), justify="left" if column in ("task", "config", "acceptance by position", "K: rounds")
+                   "time d/v/e/p/o", "tree size: rounds" if trees else "K: rounds", *(("trees · won",) if trees else ())):
+        table.add_column(escape(column), justify="left" if column in ("task", "config", "acceptance by position",
+                                                                      "K: rounds", "tree size: rounds", "trees · won")
                          else "right", no_wrap=True)
     for r in rows:
         accept = "/".join("-" if a is None else f"{a:.0%}" for a in r.get("acceptance_at") or [])
@@ -41,7 +43,7 @@ def bench_table(rows: Sequence[dict], title: str, simulated: bool = False, versu
             _num(r.get("best_arm_share"), ".0%"), _regret(r.get("regret"), r.get("regret_unit")),
             differ,
             _num(r.get("ideal_speedup"), ".2f") + ("x" if r.get("ideal_speedup") is not None else ""),
-            _split(r.get("time_share")), _lengths(r.get("draft_lengths")),
+            _split(r.get("time_share")), _lengths(r.get("draft_lengths")), *((_trees(r),) if trees else ()),
             style="bold" if r["task"] == "all" else None,
         )
     return table
@@ -60,6 +62,16 @@ def _split(share: dict | None) -> str:
         return "-"
     phases = ("draft", "verify", "evaluate", "prefill", "other")
     return "/".join(f"{100 * share.get(phase, 0.0):.0f}" for phase in phases)
+
+
+def _trees(row: dict) -> str:
+    """The share of rounds that verified a tree, chains per round, and the drafters whose
+    branch won most often (share of tree rounds)."""
+    share = row.get("tree_share")
+    if not share:
+        return "-"
+    wins = ", ".join(f"{escape(name)} {value:.0%}" for name, value in list((row.get("wins") or {}).items())[:2])
+    return f"{share:.0%} · {row.get('branches_per_round') or 0:.2f} · {wins or '-'}"
 
 
 def _lengths(lengths: dict | None) -> str:

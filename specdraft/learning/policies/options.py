@@ -54,4 +54,7 @@ COMMON_OPTIONS: dict[str, OptionSpec] = {
     "allow_none": OptionSpec((bool,), True, help='the "none" arm: plain decoding for a round, when nothing pays off'),
     "draft_length": OptionSpec((str,), "goodput", one_of("fixed", "goodput"), 'must be "fixed" or "goodput"',
                                "draft K tokens every round, or the K in 0..K with the best estimated tokens/s"),
+    "tree": OptionSpec((bool,), True,
+                       help='with evaluate = "all" and the goodput objective: add other drafters\' chains to the '
+                            "chosen one's as a token tree, verified in one forward, when that is estimated to pay"),
 }

@@ -1,0 +1,100 @@
+"""A round's proposals and what its verify hands on (`Verified`), and the verify of a token
+tree: several drafters' chains merged (`core/tree.py`), one target forward over the tree,
+lossless acceptance down it (greedy: the target's argmax; sampling: multi-draft speculative
+sampling, `core/verify.py`), the target's cache cut to the accepted path, and per chain what
+was committed of it and its alignment as it would be alone (every row carries its own
+path's distribution)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from specdraft.core.sampling import SamplingParams, distributions, sampling_probs
+from specdraft.core.tree import TokenTree, accept_greedy, matched
+from specdraft.core.verify import tree_alignment, verify_tree_sampling
+from specdraft.drafters.base import Draft
+from specdraft.models.cached_lm import CachedLM
+
+
+@dataclass
+class Proposal:
+    """One drafter's chain in a round."""
+
+    arm: int
+    draft: Draft
+    seconds: float  # its propose call, catch-up excluded
+
+    @property
+    def drafted(self) -> int:
+        return self.draft.tokens.shape[0]
+
+
+@dataclass
+class Verified:
+    """The verify step's result, read from the device once (a tree's walk under sampling
+    reads once per draft it tries)."""
+
+    accepted: int
+    tokens: list[int]  # accepted drafts + the recovered or bonus token
+    alphas: list[float]  # the chosen drafter's, per drafted position
+    next_input: torch.Tensor  # [1] the last committed token: the next verify feeds it
+    width: int  # tokens the forward ran over: k + 1, or more when a wider forward is cheaper
+    # Per drafter that proposed: the alignment of its first positions that lie on the
+    # committed path [n], which the evaluator reuses as its score there.
+    known_alphas: dict[int, torch.Tensor]
+    logits: torch.Tensor  # [accepted + 1 or more, V] at the committed positions
+    probs: torch.Tensor | None  # the same rows' processed p under sampling, None under greedy
+    hidden: dict[int, torch.Tensor]  # {layer: [accepted + 1 or more, H]} for the drafters scored from them
+    kept: list[tuple[int, int]]  # per proposal: (arm, its drafted tokens committed), the chosen one first
+    tree_size: int  # drafted tokens verified (a tree's rows less the root)
+
+    def target_probs(self, count: int, params: SamplingParams) -> torch.Tensor:
+        """The target's distributions at the first `count` positions [count, V]."""
+        return distributions(self.logits[:count], params) if self.probs is None else self.probs[:count]
+
+
+def verify_tree(target: CachedLM, root: int, proposals: list[Proposal], padded_width: Callable[[int], int],
+                layers: Sequence[int], params: SamplingParams, generator: torch.Generator | None) -> Verified:
+    """One target forward over the token tree of every proposal's chain (shared prefixes
+    merged, each row attending its own path) and lossless acceptance down it: greedy
+    follows the target's argmax, sampling tries each node's drafts in turn (multi-draft
+    speculative sampling, core/verify.py). The target's cache keeps only the accepted
+    path. Padded with filler rows below the last one when a wider forward is cheaper."""
+    device = target.device
+    drafts = torch.cat([p.draft.tokens for p in proposals]).tolist()  # one read for every chain
+    chains, offset = [], 0
+    for p in proposals:
+        chains.append(drafts[offset : offset + p.drafted])
+        offset += p.drafted
+    tree = TokenTree.merge(root, chains)
+    rows = len(tree)
+    width = padded_width(rows)
+    ids = torch.tensor(tree.tokens + [tree.tokens[-1]] * (width - rows), dtype=torch.long, device=device)
+    logits, hidden = target.feed_tree(ids, tree.parents + list(range(rows - 1, width - 1)), layers)
+    logits = logits[:rows]
+    probs = None
+    if params.greedy:
+        best = logits.argmax(dim=-1)
+        path, tokens = accept_greedy(tree, best.tolist())
+        judge = distributions(logits, params) if params.soft_feedback else best
+    else:
+        probs = sampling_probs(logits, params)
+        path, tokens = verify_tree_sampling(tree, probs, [p.draft.probs for p in proposals], generator)
+        judge = probs
+    target.keep_path(path)
+    kept = [(p.arm, matched(chain, tokens)) for p, chain in zip(proposals, chains)]
+    exact = params.greedy and not params.soft_feedback
+    aligned = {p.arm: tree_alignment(tree, judge, exact, j, p.draft.tokens, p.draft.probs)
+               for j, p in enumerate(proposals) if p.drafted}
+    known = {arm: aligned[arm][: n + 1] for arm, n in kept if arm in aligned}
+    chosen = aligned.get(proposals[0].arm)
+    alphas = [] if chosen is None else chosen.double().tolist()
+    index = torch.tensor(path, dtype=torch.long, device=logits.device)
+    return Verified(len(path) - 1, tokens, alphas, torch.tensor(tokens[-1:], dtype=torch.long, device=device),
+                    width, known, logits.index_select(0, index),
+                    None if probs is None else probs.index_select(0, index),
+                    {layer: h[:rows].index_select(0, index.to(h.device)) for layer, h in hidden.items()},
+                    kept, rows - 1)
