@@ -124,3 +124,37 @@ def test_live_and_replayed_rounds_go_through_the_same_policy_driver(traced, monk
     results = replay(trace, config, seed=3)
     replayed_rounds = sum(r.rounds for r in results)
     assert calls == {"choose": replayed_rounds, "finish_round": replayed_rounds}
+
+
+def test_replayed_trees_commit_the_longest_lane_run(traced, monkeypatch):
+    """A plan with branches replays every branch's lane: the round commits the longest run
+    of its chains + 1, and the rounds still cover the traced text exactly."""
+    from dataclasses import replace as replaced
+
+    from specdraft.learning.driver import PolicyDriver
+    from specdraft.profile import PolicyConfig
+
+    _, _, trace = traced
+    arms = [name for name in trace.header.drafters if name != "none"]
+    lookup = arms.index("lookup")
+    choose = PolicyDriver.choose
+    committed = []
+
+    def with_every_branch(self, produced, awake=None):
+        plan = choose(self, produced, awake)
+        depth = max(1, min(4, self.max_new_tokens - produced - 1))
+        return replaced(plan, arm=lookup, draft_tokens=depth,
+                        branches=tuple((i, depth) for i in range(len(arms)) if i != lookup))
+
+    monkeypatch.setattr(PolicyDriver, "choose", with_every_branch)
+    config = PolicyConfig("normalhedge", {"evaluate": "all", "allow_none": False})
+    for prompt, result in zip(trace.prompts, replay(trace, config, seed=3)):
+        assert result.tokens == len(prompt.tokens)
+        position = rounds = 0
+        while position < len(prompt.tokens):  # what every round must have committed
+            depth = max(1, min(4, trace.header.max_new_tokens - position - 1))
+            runs = [min(lane.run[position], lane.drafted[position], depth) for lane in prompt.drafters.values()]
+            position += min(max(runs) + 1, len(prompt.tokens) - position)
+            rounds += 1
+        committed.append((result.rounds, rounds))
+    assert all(got == want for got, want in committed), committed

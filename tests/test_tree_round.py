@@ -245,3 +245,34 @@ def test_the_policies_own_trees_keep_greedy_output_identical(name):
         assert [t for r in records for t in r.tokens] == plain_greedy(target, prompt, 60)
         rounds += sum(len(r.branches) > 1 for r in records)
     assert rounds >= 10
+
+
+def test_stats_json_and_panel_show_trees_and_whose_branch_won():
+    from rich.console import Console
+
+    from specdraft.session.stats import GenerationStats
+    from specdraft.ui.panel import stats_panel
+
+    target = tiny_llama(seed=0)
+    ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
+    drafters = [NgramDrafter("lookup", ctx, 1, 3), ModelDrafter("twin", ctx, target),
+                ModelDrafter("small", ctx, tiny_llama(seed=1, layers=1))]
+    engine = SpeculativeEngine(CachedLM(target), drafters, RandomPolicy(["lookup", "twin", "small"], seed=0),
+                               EngineSettings(4, 30, SamplingParams()))
+    scripted_branches(engine, seed=1, most=2)
+    stats = GenerationStats(["lookup", "twin", "small"])
+    records = list(engine.generate(PROMPTS[0]))
+    for record in records:
+        stats.add(record)
+    trees = [r for r in records if len(r.branches) > 1]
+    data = stats.as_dict()
+    assert data["tree_rounds"] == len(trees) > 0
+    assert data["branches_per_round"] == pytest.approx(sum(len(r.branches) for r in records) / len(records), abs=1e-4)
+    assert sum(d["won"] for d in data["drafters"].values()) == sum(r.winner is not None for r in trees)
+    assert data["drafters"]["twin"]["won"] >= 1  # the target's own chain wins whenever it branches
+    assert sum(data["draft_lengths"].values()) == len(records)
+    console = Console(width=200, record=True)
+    stats.last_branches, stats.last_tree_size, stats.last_winner = 3, 7, "twin"
+    console.print(stats_panel(stats, "random"))
+    text = console.export_text()
+    assert "tree 7 (3 branches, won by twin)" in text and "branched" in text and "won" in text
