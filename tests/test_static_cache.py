@@ -177,3 +177,24 @@ def test_models_with_sliding_window_layers_keep_the_dynamic_cache():
     for prompt in PROMPTS:
         out = [t for r in engine.generate(prompt) for t in r.tokens]
         assert out == plain_greedy(model, prompt, 30)
+
+
+def test_token_trees_replay_one_graph_per_tree_size_and_match_plain_greedy():
+    """Tree rounds over a graphed static cache: each tree size is captured once (its mask an
+    input buffer) and replayed, and the text is plain greedy decoding's."""
+    from test_tree_round import scripted_branches
+
+    target, small = tiny_llama(seed=0), tiny_llama(seed=1, layers=1)
+    ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
+    target_lm, capture = graphed(target)
+    drafters = [NgramDrafter("lookup", ctx, 1, 3), ModelDrafter("small", ctx, small),
+                ModelDrafter("twin", ctx, target), LayersDrafter("half", ctx, target_lm, 2)]
+    engine = SpeculativeEngine(target_lm, drafters, RandomPolicy([d.name for d in drafters], seed=1),
+                               EngineSettings(3, 40, SamplingParams()))
+    scripted_branches(engine, seed=6, most=2, deepest=2)
+    for prompt in PROMPTS * 3:
+        out = [t for r in engine.generate(prompt) for t in r.tokens]
+        assert out == plain_greedy(target, prompt, 40)
+    trees = [key for key in target_lm.graphs.graphs if key[3] is not None]
+    assert trees and len(trees) <= 9  # one graph per tree size seen twice (sizes 1..9 rows)
+    assert capture.replays > 2 * capture.captures

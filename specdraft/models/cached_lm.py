@@ -103,7 +103,8 @@ class CachedLM:
         were fed as a chain (positions by depth, attention to the cached text and the row's
         own path). The cache then holds the whole tree until `keep_path`. A lean model's
         kernels give each row its path's logits bit for bit; through transformers (a 4D
-        mask) they agree up to float rounding, as a chain verify does."""
+        mask) they agree up to float rounding, as a chain verify does; over a static cache
+        on CUDA a tree of each size replays a graph of its own."""
         start = self.clock() if self.timed else 0.0
         n = tokens.shape[-1]
         if self.lean is not None:
@@ -118,10 +119,9 @@ class CachedLM:
             mask[:, : self.length] = True
             mask[:, self.length : self.length + n] = ancestry(tree)
             positions = (self.length + tree_depths(tree)).view(1, n).to(self.device)
-            out = self.model(input_ids=tokens.view(1, n).to(self.device), position_ids=positions,
-                             attention_mask=mask[None, None].to(self.device), past_key_values=self.cache,
-                             use_cache=True, output_hidden_states=bool(layers))
-            logits, hidden = out.logits[0], {layer: out.hidden_states[layer][0] for layer in layers}
+            ids, mask = tokens.view(1, n).to(self.device), mask[None, None].to(self.device)
+            outputs = self.graphs(ids, positions, 0, layers, mask) if self.graphs is not None else None
+            logits, hidden = outputs if outputs is not None else self.eager_forward(ids, positions, 0, layers, mask)
         self.tree_start, self.length = self.length, self.length + n
         if self.timed:
             self.forward_seconds += self.clock() - start
@@ -136,10 +136,12 @@ class CachedLM:
             self.kv.keep_rows(self.tree_start, rows, self.length)
         self.length = self.tree_start + len(rows)
 
-    def eager_forward(self, ids: torch.Tensor, positions: torch.Tensor, keep: int, layers: Sequence[int]) -> Outputs:
-        """transformers' forward over the cache, with no captured graph (what a graph captures)."""
-        out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache, use_cache=True,
-                         logits_to_keep=keep, output_hidden_states=bool(layers))
+    def eager_forward(self, ids: torch.Tensor, positions: torch.Tensor, keep: int, layers: Sequence[int],
+                      mask: torch.Tensor | None = None) -> Outputs:
+        """transformers' forward over the cache, with no captured graph (what a graph captures);
+        `mask`: a token tree's 4D attention mask."""
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=self.cache,
+                         use_cache=True, logits_to_keep=keep, output_hidden_states=bool(layers))
         return out.logits[0], {layer: out.hidden_states[layer][0] for layer in layers}
 
     @torch.inference_mode()
