@@ -276,3 +276,15 @@ def test_stats_json_and_panel_show_trees_and_whose_branch_won():
     console.print(stats_panel(stats, "random"))
     text = console.export_text()
     assert "tree 7 (3 branches, won by twin)" in text and "branched" in text and "won" in text
+
+
+def test_a_drafter_is_judged_on_the_rounds_it_was_awake_in():
+    """b finds a match in one round of four, and then it is right where a is not: while it
+    is awake a branch of b pays, judged on those rounds (asleep is not a run of 0)."""
+    planner = planner_with([1.0] * 4 + [1.2] * 12, [0.01, 0.01, 0.01, 0.0])
+    for t in range(48):
+        awake = t % 4 == 0
+        runs = [0.0, 4.0 if awake else 0.0, 0.0]
+        planner.observe([[1.0] * int(r) + [0.0] for r in runs] + [None], [False, not awake, False, False])
+    plan = planner.branches(0, 2, 8, [True, True, True, True])
+    assert plan is not None and plan[0][0][0] == 1 and plan[1] == pytest.approx(5.0)

@@ -5,7 +5,8 @@ The evidence is full information: every evaluated round scores every drafter at 
 committed position, so each drafter's *run* there, had it drafted from the round's start,
 is known: its leading accepted positions (greedy: the leading 1s of its gammas; sampling:
 the expected run, the sum of the running products). The planner keeps the runs of the last
-`WINDOW` evaluated rounds (an arm asleep there ran 0; one not scored, unknown).
+`WINDOW` evaluated rounds (an arm not scored there, or asleep, unknown: a tree is judged on
+the rounds in which all of its drafters were awake, as they are when it is planned).
 
 A tree of chains {(arm i, depth d_i)} replayed on a remembered round commits
 1 + max_i min(r_i, d_i) tokens (the target follows the longest accepted chain; exact under
@@ -62,9 +63,10 @@ class TreePlanner:
     def observe(self, gammas: Sequence[Sequence[float] | None], silent: Sequence[bool] | None) -> None:
         """An evaluated round: every arm's gammas along the committed tokens (None: not
         scored), `silent` the arms asleep at its start."""
-        self.runs.append(tuple(
-            0.0 if silent and silent[arm] else (None if g is None else run_length(g))
-            for arm, g in enumerate(gammas)))
+        # An arm asleep there counts as unknown, not as a run of 0: a tree is planned among
+        # awake drafters, so it is judged on the rounds where all of its drafters were awake.
+        self.runs.append(tuple(None if g is None or (silent and silent[arm]) else run_length(g)
+                               for arm, g in enumerate(gammas)))
 
     def reset(self) -> None:
         """A prompt the policy resets at: what the window says still describes the drafters,
