@@ -288,3 +288,25 @@ def test_a_drafter_is_judged_on_the_rounds_it_was_awake_in():
         planner.observe([[1.0] * int(r) + [0.0] for r in runs] + [None], [False, not awake, False, False])
     plan = planner.branches(0, 2, 8, [True, True, True, True])
     assert plan is not None and plan[0][0][0] == 1 and plan[1] == pytest.approx(5.0)
+
+
+def test_a_branch_is_judged_against_the_chain_on_the_same_rounds():
+    """b is awake only where a runs long too (the easy stretches): on those rounds b adds
+    nothing to a, so no branch, though a's rate over all rounds is far lower."""
+    planner = planner_with([1.0] * 16, [0.01, 0.01, 0.01, 0.0])
+    for t in range(48):
+        awake = t % 4 == 0
+        runs = [4.0 if awake else 0.0, 4.0 if awake else 0.0, 0.0]
+        planner.observe([[1.0] * int(r) + [0.0] for r in runs] + [None], [False, not awake, True, False])
+    assert planner.branches(0, 4, 8, [True, True, False, True]) is None
+
+
+def test_a_tree_rounds_verify_teaches_its_own_overhead_not_the_chain_curve():
+    costs = RoundCostModel(2)
+    costs.verify.install([0.010, 0.011, 0.012, 0.013])
+    costs.observe(0, 2, 0.002, 0.012, 3)  # a chain of width 3 as the curve says
+    scale = costs.verify.scale
+    for _ in range(5):
+        costs.observe(0, 2, 0.002, 0.015, 4, branch_drafts=((1, 1, 0.001),))  # a tree of 4 rows, 2 ms over
+    assert costs.verify.scale == scale and costs.tree_extra == pytest.approx(0.002, rel=0.01)
+    assert costs.draft[1] == pytest.approx(0.001)

@@ -3,8 +3,8 @@
 The engine knows nothing about text: it takes prompt token ids and yields one RoundRecord
 per round with the tokens that round committed. A plan with branches (full-information
 policies, `learning/tree_planner.py`) has further drafters propose too: their chains merge
-into one token tree (`core/tree.py`) verified in one forward, and the longest accepted path
-is committed; a plan without branches is the one-chain round. It never branches on drafter kind or
+into one token tree (`core/tree.py`) verified in one forward, and the accepted path is
+committed; a plan without branches is the one-chain round. It never branches on drafter kind or
 policy: the PolicyDriver plans the round (arm, draft length, early-stop price) and decides
 what the policy learns and when, the PoolEvaluator scores drafters when the policy asks
 for full information, from the target's hidden states for the layers the pool's drafters
@@ -12,7 +12,8 @@ name; drafters that draft from the target's features get them after every verify
 
 Host and device meet at two kinds of points. Data comes back once per round, in one read
 of the packed verdict (plus one per draft token while a model drafter's early stop reads
-its confidence). Time is read at every stopwatch lap (the round's start, the end of each
+its confidence); a tree round reads the drafts, the argmax and the alignments, and under
+sampling once per draft its walk tries. Time is read at every stopwatch lap (the round's start, the end of each
 phase) and around an evaluation, and on CUDA or MPS each of those clock reads waits for
 the device first (`stopwatch.device_clock`), so that the phase timings the cost model
 learns from are the work's, not the kernel launches'.
@@ -266,8 +267,8 @@ class SpeculativeEngine:
         """Keep the accepted tokens: crop rejected positions from the caches, cut at EOS and
         at the budget. Returns the committed tokens and why generation ends, if it does."""
         self.target.crop(len(state.context) + verified.accepted)  # context[:-1] + last + accepted drafts
-        for arm, kept in verified.kept:  # each drafter rolls back to what it drafted and was committed
-            self.drafters[arm].on_commit(kept)
+        for j, (arm, kept) in enumerate(verified.kept):  # each rolls back to its chain's committed tokens
+            self.drafters[arm].on_commit(kept, judged=j == 0 or self.settings.sampling.greedy)
         # The verify fed [last committed token, accepted drafts]: their features are final.
         self._hand_over(len(state.context) - 1, verified.hidden, verified.accepted + 1)
         tokens, finish = verified.tokens, None

@@ -168,8 +168,10 @@ class Drafter(ABC):
         one more token no longer pays for its time (`StopRule.worth`), and may draft past k,
         up to `stop.horizon`, while it still does."""
 
-    def on_commit(self, n_accepted: int) -> None:
-        """After a round this drafter drafted: `n_accepted` of its tokens were kept."""
+    def on_commit(self, n_accepted: int, judged: bool = True) -> None:
+        """After a round this drafter drafted: `n_accepted` of its tokens were kept.
+        `judged` is False for a tree's branch: under sampling its tokens were tried after
+        other chains' (or not at all), so the count says nothing of how likely each was."""
 
     def end_prompt(self, context: Sequence[int]) -> None:
         """The prompt is done: `context` is it and everything generated (a drafter that

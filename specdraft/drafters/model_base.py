@@ -166,7 +166,9 @@ class ModelBackedDrafter(Drafter):
     def _keep(self, n_accepted: int) -> None:
         """Roll the cache back to the committed context plus what the verify accepted."""
 
-    def on_commit(self, n_accepted: int) -> None:
+    def on_commit(self, n_accepted: int, judged: bool = True) -> None:
+        if self._confidences and not judged:
+            self._confidences, self._withheld = [], None
         if self._confidences:
             if n_accepted < len(self._confidences):
                 self._withheld = None  # a rejection before it: the withheld token was never reached

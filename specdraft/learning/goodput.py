@@ -129,12 +129,31 @@ class RoundCostModel:
         # average would keep for dozens of rounds.
         self.draft_weight = [0.0] * arms
         self.decay = decay
+        self.tree_extra = 0.0  # seconds a tree round's verify takes beyond a chain's of its width
+        self.tree_weight = 0.0
 
     def observe(self, arm: int, drafted: int, draft_seconds: float, verify_seconds: float,
-                verify_width: int = 0) -> None:
-        """`verify_width`: the tokens the verify forward ran over (0: drafted + 1, unpadded)."""
-        self.verify.add(verify_width or drafted + 1, verify_seconds)
+                verify_width: int = 0, branch_drafts: Sequence[tuple[int, int, float]] = ()) -> None:
+        """`verify_width`: the tokens the verify forward ran over (0: drafted + 1, unpadded);
+        `branch_drafts`: a tree round's further chains, (arm, drafted, seconds) each, whose
+        verify teaches `tree_extra`, not the chain's cost curve."""
+        if branch_drafts:
+            self.observe_tree(verify_width, verify_seconds)
+        else:
+            self.verify.add(verify_width or drafted + 1, verify_seconds)
         self.observe_draft(arm, drafted, draft_seconds)
+        for branch, tokens, seconds in branch_drafts:
+            self.observe_draft(branch, tokens, seconds)
+
+    def observe_tree(self, width: int, verify_seconds: float) -> None:
+        """A tree round's verify over `width` rows took `verify_seconds`: what it took beyond
+        a chain's verify of that width (merging the chains, the walk's host reads) is learned
+        apart, so the chain's cost curve stays the chain's."""
+        chain = self.verify(width)
+        if chain is not None:  # a decayed mean over tree rounds, as draft costs are kept
+            weight = self.decay * self.tree_weight
+            self.tree_extra = (weight * self.tree_extra + max(0.0, verify_seconds - chain)) / (weight + 1)
+            self.tree_weight = weight + 1
 
     def observe_draft(self, arm: int, drafted: int, draft_seconds: float) -> None:
         """`arm` drafted `drafted` tokens in `draft_seconds` (a tree round's branches too)."""

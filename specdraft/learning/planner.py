@@ -118,9 +118,7 @@ class RoundPlanner:
         """A round's timings and acceptance: what every round teaches, also one that
         full-information evaluation skipped."""
         self.costs.observe(feedback.arm, feedback.drafted, feedback.draft_seconds, feedback.verify_seconds,
-                           feedback.verify_width)
-        for arm, drafted, seconds in feedback.branch_drafts:
-            self.costs.observe_draft(arm, drafted, seconds)
+                           feedback.verify_width, feedback.branch_drafts)
         self._scored[feedback.arm] = True
         if self.tree is not None and feedback.gammas is not None:
             self.tree.observe(feedback.gammas, feedback.silent)

@@ -14,13 +14,19 @@ greedy), and verifies 1 + max_i min(r_i, d_i) + sum_i (d_i - min(r_i, d_i)) rows
 agree along the committed path (merged there) and are taken to part everywhere else, so
 merges of wrong tokens only make a tree cheaper than planned. Its rate over the window is
 sum(committed) / sum(T), T = c_verify(rows) + sum_i d_i c_draft(i) from the round cost
-model. Starting from the chosen chain, a branch (another awake drafter at some depth) is
-added while the best one raises that rate by `GAIN`; at most `MAX_BRANCHES`. Chains that
+model, plus what a tree round costs beyond its forward's width (merging, the host reads
+of its walk: `RoundCostModel.tree_extra`, learned from the tree rounds). Starting from the
+chosen chain, a branch (another awake drafter at some depth) is added while the best one
+raises that rate by `GAIN` over the tree without it, both judged on the same remembered
+rounds (those where every drafter of the larger tree was scored and awake, at least
+`MIN_ROUNDS` of them); at most `MAX_BRANCHES`. Chains that
 copy the same context (two lookups) agree most of the time, so their union adds little:
 the window measures how much, instead of assuming independence.
 
-A plan is kept for `REPLAN` rounds per (chosen arm, its K, awake drafters), since
-replanning costs milliseconds of Python. Plain Python: no torch.
+Runs are cut at what the round committed (the positions after it were not scored), so
+deep chains are judged conservatively. Plans are cached per (chosen arm, its K, the cap,
+awake drafters) and the cache is emptied every `REPLAN` rounds, since replanning costs
+milliseconds of Python. Plain Python: no torch.
 """
 
 from __future__ import annotations
@@ -90,68 +96,66 @@ class TreePlanner:
     def _plan(self, arm: int, k: int, cap: int, awake: Sequence[bool] | None) -> tuple[Branches, float, float] | None:
         if len(self.runs) < self.MIN_ROUNDS or cap == 0:
             return None
-        chosen = ((arm, k),) if k > 0 and not self.plain[arm] else ()
+        tree: Branches = ((arm, k),) if k > 0 and not self.plain[arm] else ()
         candidates = [i for i in range(len(self.arms))
                       if i != arm and not self.plain[i] and (awake is None or awake[i])
                       and self.costs.draft[i] is not None]
-        if not candidates:
-            return None
-        best = self._rate(chosen)
-        if best is None:
-            return None
-        tree = chosen
-        added: Branches = ()
         depths = [d for d in self.DEPTHS if d <= cap] or [cap]
+        added: Branches = ()
         for _ in range(self.MAX_BRANCHES):
-            pick = None
+            pick = None  # (gain, branch)
             for i in candidates:
                 if any(i == a for a, _ in tree):
                     continue
+                judged_on = {a for a, _ in tree} | {i}
+                base = self._rate(tree, judged_on, bool(added))
+                if base is None:
+                    continue
                 for d in depths:
-                    rate = self._rate((*tree, (i, d)))
-                    if rate is not None and rate[0] > best[0] * self.GAIN and (pick is None or rate[0] > pick[0][0]):
-                        pick = (rate, (i, d))
+                    rate = self._rate((*tree, (i, d)), judged_on, True)
+                    if rate is not None and rate[0] > base[0] * self.GAIN and (pick is None or rate[0] / base[0] > pick[0]):
+                        pick = (rate[0] / base[0], (i, d))
             if pick is None:
                 break
-            best, tree, added = pick[0], (*tree, pick[1]), (*added, pick[1])
+            tree, added = (*tree, pick[1]), (*added, pick[1])
         if not added:
             return None
-        return added, best[1], best[2]
+        rate = self._rate(tree, {a for a, _ in tree}, True)
+        return (added, rate[1], rate[2]) if rate is not None else None
 
-    def _rate(self, tree: Branches) -> tuple[float, float, float] | None:
+    def _rate(self, tree: Branches, judged_on: set[int], branched: bool) -> tuple[float, float, float] | None:
         """(tokens per second, mean committed, mean seconds) of `tree` over the remembered
-        rounds in which all its arms were scored; None when there are none or costs are unknown."""
-        verify = self.costs.verify
+        rounds in which every arm of `judged_on` was scored and awake (`branched`: a tree
+        round's own costs are added); None with fewer than MIN_ROUNDS such rounds or while
+        costs are unknown."""
         draft = sum(d * (self.costs.draft[i] or 0.0) for i, d in tree)
-        tokens = seconds = 0.0
+        if branched:
+            draft += self.costs.tree_extra
+        tokens = 0.0
         rounds = 0
         widths: dict[int, int] = {}
         for runs in self.runs:
+            if any(runs[i] is None for i in judged_on):
+                continue
             longest, wrong = 0.0, 0.0
-            known = True
             for i, d in tree:
                 r = runs[i]
-                if r is None:
-                    known = False
-                    break
                 hit = r if r < d else d
                 if hit > longest:
                     longest = hit
                 wrong += d - hit
-            if not known:
-                continue
             rounds += 1
             tokens += 1.0 + longest
             width = 1 + int(round(longest + wrong))
             widths[width] = widths.get(width, 0) + 1
-        if rounds == 0:
+        if rounds < self.MIN_ROUNDS:
             return None
+        seconds = rounds * draft
         for width, count in widths.items():
-            cost = verify(width)
+            cost = self.costs.verify(width)
             if cost is None:
                 return None
             seconds += count * cost
-        seconds += rounds * draft
         if seconds <= 0:
             return None
         return tokens / seconds, tokens / rounds, seconds / rounds

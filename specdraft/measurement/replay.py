@@ -77,11 +77,12 @@ def _replay_prompt(head: TraceHeader, prompt: PromptTrace, driver: PolicyDriver,
         drafted, accepted, draft_s = chains[0]
         longest = max(run for _, run, _ in chains)
         count = min(longest + 1, total - position)
-        verify_s = target(1 + longest + sum(d - run for d, run, _ in chains))
+        width = 1 + longest + sum(d - run for d, run, _ in chains)
+        verify_s = target(width)
         seconds = verify_s + sum(cost for _, _, cost in chains)
         lane = prompt.drafters.get(arms[arm])
         feedback = RoundFeedback(arm, drafted, accepted, lane.span[position][:drafted] if lane else [], seconds,
-                                 draft_seconds=draft_s, verify_seconds=verify_s,
+                                 draft_seconds=draft_s, verify_seconds=verify_s, verify_width=width,
                                  silent=None if awake is None else [not a for a in awake],
                                  branch_drafts=tuple((a, d, cost) for (a, _), (d, _, cost)
                                                      in zip(plan.branches, chains[1:])))
@@ -95,7 +96,7 @@ def _replay_prompt(head: TraceHeader, prompt: PromptTrace, driver: PolicyDriver,
         result.rounds += 1
         for j in range(drafted):
             result.drafted_at[j] += 1
-            result.accepted_at[j] += j < longest
+            result.accepted_at[j] += j < accepted  # the chosen drafter's own tokens
         position += count
     if tracker is not None:
         result.regret, result.best_arm_share = tracker.regret, tracker.best_arm_share

@@ -78,7 +78,9 @@ class GenerationStats:
                 self.regret_tracker.add(arm, values[j])
             else:
                 self.regret_tracker.add_round(arm, gammas, self.draft_tokens)
-        self.last_drafter, self.last_accepted, self.last_drafted = record.drafter, record.accepted, record.drafted
+        # (a tree round: accepted of the tree's drafted tokens)
+        self.last_drafter, self.last_accepted = record.drafter, record.accepted
+        self.last_drafted = record.tree_size if record.branches and len(record.branches) > 1 else record.drafted
         self.last_planned = record.planned
         branches = record.branches or [(record.drafter, record.drafted, record.accepted)]
         tree_size = record.tree_size if record.branches else record.drafted
