@@ -275,3 +275,9 @@ def test_drafting_stops_where_a_draft_token_costs_what_a_request_does(tmp_path):
             engine.step()
         drafted[prices[2]] = engine.drafted
     assert drafted[0.0] > 100 and drafted[0.01] < 0.2 * drafted[0.0]
+
+
+def test_requests_plan_one_chain_whatever_the_profile_says_of_trees(tmp_path):
+    """vLLM verifies one chain per request: the serving pool's drivers run no tree planner."""
+    pool = ServingPool(load_profile(profile_file(tmp_path, options='evaluate = "all"\ntree = true')), None, VOCAB, None)
+    assert pool.new_driver().planner.tree is None

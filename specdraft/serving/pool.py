@@ -81,7 +81,9 @@ class ServingPool:
     def new_driver(self) -> PolicyDriver:
         """A policy and planner for one request, started from the prior."""
         self._requests += 1
-        policy = build_policy(self.profile.policy.name, self.profile.policy.options, self.arms,
+        # vLLM verifies one chain per request: no token trees (and no tree planner to run).
+        options = dict(self.profile.policy.options) | {"tree": False}
+        policy = build_policy(self.profile.policy.name, options, self.arms,
                               seed=self.seed + self._requests, draft_tokens=self.draft_tokens, horizon=NO_LIMIT)
         driver = PolicyDriver(policy, self.draft_tokens, NO_LIMIT)
         if self.prior is not None:
