@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from specdraft.errors import ProfileError
-from specdraft.learning.batch_planner import StepCosts, plan_batch, survival
+from specdraft.learning.batch_planner import (ALL_ACCEPTED, FIRST_REJECTED, NO_DRAFT_YET, PART_ACCEPTED,
+                                              MatchCalibration, StepCosts, draft_outcome, plan_batch, survival)
+from specdraft.learning.planner import RoundPlanner
 from specdraft.profile import load_profile
 from specdraft.serving.pool import ServingPool, served_drafters
 from specdraft.serving.proposer import SpecdraftProposer, find_runner
@@ -281,3 +283,37 @@ def test_requests_plan_one_chain_whatever_the_profile_says_of_trees(tmp_path):
     """vLLM verifies one chain per request: the serving pool's drivers run no tree planner."""
     pool = ServingPool(load_profile(profile_file(tmp_path, options='evaluate = "all"\ntree = true')), None, VOCAB, None)
     assert pool.new_driver().planner.tree is None
+
+
+def test_the_calibration_tells_a_request_on_a_streak_from_one_that_just_missed():
+    assert [draft_outcome(s, a) for s, a in ((0, 0), (3, 3), (3, 1), (3, 0))] == \
+        [NO_DRAFT_YET, ALL_ACCEPTED, PART_ACCEPTED, FIRST_REJECTED]
+    calibration = MatchCalibration(arms=2, k_max=4)
+    for _ in range(40):  # the same drafter and match length, after a full accept and after a miss
+        calibration.observe(0, 3, ALL_ACCEPTED, [1.0, 1.0, 1.0, 1.0])
+        calibration.observe(0, 3, FIRST_REJECTED, [0.0])
+    streak, missed = calibration.chances(0, 3, ALL_ACCEPTED, 4), calibration.chances(0, 3, FIRST_REJECTED, 4)
+    assert min(streak) > 0.9 and max(missed) < 0.1
+    assert calibration.chances(1, 3, ALL_ACCEPTED, 2) == survival([0.5, 0.5])  # another drafter: the prior
+
+
+def test_served_requests_plan_no_round_and_learn_by_their_last_outcome(tmp_path, monkeypatch):
+    """The batch plan sets draft lengths: a request asks its policy for a drafter only (no
+    round planned); its drafts teach the calibration under the outcome of the draft before."""
+    def no_round(*args, **kwargs):
+        raise AssertionError("a served request planned a round")
+
+    monkeypatch.setattr(RoundPlanner, "plan", no_round)
+    proposer = build_proposer(tmp_path)
+    engine = SimulatedEngine(proposer, copying_target, prices=(0.05, 0.002, 0.0))
+    rng = random.Random(4)
+    for i in range(4):
+        engine.add(f"r{i}", [rng.randrange(VOCAB) for _ in range(12)], 60)
+    while engine.rows:
+        engine.step()
+    assert engine.accepted > 0.5 * engine.drafted > 0
+    calibration = proposer.pool.calibration
+    seen = {outcome: sum(sum(calibration.table.seen[calibration._index(arm, m, outcome)])
+                         for arm in range(len(proposer.pool.arms)) for m in range(1, 20))
+            for outcome in (NO_DRAFT_YET, ALL_ACCEPTED)}
+    assert seen[NO_DRAFT_YET] > 0 and seen[ALL_ACCEPTED] > seen[NO_DRAFT_YET]

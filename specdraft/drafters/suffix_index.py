@@ -181,6 +181,9 @@ class Continuation:
     score: float
 
 
+FEW = 64  # occurrences counted in Python rather than with np.unique
+
+
 def continue_occurrences(sources: Sequence[Occurrences], max_tokens: int, min_prob: float) -> Continuation:
     """Follow the occurrences forward, most frequent next token first (SuffixDecoding's
     score): each step keeps the occurrences that continued with the chosen token, and the
@@ -196,9 +199,17 @@ def continue_occurrences(sources: Sequence[Occurrences], max_tokens: int, min_pr
             inside = after[after < len(text)]
             following = text[inside]
             nexts.append((text, inside, following))
-            values, freq = np.unique(following[following != SEPARATOR], return_counts=True)
-            for value, count in zip(values.tolist(), freq.tolist()):
-                counts[value] = counts.get(value, 0) + count
+            if len(following) <= FEW:  # np.unique's fixed cost dwarfs a few tokens' count
+                local: dict[int, int] = {}
+                for value in following.tolist():
+                    if value != SEPARATOR:
+                        local[value] = local.get(value, 0) + 1
+                for value in sorted(local):  # np.unique's order: ties break as they did
+                    counts[value] = counts.get(value, 0) + local[value]
+            else:
+                values, freq = np.unique(following[following != SEPARATOR], return_counts=True)
+                for value, count in zip(values.tolist(), freq.tolist()):
+                    counts[value] = counts.get(value, 0) + count
         total = sum(counts.values())
         if not total:
             break

@@ -126,25 +126,39 @@ def plan_batch(chances: Sequence[Sequence[float]], costs: StepCosts, probe: int 
 # often than one continuing 8 tokens, and the bucket tells the two apart.
 MATCH_EDGES = (1, 2, 3, 4, 6, 9, 16)
 
+# How the request's last sent draft fared: acceptance runs in stretches (a request copying
+# its input keeps copying; one that just parted from it keeps missing), so the last outcome
+# tells a sure match from a lucky one better than the match alone.
+NO_DRAFT_YET, ALL_ACCEPTED, PART_ACCEPTED, FIRST_REJECTED = range(4)
+OUTCOMES = 4
+
+
+def draft_outcome(sent: int, accepted: int) -> int:
+    if sent <= 0:
+        return NO_DRAFT_YET
+    if accepted >= sent:
+        return ALL_ACCEPTED
+    return PART_ACCEPTED if accepted > 0 else FIRST_REJECTED
+
 
 class MatchCalibration:
-    """Acceptance by draft position per drafter and match length, learned from every
-    request a worker serves: the chance a request offers for its draft tokens. The
-    drafter's average acceptance would price a sure long match and a guess from one token
-    alike; at a concurrency where only sure tokens pay, that sends the guesses and
-    withholds the sure ones."""
+    """Acceptance by draft position per drafter, match length and the request's last draft
+    outcome, learned from every request a worker serves: the chance a request offers for
+    its draft tokens. The drafter's average acceptance would price a sure long match and a
+    guess from one token alike; at a concurrency where only sure tokens pay, that sends the
+    guesses and withholds the sure ones."""
 
     def __init__(self, arms: int, k_max: int, decay: float = 0.995):
-        self.table = AcceptanceByPosition(arms * len(MATCH_EDGES), k_max, decay=decay)
+        self.table = AcceptanceByPosition(arms * len(MATCH_EDGES) * OUTCOMES, k_max, decay=decay)
 
-    def _index(self, arm: int, match_length: int) -> int:
+    def _index(self, arm: int, match_length: int, outcome: int) -> int:
         bucket = max(i for i, edge in enumerate(MATCH_EDGES) if match_length >= edge or i == 0)
-        return arm * len(MATCH_EDGES) + bucket
+        return (arm * len(MATCH_EDGES) + bucket) * OUTCOMES + outcome
 
-    def observe(self, arm: int, match_length: int, alignment: Sequence[float]) -> None:
-        self.table.observe(self._index(arm, match_length), alignment)
+    def observe(self, arm: int, match_length: int, outcome: int, alignment: Sequence[float]) -> None:
+        self.table.observe(self._index(arm, match_length, outcome), alignment)
 
-    def chances(self, arm: int, match_length: int, k: int) -> list[float]:
+    def chances(self, arm: int, match_length: int, outcome: int, k: int) -> list[float]:
         """P(draft tokens 1..m all accepted), m = 1..k, for a draft of `arm` behind a match
-        of `match_length` tokens."""
-        return survival(self.table.rates(self._index(arm, match_length), k))
+        of `match_length` tokens, the request's last draft having fared `outcome`."""
+        return survival(self.table.rates(self._index(arm, match_length, outcome), k))

@@ -116,13 +116,22 @@ class PolicyDriver:
         """The plan for the next round after `produced` new tokens, among the `awake` arms.
         Never draft past the budget: a round commits at most draft length + 1 tokens."""
         cap = max(0, min(self.draft_tokens, self.max_new_tokens - produced - 1))
+        awake = self._choosable(awake)
+        return self.planner.plan(self.policy.select(awake), cap, awake)
+
+    def choose_drafter(self, awake: Sequence[bool] | None = None) -> int:
+        """Only the policy's drafter for the next draft, for an engine that sets the draft's
+        length itself (a serving engine's batch plan): no round is planned."""
+        return self.policy.select(self._choosable(awake))
+
+    def _choosable(self, awake: Sequence[bool] | None) -> Sequence[bool] | None:
         if self.policy.full_information and not self.policy.scores_every_arm:
             # A costly drafter the planner leaves out of evaluation is asleep for the choice too.
             sits_out = self.planner.costly_skips(self._costly())
             if any(sits_out):
                 before = awake if awake is not None else [True] * len(sits_out)
                 awake = [a and not s for a, s in zip(before, sits_out)]
-        return self.planner.plan(self.policy.select(awake), cap, awake)
+        return awake
 
     def verify_width(self, tokens: int) -> int:
         """How many tokens to run a verify of `tokens` over: wider when that is cheaper."""

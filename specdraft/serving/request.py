@@ -15,7 +15,7 @@ import time
 from typing import Sequence
 
 from specdraft.drafters import Drafter
-from specdraft.learning.batch_planner import MatchCalibration
+from specdraft.learning.batch_planner import NO_DRAFT_YET, MatchCalibration, draft_outcome
 from specdraft.learning.driver import PolicyDriver, RoundOutcome
 from specdraft.learning.feedback import RoundFeedback
 from specdraft.learning.policies.base import PLAIN_ARM
@@ -28,6 +28,7 @@ class RequestDrafting:
         self.produced = 0
         self.sent: tuple[int, list[int], float, int] | None = None  # arm, tokens, host seconds, match length
         self.offer: tuple[int, list[int], float, int] = (0, [], 0.0, 0)
+        self.outcome = NO_DRAFT_YET  # how the last draft sent fared (the calibration's context)
         driver.start_prompt(self._evaluate if driver.full_information else None)
 
     # --- feedback from the step that just ran -------------------------------------------
@@ -47,7 +48,8 @@ class RequestDrafting:
             accepted += 1
         alphas = [1.0] * accepted + ([0.0] if accepted < len(draft) else [])
         if draft:
-            self.calibration.observe(arm, match_length, alphas)
+            self.calibration.observe(arm, match_length, self.outcome, alphas)
+            self.outcome = draft_outcome(len(draft), accepted)
         feedback = RoundFeedback(arm, len(draft), accepted, alphas, round_seconds=step_seconds + draft_seconds,
                                  draft_seconds=draft_seconds, verify_seconds=step_seconds,
                                  verify_width=len(draft) + 1)
@@ -69,15 +71,15 @@ class RequestDrafting:
         awake = None
         if self.driver.wants_awake:
             awake = [not d.may_sleep or d.awake_at(self.context, len(self.context)) for d in self.drafters]
-        plan = self.driver.choose(self.produced, awake)
-        drafter = self.drafters[plan.arm]
+        arm = self.driver.choose_drafter(awake)  # the batch plan, not the round planner, sets its length
+        drafter = self.drafters[arm]
         tokens: list[int] = []
         match_length = 0
         if drafter.name != PLAIN_ARM and self.driver.draft_tokens > 0:
             draft = drafter.propose(self.context, self.driver.draft_tokens)
             tokens, match_length = draft.tokens.tolist(), draft.match_length
-        self.offer = (plan.arm, tokens, time.perf_counter() - began, match_length)
-        return self.calibration.chances(plan.arm, match_length, len(tokens)) if tokens else []
+        self.offer = (arm, tokens, time.perf_counter() - began, match_length)
+        return self.calibration.chances(arm, match_length, self.outcome, len(tokens)) if tokens else []
 
     @property
     def offered_arm(self) -> int:
