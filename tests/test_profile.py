@@ -66,6 +66,7 @@ def test_good_profile_maps_onto_dataclasses(tmp_path):
         (('name = "early"', 'name = "lookup"'), 'drafters[1].name: duplicate drafter name "lookup" (also drafters[0])'),
         (("layers = 8", "layers = 0"), "drafters[1].layers: must be at least 1 (got 0)"),
         (("max_ngram = 4", "max_ngram = 4\nmin_ngram = 5"), "drafters[0].max_ngram: must be at least min_ngram = 5"),
+        (('kind = "ngram"', 'kind = "suffix"\nrank = 5'), "drafters[0].rank: must be in 1..4 (got 5)"),
         (('drafter = "lookup"', 'drafter = "nope"'), 'policy.drafter: no drafter named "nope"; the pool has lookup, early'),
         (('name = "fixed"', 'name = "ucbb"'), 'policy.name: unknown policy "ucbb"'),
         (('hub = "org/model"', 'hub = "org/model"\npath = "x"'), "target: give exactly one model source"),

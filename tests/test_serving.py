@@ -14,12 +14,12 @@ import types
 import numpy as np
 import pytest
 
-from specdraft.errors import ProfileError
+from specdraft.errors import ProfileError, UsageError
 from specdraft.learning.batch_planner import (ALL_ACCEPTED, FIRST_REJECTED, NO_DRAFT_YET, PART_ACCEPTED,
                                               MatchCalibration, StepCosts, draft_outcome, plan_batch, survival)
 from specdraft.learning.planner import RoundPlanner
 from specdraft.profile import load_profile
-from specdraft.serving.pool import ServingPool, served_drafters
+from specdraft.serving.pool import ServingPool, check_calibration, served_drafters
 from specdraft.serving.proposer import SpecdraftProposer, find_runner
 
 VOCAB = 50
@@ -240,12 +240,23 @@ def test_the_learned_state_outlives_the_server_and_a_foreign_one_is_refused(tmp_
     assert saved["arms"] == ["suffix", "lookup", "none"] and "acceptance" in saved["state"]
     restarted = build_proposer(tmp_path, state_file=state)
     assert restarted.pool.prior == saved
+    # the acceptance by match length too: a restarted server prices drafts as it left off
+    assert restarted.pool.calibration.state() == saved["serving_calibration"] == proposer.pool.calibration.state()
+    assert max(max(row) for row in saved["serving_calibration"]["seen"]) > 0
     driver = restarted.pool.new_driver()
     assert driver.planner.acceptance.hits == saved["state"]["acceptance"]["hits"]
     other = tmp_path / "other.json"
     other.write_text(json.dumps({**saved, "arms": ["x", "y"]}))
     with pytest.raises(ValueError):
         build_proposer(tmp_path, state_file=other)
+    garbled = {**saved, "serving_calibration": {"hits": [[1.0]], "seen": [[1.0]]}}
+    other.write_text(json.dumps(garbled))
+    with pytest.raises(ValueError, match="acceptance"):
+        build_proposer(tmp_path, state_file=other)
+    served, _ = served_drafters(load_profile(profile_file(tmp_path)))
+    check_calibration(served, saved, "state.json")  # `serve` checks it before vLLM starts
+    with pytest.raises(UsageError, match="--policy-state other.json: cannot use it"):
+        check_calibration(served, garbled, "other.json")
 
 
 def test_the_runner_is_found_up_the_call_stack():

@@ -75,6 +75,20 @@ def test_continuation_follows_the_most_frequent_and_stops_when_unlikely():
     assert continue_occurrences([found], 5, 0.7).tokens == [9]  # 0.6 < 0.7: the second token is not drafted
 
 
+def test_a_lower_rank_starts_from_the_next_most_frequent_token_then_follows_the_most_frequent():
+    # after "7 8": 9 10 three times, 9 11 once, 5 6 once
+    index = SuffixIndex.from_documents([[7, 8, 9, 10]] * 3 + [[7, 8, 9, 11], [7, 8, 5, 6]], 8)
+    found = index.longest_match([1, 7, 8], 8)
+    assert continue_occurrences([found], 5, 0.0, first_rank=1).tokens == [9, 10]
+    second = continue_occurrences([found], 5, 0.0, first_rank=2)
+    assert second.tokens == [5, 6] and second.chances == pytest.approx([1 / 5, 1 / 5])
+    assert continue_occurrences([found], 5, 0.0, first_rank=3).tokens == []  # only two tokens ever followed
+    assert continue_occurrences([found], 5, 0.3, first_rank=2).tokens == []  # 1/5 is below min_prob
+    context = [7, 8, 9, 10, 7, 8, 9, 10, 7, 8, 5, 6, 7, 8]
+    assert drafter(min_prob=0.0).propose(context, 3).tokens.tolist() == [9, 10, 7]
+    assert drafter(min_prob=0.0, rank=2).propose(context, 3).tokens.tolist() == [5, 6, 7]
+
+
 def test_the_source_more_occurrences_agree_on_wins_over_a_longer_lone_match():
     d = drafter(min_prob=0.0)
     for _ in range(4):  # the run's history: "5 6" went on with 7 8 four times

@@ -57,6 +57,7 @@ def greedy_pool(target, target_lm, ctx):
             ModelDrafter("twin", ctx, target),  # the target itself: its chain is always accepted
             ModelDrafter("twin-again", ctx, target),  # the same chain again: merged row for row
             SuffixDrafter("suffix", ctx, SuffixOptions()),
+            SuffixDrafter("suffix-2", ctx, SuffixOptions(rank=2, min_prob=0.0)),  # the second continuation
             LayersDrafter("shared", ctx, target_lm, 2),  # drafts over the target's own cache
             HeadDrafter("head", ctx, random_head(target, list(range(VOCAB))), target),
             PlainDecoding(ctx)]

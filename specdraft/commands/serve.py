@@ -32,7 +32,7 @@ def run_serve_command(opts: ServeOptions, console: Console) -> int:
     from specdraft.commands.generate import check_policy_state, read_policy_state
     from specdraft.profile import load_profile
     from specdraft.serving import launch
-    from specdraft.serving.pool import served_drafters
+    from specdraft.serving.pool import check_calibration, served_drafters
 
     if not 0 < opts.port < 65536:
         raise UsageError(f"--port {opts.port}: expected 1..65535")
@@ -46,6 +46,7 @@ def run_serve_command(opts: ServeOptions, console: Console) -> int:
     state = read_policy_state(opts.policy_state)
     if state is not None:
         check_policy_state(served, state, opts.policy_state)
+        check_calibration(served, state, opts.policy_state)
     launch.require_vllm()
     dtype = opts.dtype if opts.dtype != "auto" else ("bfloat16" if launch.cuda_available() else "float32")
     model = launch.exported_target(profile, dtype)

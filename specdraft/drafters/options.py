@@ -45,6 +45,10 @@ class SuffixOptions:
     min_match: int = 1
     min_prob: float = 0.1  # stop once the draft's estimated chance of surviving falls below
     spec_factor: float = 4.0  # draft at most this many tokens per matched token
+    # 1: the most frequent continuation. 2..4: the one that starts with the 2nd..4th most
+    # frequent next token (and then follows the most frequent), a token tree's branch
+    # beside rank 1's chain where the text went one of several ways before.
+    rank: int = 1
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,9 @@ def parse_layers(table: Table, base: Path) -> LayersOptions:
     return LayersOptions(layers, stop_below)
 
 
+MAX_RANK = 4
+
+
 def parse_suffix(table: Table, base: Path) -> SuffixOptions:
     defaults = SuffixOptions()
     flags = {key: table.get(key, bool, getattr(defaults, key)) for key in ("prompt", "history", "learn")}
@@ -117,9 +124,12 @@ def parse_suffix(table: Table, base: Path) -> SuffixOptions:
     spec_factor = float(table.get("spec_factor", (float, int), defaults.spec_factor))
     if spec_factor <= 0:
         raise table.error("spec_factor", f"must be positive (got {spec_factor})")
+    rank = table.get("rank", int, defaults.rank)
+    if not 1 <= rank <= MAX_RANK:
+        raise table.error("rank", f"must be in 1..{MAX_RANK} (got {rank})")
     table.finish()
     return SuffixOptions(flags["prompt"], flags["history"], store_path, flags["learn"], learn_max, max_match,
-                         min_match, min_prob, spec_factor)
+                         min_match, min_prob, spec_factor, rank)
 
 
 def parse_head(table: Table, base: Path) -> HeadOptions:

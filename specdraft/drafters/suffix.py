@@ -150,7 +150,7 @@ class SuffixDrafter(LookupDrafter):
         for source in self._sources(context, position):
             length = source[0].length
             limit = min(k, max(1, math.floor(options.spec_factor * length)))
-            draft = continue_occurrences(source, limit, floor)
+            draft = continue_occurrences(source, limit, floor, options.rank)
             rank = (draft.score, length)
             if draft.tokens and (best is None or rank > best):
                 best, tokens = rank, draft.tokens

@@ -184,10 +184,13 @@ class Continuation:
 FEW = 64  # occurrences counted in Python rather than with np.unique
 
 
-def continue_occurrences(sources: Sequence[Occurrences], max_tokens: int, min_prob: float) -> Continuation:
+def continue_occurrences(sources: Sequence[Occurrences], max_tokens: int, min_prob: float,
+                         first_rank: int = 1) -> Continuation:
     """Follow the occurrences forward, most frequent next token first (SuffixDecoding's
     score): each step keeps the occurrences that continued with the chosen token, and the
-    draft stops when the product of the chosen tokens' frequencies falls below min_prob."""
+    draft stops when the product of the chosen tokens' frequencies falls below min_prob.
+    `first_rank` r > 1 starts from the r-th most frequent next token instead (nothing where
+    fewer than r tokens followed), the way SuffixDecoding's tree holds other continuations."""
     live = [(s.text, s.after) for s in sources if len(s.after)]
     tokens: list[int] = []
     chances: list[float] = []
@@ -213,7 +216,13 @@ def continue_occurrences(sources: Sequence[Occurrences], max_tokens: int, min_pr
         total = sum(counts.values())
         if not total:
             break
-        best = max(counts, key=counts.__getitem__)
+        if first_rank > 1 and not tokens:
+            ranked = sorted(counts, key=counts.__getitem__, reverse=True)  # stable: ties as max breaks them
+            if len(ranked) < first_rank:
+                break
+            best = ranked[first_rank - 1]
+        else:
+            best = max(counts, key=counts.__getitem__)
         chance *= counts[best] / total
         if chance < min_prob:
             break

@@ -155,6 +155,13 @@ class MatchCalibration:
         bucket = max(i for i, edge in enumerate(MATCH_EDGES) if match_length >= edge or i == 0)
         return (arm * len(MATCH_EDGES) + bucket) * OUTCOMES + outcome
 
+    def state(self) -> dict:
+        return self.table.state()
+
+    def load(self, state: dict) -> None:
+        """ValueError on a table of another shape (another pool, draft length or version)."""
+        self.table.load(state)
+
     def observe(self, arm: int, match_length: int, outcome: int, alignment: Sequence[float]) -> None:
         self.table.observe(self._index(arm, match_length, outcome), alignment)
 

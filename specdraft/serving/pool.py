@@ -21,7 +21,7 @@ import torch
 
 from specdraft.drafters import DraftContext, Drafter, PlainDecoding, PoolContext
 from specdraft.drafters.registry import build_pool, kind_class
-from specdraft.errors import ProfileError
+from specdraft.errors import ProfileError, UsageError
 from specdraft.learning.batch_planner import MatchCalibration
 from specdraft.learning.driver import PolicyDriver
 from specdraft.learning.policies import build_policy, option_value
@@ -31,6 +31,9 @@ from specdraft.runtime import sampling_params
 from specdraft.storage import atomic_files
 
 NO_LIMIT = 10**9  # the engine stops a request at its own max_tokens
+# The state file's key for the acceptance by match length (MatchCalibration) beside the
+# policy's state: a restarted server prices its first requests' drafts as the last one did.
+CALIBRATION_KEY = "serving_calibration"
 
 
 def served_drafters(profile: Profile) -> tuple[Profile, dict[str, str]]:
@@ -47,6 +50,18 @@ def served_drafters(profile: Profile) -> tuple[Profile, dict[str, str]]:
     if chosen in left:
         raise ProfileError(str(profile.file), "policy.drafter", f'"{chosen}" cannot serve under vLLM ({left[chosen]})')
     return dataclasses.replace(profile, drafters=kept), left
+
+
+def check_calibration(served: Profile, state: dict, file: str) -> None:
+    """A UsageError naming `file` when its acceptance by match length does not fit the
+    served pool (checked before vLLM starts, like the policy's state)."""
+    if CALIBRATION_KEY not in state:
+        return
+    arms = len(served.drafters) + bool(option_value(served.policy.name, served.policy.options, "allow_none"))
+    try:
+        MatchCalibration(arms, max(1, served.decode.draft_tokens)).load(state[CALIBRATION_KEY])
+    except (ValueError, AttributeError) as exc:
+        raise UsageError(f"--policy-state {file}: cannot use it: {exc}") from None
 
 
 class ServingPool:
@@ -76,6 +91,8 @@ class ServingPool:
         if state_file is not None and state_file.exists():
             saved = json.loads(state_file.read_text(encoding="utf-8"))
             self.new_driver().load_state_dict(saved)  # raises ValueError on a state of another pool
+            if CALIBRATION_KEY in saved:  # (absent from a state `generate` wrote)
+                self.calibration.load(saved[CALIBRATION_KEY])
             self.prior = saved
 
     def new_driver(self) -> PolicyDriver:
@@ -95,12 +112,14 @@ class ServingPool:
 
     def hand_on(self, driver: PolicyDriver, save: bool) -> None:
         """A finished request's learned state becomes the next requests' prior."""
-        self.prior = driver.state_dict()
+        self.prior = driver.state_dict()  # the policy's and planner's only: save() adds the calibration
         if save:
             self.save()
 
     def save(self) -> None:
-        """Write the prior to `state_file` (whole or not at all), if there is one to write."""
+        """Write the prior and the worker's acceptance by match length to `state_file` (whole
+        or not at all), if there is a prior to write."""
         if self.state_file is not None and self.prior is not None:
             with self._lock:
-                atomic_files.write_text(self.state_file, json.dumps(self.prior, indent=1))
+                saved = {**self.prior, CALIBRATION_KEY: self.calibration.state()}
+                atomic_files.write_text(self.state_file, json.dumps(saved, indent=1))
