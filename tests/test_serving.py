@@ -257,6 +257,8 @@ def test_the_learned_state_outlives_the_server_and_a_foreign_one_is_refused(tmp_
     check_calibration(served, saved, "state.json")  # `serve` checks it before vLLM starts
     with pytest.raises(UsageError, match="--policy-state other.json: cannot use it"):
         check_calibration(served, garbled, "other.json")
+    with pytest.raises(UsageError, match="--policy-state other.json: cannot use it"):  # not even an object
+        check_calibration(served, {**saved, "serving_calibration": [1, 2]}, "other.json")
 
 
 def test_the_runner_is_found_up_the_call_stack():

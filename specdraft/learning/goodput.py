@@ -254,6 +254,8 @@ class AcceptanceByPosition:
         return {"hits": [list(row) for row in self.hits], "seen": [list(row) for row in self.seen]}
 
     def load(self, state: dict) -> None:
+        if not isinstance(state, dict):
+            raise ValueError("state field acceptance: expected an object with hits and seen")
         for key in ("hits", "seen"):
             rows = state.get(key)
             if not (isinstance(rows, list) and len(rows) == len(self.hits)

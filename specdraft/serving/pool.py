@@ -52,15 +52,21 @@ def served_drafters(profile: Profile) -> tuple[Profile, dict[str, str]]:
     return dataclasses.replace(profile, drafters=kept), left
 
 
+def new_calibration(served: Profile) -> MatchCalibration:
+    """An empty acceptance-by-match-length table for the served pool's arms (its drafters,
+    and the plain arm where the policy allows it) and draft length."""
+    arms = len(served.drafters) + bool(option_value(served.policy.name, served.policy.options, "allow_none"))
+    return MatchCalibration(arms, max(1, served.decode.draft_tokens))
+
+
 def check_calibration(served: Profile, state: dict, file: str) -> None:
     """A UsageError naming `file` when its acceptance by match length does not fit the
     served pool (checked before vLLM starts, like the policy's state)."""
     if CALIBRATION_KEY not in state:
         return
-    arms = len(served.drafters) + bool(option_value(served.policy.name, served.policy.options, "allow_none"))
     try:
-        MatchCalibration(arms, max(1, served.decode.draft_tokens)).load(state[CALIBRATION_KEY])
-    except (ValueError, AttributeError) as exc:
+        new_calibration(served).load(state[CALIBRATION_KEY])
+    except ValueError as exc:
         raise UsageError(f"--policy-state {file}: cannot use it: {exc}") from None
 
 
@@ -85,7 +91,7 @@ class ServingPool:
         self.state_file = state_file
         self.prior: dict | None = None
         # Acceptance by drafter and match length, learned from every request this worker serves.
-        self.calibration = MatchCalibration(len(self.arms), max(1, self.draft_tokens))
+        self.calibration = new_calibration(profile)
         self._lock = threading.Lock()
         self._requests = 0
         if state_file is not None and state_file.exists():
