@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 from specdraft.errors import ProfileError, UsageError
-from specdraft.learning.batch_planner import (ALL_ACCEPTED, FIRST_REJECTED, NO_DRAFT_YET, PART_ACCEPTED,
-                                              MatchCalibration, StepCosts, draft_outcome, plan_batch, survival)
+from specdraft.learning.batch_planner import ALL_ACCEPTED, NO_DRAFT_YET, MatchCalibration
 from specdraft.learning.planner import RoundPlanner
 from specdraft.profile import load_profile
 from specdraft.serving.pool import ServingPool, check_calibration, served_drafters
@@ -48,39 +47,6 @@ def profile_file(tmp_path, policy="normalhedge", options='evaluate = "all"', ext
     file = tmp_path / "pool.toml"
     file.write_text(POOL.format(policy=policy, options=options) + extra)
     return file
-
-
-def costs_with(fixed: float, per_request: float, per_draft: float) -> StepCosts:
-    costs = StepCosts()
-    for requests in (1, 3, 8, 20):
-        for drafted in (0, 4, 9, 30):
-            for _ in range(3):
-                costs.observe(requests, drafted, fixed + per_request * requests + per_draft * drafted)
-    return costs
-
-
-def test_the_batch_plan_probes_first_drafts_everything_on_a_flat_step_and_only_sure_tokens_on_a_priced_one():
-    chances = [survival([0.9, 0.9, 0.9]), survival([0.3, 0.5]), []]
-    assert plan_batch(chances, StepCosts()) == [1, 1, 0]  # the step's cost unknown: one token each
-    assert plan_batch(chances, costs_with(0.05, 0.001, 0.0)) == [3, 2, 0]  # draft tokens free: all of them
-    # A draft token priced as a request (nothing fixed): only one surer than the batch's rate pays.
-    assert plan_batch(chances, costs_with(0.0, 0.01, 0.01)) == [0, 0, 0]
-    # Mostly fixed: the sure request drafts all, the doubtful one stops where its chance drops.
-    fixed, per_request, per_draft = 0.05, 0.001, 0.002
-    plan = plan_batch(chances, costs_with(fixed, per_request, per_draft))
-    assert plan[0] == 3 and plan[2] == 0
-    seconds = fixed + per_request * 3 + per_draft * sum(plan)
-    expected = 3 + sum(sum(c[:k]) for c, k in zip(chances, plan))
-    for c, k in zip(chances, plan):  # no further token would raise the batch's rate
-        if k < len(c):
-            assert (expected + c[k]) / (seconds + per_draft) <= expected / seconds + 1e-12
-
-
-def test_step_costs_tell_a_request_from_a_draft_token():
-    fixed, per_request, per_draft = costs_with(0.03, 0.004, 0.001).prices()
-    assert fixed == pytest.approx(0.03, rel=0.05) and per_request == pytest.approx(0.004, rel=0.05)
-    assert per_draft == pytest.approx(0.001, rel=0.1)
-    assert StepCosts().prices() is None
 
 
 def test_the_served_pool_leaves_out_drafters_that_need_the_target_and_says_why(tmp_path):
@@ -242,16 +208,16 @@ def test_the_learned_state_outlives_the_server_and_a_foreign_one_is_refused(tmp_
     assert restarted.pool.prior == saved
     # the acceptance by match length too: a restarted server prices drafts as it left off
     assert restarted.pool.calibration.state() == saved["serving_calibration"] == proposer.pool.calibration.state()
-    assert max(max(row) for row in saved["serving_calibration"]["seen"]) > 0
+    assert any(saved["serving_calibration"]["weights"])
     driver = restarted.pool.new_driver()
     assert driver.planner.acceptance.hits == saved["state"]["acceptance"]["hits"]
     other = tmp_path / "other.json"
     other.write_text(json.dumps({**saved, "arms": ["x", "y"]}))
     with pytest.raises(ValueError):
         build_proposer(tmp_path, state_file=other)
-    garbled = {**saved, "serving_calibration": {"hits": [[1.0]], "seen": [[1.0]]}}
+    garbled = {**saved, "serving_calibration": {"hits": [[1.0]], "seen": [[1.0]]}}  # an older specdraft's
     other.write_text(json.dumps(garbled))
-    with pytest.raises(ValueError, match="acceptance"):
+    with pytest.raises(ValueError, match="serving_calibration.weights"):
         build_proposer(tmp_path, state_file=other)
     served, _ = served_drafters(load_profile(profile_file(tmp_path)))
     check_calibration(served, saved, "state.json")  # `serve` checks it before vLLM starts
@@ -298,35 +264,33 @@ def test_requests_plan_one_chain_whatever_the_profile_says_of_trees(tmp_path):
     assert pool.new_driver().planner.tree is None
 
 
-def test_the_calibration_tells_a_request_on_a_streak_from_one_that_just_missed():
-    assert [draft_outcome(s, a) for s, a in ((0, 0), (3, 3), (3, 1), (3, 0))] == \
-        [NO_DRAFT_YET, ALL_ACCEPTED, PART_ACCEPTED, FIRST_REJECTED]
-    calibration = MatchCalibration(arms=2, k_max=4)
-    for _ in range(40):  # the same drafter and match length, after a full accept and after a miss
-        calibration.observe(0, 3, ALL_ACCEPTED, [1.0, 1.0, 1.0, 1.0])
-        calibration.observe(0, 3, FIRST_REJECTED, [0.0])
-    streak, missed = calibration.chances(0, 3, ALL_ACCEPTED, 4), calibration.chances(0, 3, FIRST_REJECTED, 4)
-    assert min(streak) > 0.9 and max(missed) < 0.1
-    assert calibration.chances(1, 3, ALL_ACCEPTED, 2) == survival([0.5, 0.5])  # another drafter: the prior
-
-
-def test_served_requests_plan_no_round_and_learn_by_their_last_outcome(tmp_path, monkeypatch):
+def test_served_requests_plan_no_round_and_every_offer_teaches_the_calibration(tmp_path, monkeypatch):
     """The batch plan sets draft lengths: a request asks its policy for a drafter only (no
-    round planned); its drafts teach the calibration under the outcome of the draft before."""
+    round planned); every drafter's offer, sent or not, teaches the calibration under the
+    outcome of the draft before; a bandit policy's request offers only its choice."""
     def no_round(*args, **kwargs):
         raise AssertionError("a served request planned a round")
 
     monkeypatch.setattr(RoundPlanner, "plan", no_round)
-    proposer = build_proposer(tmp_path)
-    engine = SimulatedEngine(proposer, copying_target, prices=(0.05, 0.002, 0.0))
-    rng = random.Random(4)
-    for i in range(4):
-        engine.add(f"r{i}", [rng.randrange(VOCAB) for _ in range(12)], 60)
-    while engine.rows:
-        engine.step()
-    assert engine.accepted > 0.5 * engine.drafted > 0
-    calibration = proposer.pool.calibration
-    seen = {outcome: sum(sum(calibration.table.seen[calibration._index(arm, m, outcome)])
-                         for arm in range(len(proposer.pool.arms)) for m in range(1, 20))
-            for outcome in (NO_DRAFT_YET, ALL_ACCEPTED)}
-    assert seen[NO_DRAFT_YET] > 0 and seen[ALL_ACCEPTED] > seen[NO_DRAFT_YET]
+    seen = []
+    observe = MatchCalibration.observe
+    monkeypatch.setattr(MatchCalibration, "observe", lambda self, *a: (seen.append(a), observe(self, *a)))
+    for policy, options in (("normalhedge", 'evaluate = "all"'), ("ucb", "")):
+        proposer = build_proposer(tmp_path, policy=policy, options=options)
+        engine = SimulatedEngine(proposer, copying_target, prices=(0.05, 0.002, 0.0))
+        rng = random.Random(4)
+        for i in range(4):
+            engine.add(f"r{i}", [rng.randrange(VOCAB) for _ in range(12)], 60)
+        sent_arms = []
+        while engine.rows:
+            engine.step()
+            sent_arms += [s.sent[0].arm for s in proposer.states.values() if s.sent and s.sent[1]]
+        assert engine.accepted > 0.5 * engine.drafted > 0
+        outcomes = {a[2] for a in seen}
+        assert {NO_DRAFT_YET, ALL_ACCEPTED} <= outcomes
+        observed_arms = {a[0] for a in seen}
+        if policy == "normalhedge":  # both lookups offered every step, whichever was sent
+            assert observed_arms == {0, 1}
+        else:
+            assert observed_arms == set(sent_arms)
+        seen.clear()

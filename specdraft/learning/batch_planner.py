@@ -9,7 +9,9 @@ token up to it survives; the surest go first, and a token is added only while it
 expected gain per second of step it adds beats the batch's rate so far. At one request
 on a step that costs the same at 1 or 9 tokens this drafts the whole confident chain; at a
 concurrency where the step is priced by its tokens, only tokens nearly sure to be accepted
-are worth their place, and a request may draft nothing.
+are worth their place, and a request may draft nothing. A request with several drafters'
+offers sends one (`plan_offers`: the most sure tokens at the batch's price), and the
+chances come from `MatchCalibration`, an online logistic model of acceptance.
 
 No torch: plain Python, like the rest of `learning/`.
 """
@@ -17,9 +19,8 @@ No torch: plain Python, like the rest of `learning/`.
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Sequence
-
-from specdraft.learning.goodput import AcceptanceByPosition
 
 
 class StepCosts:
@@ -97,15 +98,21 @@ def plan_batch(chances: Sequence[Sequence[float]], costs: StepCosts, probe: int 
     probability that request r's drafted tokens 1..m+1 are all accepted (non-increasing);
     its length is what the request has on offer. Before the step's cost is known every
     request drafts `probe` tokens at most (a plain step teaches nothing about the slope)."""
-    plan = [0] * len(chances)
     prices = costs.prices()
     if prices is None:
         return [min(probe, len(c)) for c in chances]
+    return _fill(chances, prices)[0]
+
+
+def _fill(chances: Sequence[Sequence[float]], prices: tuple[float, float, float]) -> tuple[list[int], float]:
+    """`plan_batch` at known prices, and the chance a further token would have needed to
+    be sent (the batch's marginal price of a draft token in accepted tokens)."""
     fixed, per_request, per_draft = prices
+    plan = [0] * len(chances)
     seconds = fixed + per_request * len(chances)
     expected = float(len(chances))  # every request commits its bonus token
     if per_draft <= 0.0:  # a draft token costs nothing measurable: every offered one is free
-        return [len(c) for c in chances]
+        return [len(c) for c in chances], 0.0
     heap = [(-c[0], r) for r, c in enumerate(chances) if c]
     heapq.heapify(heap)
     while heap:
@@ -119,7 +126,29 @@ def plan_batch(chances: Sequence[Sequence[float]], costs: StepCosts, probe: int 
         expected += chance
         if plan[r] < len(chances[r]):
             heapq.heappush(heap, (-chances[r][plan[r]], r))
-    return plan
+    return plan, expected * per_draft / seconds
+
+
+def plan_offers(offers: Sequence[Sequence[Sequence[float]]], costs: StepCosts, probe: int = 1) -> list[tuple[int, int]]:
+    """Per request, which of its offered drafts to send and how many of its tokens:
+    `offers[r][i]` is request r's i-th draft's chances (as in `plan_batch`), the first its
+    policy's choice. A request sends at most one draft: the one whose tokens beat the
+    batch's marginal price by the most (ties and unknown prices: the policy's), found at
+    the price its policy's drafts alone set, then the batch is planned on the chosen ones.
+    At one request the price is near 0 and the surest long draft wins; at a concurrency
+    where a draft token costs nearly what it can earn, the draft with the most sure tokens."""
+    prices = costs.prices()
+    firsts = [o[0] if o else [] for o in offers]
+    if prices is None:
+        return [(0, min(probe, len(c))) for c in firsts]
+    _, price = _fill(firsts, prices)
+    chosen = [max(range(len(o)), key=lambda i: (_surplus(o[i], price), -i)) if o else 0 for o in offers]
+    plan, _ = _fill([o[i] if o else [] for o, i in zip(offers, chosen)], prices)
+    return list(zip(chosen, plan))
+
+
+def _surplus(chances: Sequence[float], price: float) -> float:
+    return sum(c - price for c in chances if c > price)
 
 
 # Match-length buckets (lower edges): a lookup continuing a 1-token match is right far less
@@ -132,6 +161,22 @@ MATCH_EDGES = (1, 2, 3, 4, 6, 9, 16)
 NO_DRAFT_YET, ALL_ACCEPTED, PART_ACCEPTED, FIRST_REJECTED = range(4)
 OUTCOMES = 4
 
+# Draft positions told apart (later ones share the last weight).
+POSITIONS = 6
+
+# What the request's other drafters offer at the same step: two lookups in different text
+# that continue alike are right far more often than one alone, and where they part at
+# most one of them is.
+ALONE, AGREED, DISAGREED = range(3)
+SUPPORTS = 3
+
+
+def support(first: int, others_first: Sequence[int]) -> int:
+    """ALONE without other offers; AGREED when another offer starts with the same token."""
+    if not others_first:
+        return ALONE
+    return AGREED if first in others_first else DISAGREED
+
 
 def draft_outcome(sent: int, accepted: int) -> int:
     if sent <= 0:
@@ -142,30 +187,86 @@ def draft_outcome(sent: int, accepted: int) -> int:
 
 
 class MatchCalibration:
-    """Acceptance by draft position per drafter, match length and the request's last draft
-    outcome, learned from every request a worker serves: the chance a request offers for
-    its draft tokens. The drafter's average acceptance would price a sure long match and a
-    guess from one token alike; at a concurrency where only sure tokens pay, that sends the
-    guesses and withholds the sure ones."""
+    """The chance that a request's draft token is accepted, given the tokens before it were:
+    a logistic model of the drafter, the token's place in the draft, the lookup's match
+    length, the request's last draft outcome and whether the request's other drafters start
+    alike, learned online from every offered draft of every request a worker serves. The
+    drafter's average acceptance would price a sure long match and a guess from one token
+    alike; at a concurrency where only sure tokens pay, that sends the guesses and
+    withholds the sure ones. A weight per feature rather than a table per combination: the
+    combinations are many (drafters x matches x outcomes x supports x positions) and most
+    are seldom seen, and a sparse table's lucky cells are the ones the plan picks, so its
+    chances came out above what the sent tokens achieved."""
 
-    def __init__(self, arms: int, k_max: int, decay: float = 0.995):
-        self.table = AcceptanceByPosition(arms * len(MATCH_EDGES) * OUTCOMES, k_max, decay=decay)
+    def __init__(self, arms: int, k_max: int, learning_rate: float = 0.2, memory: float = 0.999):
+        self.arms, self.k_max = arms, k_max
+        self.learning_rate, self.memory = learning_rate, memory
+        # Feature offsets: bias, arm, position, log match, match >= edge, outcome, support.
+        self._arm = 1
+        self._position = self._arm + arms
+        self._log_match = self._position + POSITIONS
+        self._edges = self._log_match + 1
+        self._outcome = self._edges + len(MATCH_EDGES) - 1
+        self._support = self._outcome + OUTCOMES
+        self.size = self._support + SUPPORTS
+        self.weights = [0.0] * self.size
+        self.squares = [1e-2] * self.size  # decayed sums of squared gradients (AdaGrad-like steps)
 
-    def _index(self, arm: int, match_length: int, outcome: int) -> int:
-        bucket = max(i for i, edge in enumerate(MATCH_EDGES) if match_length >= edge or i == 0)
-        return (arm * len(MATCH_EDGES) + bucket) * OUTCOMES + outcome
+    def _active(self, arm: int, match_length: int, outcome: int, supported: int) -> list[tuple[int, float]]:
+        """The features that do not depend on the position, as (index, value)."""
+        active = [(0, 1.0), (self._arm + arm, 1.0), (self._log_match, math.log1p(match_length)),
+                  (self._outcome + outcome, 1.0), (self._support + supported, 1.0)]
+        active += [(self._edges + i, 1.0) for i, edge in enumerate(MATCH_EDGES[1:]) if match_length >= edge]
+        return active
+
+    def rates(self, arm: int, match_length: int, outcome: int, supported: int, k: int) -> list[float]:
+        """P(token m accepted | tokens before it were), m = 1..k."""
+        w = self.weights
+        base = sum(w[i] * v for i, v in self._active(arm, match_length, outcome, supported))
+        return [_sigmoid(base + w[self._position + min(m, POSITIONS - 1)]) for m in range(k)]
+
+    def chances(self, arm: int, match_length: int, outcome: int, supported: int, k: int) -> list[float]:
+        """P(draft tokens 1..m all accepted), m = 1..k, for a draft of `arm` behind a match
+        of `match_length` tokens, the request's last draft having fared `outcome`, the
+        other drafters' offers `supported` it (ALONE, AGREED, DISAGREED)."""
+        return survival(self.rates(arm, match_length, outcome, supported, k))
+
+    def observe(self, arm: int, match_length: int, outcome: int, supported: int, alignment: Sequence[float]) -> None:
+        """`alignment[m]`: 1.0 where token m + 1 was accepted, 0.0 at the first rejection
+        (nothing after it: a token after a rejected one was never tried)."""
+        active = self._active(arm, match_length, outcome, supported)
+        w, squares = self.weights, self.squares
+        for m, value in enumerate(alignment[: self.k_max]):
+            features = [*active, (self._position + min(m, POSITIONS - 1), 1.0)]
+            error = _sigmoid(sum(w[i] * x for i, x in features)) - value
+            for i, x in features:
+                gradient = error * x
+                squares[i] = self.memory * squares[i] + gradient * gradient
+                w[i] -= self.learning_rate * gradient / math.sqrt(squares[i])
+            if value == 0.0:
+                break
 
     def state(self) -> dict:
-        return self.table.state()
+        return {"weights": list(self.weights), "squares": list(self.squares)}
 
     def load(self, state: dict) -> None:
-        """ValueError on a table of another shape (another pool, draft length or version)."""
-        self.table.load(state)
+        """ValueError on a model of another shape (another pool, or an older state file)."""
+        if not isinstance(state, dict):
+            raise ValueError("state field serving_calibration: expected an object with weights and squares")
+        for key in ("weights", "squares"):
+            values = state.get(key)
+            if not (isinstance(values, list) and len(values) == self.size
+                    and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)):
+                raise ValueError(f"state field serving_calibration.{key}: expected {self.size} numbers "
+                                 "(a state file from another pool or an older specdraft)")
+        if any(v <= 0 for v in state["squares"]):
+            raise ValueError("state field serving_calibration.squares: expected positive numbers")
+        self.weights = [float(v) for v in state["weights"]]
+        self.squares = [float(v) for v in state["squares"]]
 
-    def observe(self, arm: int, match_length: int, outcome: int, alignment: Sequence[float]) -> None:
-        self.table.observe(self._index(arm, match_length, outcome), alignment)
 
-    def chances(self, arm: int, match_length: int, outcome: int, k: int) -> list[float]:
-        """P(draft tokens 1..m all accepted), m = 1..k, for a draft of `arm` behind a match
-        of `match_length` tokens, the request's last draft having fared `outcome`."""
-        return survival(self.table.rates(self._index(arm, match_length, outcome), k))
+def _sigmoid(x: float) -> float:
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    z = math.exp(x)
+    return z / (1.0 + z)

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from specdraft.learning.batch_planner import StepCosts, plan_batch
+from specdraft.learning.batch_planner import StepCosts, plan_offers
 from specdraft.serving.pool import ServingPool
 from specdraft.serving.request import RequestDrafting
 
@@ -105,18 +105,18 @@ class SpecdraftProposer:
             self.costs.observe(*self.last_step_size, step_seconds)
         drafting = [self._committed(row, request_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
                                     step_seconds) for row in range(rows)]
-        offers = [state.propose()[: self.max_draft] if state is not None else [] for state in drafting]
-        plan = plan_batch(offers, self.costs)
+        offers = [[c[: self.max_draft] for c in state.propose()] if state is not None else [] for state in drafting]
+        plan = plan_offers(offers, self.costs)
         drafts: list[list[int]] = []
-        for state, count in zip(drafting, plan):
+        for state, (choice, count) in zip(drafting, plan):
             if state is None:
                 drafts.append([])
                 continue
-            sent = state.send(count)
+            arm, sent = state.send(choice, count)
             drafts.append(sent)
             self.stats["drafted"] += len(sent)
             if sent:
-                self.arm_drafts[state.offered_arm] += 1
+                self.arm_drafts[arm] += 1
         self._drop_finished(live)
         self._maybe_save()
         self.stats["steps"] += 1
