@@ -31,7 +31,7 @@ from specdraft.runtime import sampling_params
 from specdraft.storage import atomic_files
 
 NO_LIMIT = 10**9  # the engine stops a request at its own max_tokens
-# The state file's key for the acceptance by match length (MatchCalibration) beside the
+# The state file's key for the acceptance model (MatchCalibration) beside the
 # policy's state: a restarted server prices its first requests' drafts as the last one did.
 CALIBRATION_KEY = "serving_calibration"
 
@@ -53,14 +53,14 @@ def served_drafters(profile: Profile) -> tuple[Profile, dict[str, str]]:
 
 
 def new_calibration(served: Profile) -> MatchCalibration:
-    """An empty acceptance-by-match-length table for the served pool's arms (its drafters,
+    """A fresh acceptance model for the served pool's arms (its drafters,
     and the plain arm where the policy allows it) and draft length."""
     arms = len(served.drafters) + bool(option_value(served.policy.name, served.policy.options, "allow_none"))
     return MatchCalibration(arms, max(1, served.decode.draft_tokens))
 
 
 def check_calibration(served: Profile, state: dict, file: str) -> None:
-    """A UsageError naming `file` when its acceptance by match length does not fit the
+    """A UsageError naming `file` when its acceptance model does not fit the
     served pool (checked before vLLM starts, like the policy's state)."""
     if CALIBRATION_KEY not in state:
         return
@@ -90,7 +90,7 @@ class ServingPool:
         self.seed = seed
         self.state_file = state_file
         self.prior: dict | None = None
-        # Acceptance by drafter and match length, learned from every request this worker serves.
+        # The acceptance model, learned from every offer of every request this worker serves.
         self.calibration = new_calibration(profile)
         self._lock = threading.Lock()
         self._requests = 0
@@ -123,7 +123,7 @@ class ServingPool:
             self.save()
 
     def save(self) -> None:
-        """Write the prior and the worker's acceptance by match length to `state_file` (whole
+        """Write the prior and the worker's acceptance model to `state_file` (whole
         or not at all), if there is a prior to write."""
         if self.state_file is not None and self.prior is not None:
             with self._lock:
