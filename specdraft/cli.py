@@ -76,7 +76,7 @@ def bench(
     policies: Annotated[Optional[str], typer.Option(help="Comma-separated, e.g. ucb,normalhedge,fixed:lookup,\"normalhedge(reset=prompt)\" (default: the profile's policy and each drafter fixed).")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", "-n")] = None,
     limit: Annotated[Optional[int], typer.Option(help="Use only the first N prompts.")] = None,
-    repeat: Annotated[int, typer.Option(help="Measured passes over the prompts (after one warm-up).")] = 1,
+    repeat: Annotated[int, typer.Option(help="Measured passes over the prompts (after one warm-up); with --engine vllm, runs of each configuration, interleaved and pooled.")] = 1,
     baseline: Annotated[Optional[str], typer.Option(help="transformers: also time transformers' greedy, assisted and prompt-lookup generation (stock kernels); transformers-packed: the same over specdraft's packed target; llama.cpp: llama-cpp-python's plain and prompt-lookup decoding of the target's GGUF file; several: comma-separated.")] = None,
     out: Annotated[Optional[str], typer.Option(help="Write every measurement and the summary as JSON.")] = None,
     csv_file: Annotated[Optional[str], typer.Option("--csv", help="Write the summary table as CSV.")] = None,

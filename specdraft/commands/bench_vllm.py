@@ -45,10 +45,11 @@ def run_vllm_bench_command(opts, console: Console) -> int:
                         ("--plot", opts.plot), ("--versus", opts.versus), ("--csv", opts.csv_file)):
         if given:
             raise UsageError(f"{flag} is not available with --engine vllm")
-    if opts.repeat != 1 or opts.skip:
-        raise UsageError("--repeat and --skip are not available with --engine vllm (every run is a fresh engine)")
+    if opts.skip:
+        raise UsageError("--skip is not available with --engine vllm (every run is a fresh engine, warmed up first)")
     concurrencies = parse_concurrency(opts.concurrency)
     check_count(opts.limit, "--limit")
+    check_count(opts.repeat, "--repeat")
     check_outputs([("--out", opts.out)], inputs=[("--data", opts.data), ("--pool", opts.pool)])
     profile = load_profile(opts.pool).with_overrides(max_new_tokens=opts.max_new_tokens, seed=opts.seed,
                                                      temperature=opts.temperature)
@@ -66,9 +67,10 @@ def run_vllm_bench_command(opts, console: Console) -> int:
     log = Path(opts.out).with_suffix(".vllm.log") if opts.out else Path.cwd() / "specdraft-vllm-bench.log"
     console.print(f"vLLM's own output goes to {log}", markup=False)
     rows = run_vllm_bench(profile, Path(opts.pool), examples, concurrencies, opts.chat, log,
-                          lambda line: console.print(line, markup=False))
+                          lambda line: console.print(line, markup=False), repeats=opts.repeat)
+    runs = f" · {opts.repeat} runs each, interleaved" if opts.repeat > 1 else ""
     title = (f"specdraft bench --engine vllm · {len(examples)} prompts × {profile.decode.max_new_tokens} new tokens "
-             "· greedy · output tokens/s over the run")
+             f"· greedy{runs} · output tokens/s over the run{'s' if runs else ''}")
     console.print(vllm_table(table_rows(rows), title))
     differing = sum(r.get("differing") or 0 for r in rows)
     if differing:

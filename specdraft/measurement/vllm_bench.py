@@ -66,8 +66,10 @@ def run_config(job: dict, log: Path) -> dict:
 
 
 def run_vllm_bench(profile: Profile, pool_file: Path, examples: Sequence[Example], concurrencies: Sequence[int],
-                   chat: bool | None, log: Path, say: Callable[[str], None]) -> list[dict]:
-    """Rows: one per (concurrency, configuration), in run order."""
+                   chat: bool | None, log: Path, say: Callable[[str], None], repeats: int = 1) -> list[dict]:
+    """Rows: one per (concurrency, configuration), in run order; with `repeats` > 1 every
+    configuration runs that many times, the configurations interleaved within each pass,
+    and a row pools its runs (`pool_repeats`)."""
     from transformers import AutoTokenizer
 
     dtype = "bfloat16" if launch.cuda_available() else "float32"
@@ -81,16 +83,41 @@ def run_vllm_bench(profile: Profile, pool_file: Path, examples: Sequence[Example
             "memory_fraction": float(os.environ.get("SPECDRAFT_VLLM_MEMORY", "0.15" if not launch.cuda_available() else "0.8")),
             "prompts": prompts, "warm_up": warm_up,
             "env": launch.proposer_environment(pool_file, None)}
-    rows = []
+    runs = []
     for concurrency in concurrencies:
-        for config in engine_configs(profile.decode.draft_tokens):
-            say(f"concurrency {concurrency}: {config.label} ({len(prompts)} prompts, {n} new tokens each)")
-            began = time.perf_counter()
-            result = run_config({**base, "concurrency": concurrency, "speculative_config": config.speculative}, log)
-            rows.append({"concurrency": concurrency, "config": config.label, "built_in": config.built_in,
-                         "tokens": result["tokens"], "latency": result["latency"], "seconds": result["seconds"],
-                         "tasks": [e.task for e in examples], "wall_with_start": time.perf_counter() - began})
-    return summarize(rows)
+        for repeat in range(repeats):
+            for config in engine_configs(profile.decode.draft_tokens):
+                which = f", run {repeat + 1} of {repeats}" if repeats > 1 else ""
+                say(f"concurrency {concurrency}{which}: {config.label} ({len(prompts)} prompts, {n} new tokens each)")
+                began = time.perf_counter()
+                result = run_config({**base, "concurrency": concurrency, "speculative_config": config.speculative}, log)
+                runs.append({"concurrency": concurrency, "config": config.label, "built_in": config.built_in,
+                             "tokens": result["tokens"], "latency": result["latency"], "seconds": result["seconds"],
+                             "tasks": [e.task for e in examples], "wall_with_start": time.perf_counter() - began})
+    return summarize(pool_repeats(runs))
+
+
+def pool_repeats(runs: list[dict]) -> list[dict]:
+    """One row per (concurrency, configuration) from its runs, in first-run order: every
+    run's outputs and latencies in run order (so outputs compare with vLLM plain's run by
+    run), seconds summed (tokens/s over all runs together), each run's tokens/s in `per_run`
+    (the spread between runs of one configuration is this machine's noise)."""
+    pooled: dict[tuple[int, str], dict] = {}
+    for run in runs:
+        produced = sum(len(t) for t in run["tokens"])
+        rate = produced / run["seconds"] if run["seconds"] > 0 else 0.0
+        row = pooled.get((run["concurrency"], run["config"]))
+        if row is None:
+            pooled[(run["concurrency"], run["config"])] = {
+                **run, "tokens": list(run["tokens"]), "latency": list(run["latency"]), "tasks": list(run["tasks"]),
+                "per_run": [rate]}
+            continue
+        for key in ("tokens", "latency", "tasks"):
+            row[key] += run[key]
+        row["seconds"] += run["seconds"]
+        row["wall_with_start"] += run["wall_with_start"]
+        row["per_run"].append(rate)
+    return list(pooled.values())
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -123,5 +150,5 @@ def summarize(rows: list[dict]) -> list[dict]:
 def table_rows(rows: list[dict]) -> list[dict[str, Any]]:
     """What the table shows (and --out writes without the token lists)."""
     keys = ("concurrency", "config", "tokens_per_s", "vs_plain", "vs_best_built_in", "latency_median", "latency_p95",
-            "differing", "output_tokens", "seconds")
+            "differing", "output_tokens", "seconds", "per_run")
     return [{k: r.get(k) for k in keys} for r in rows]

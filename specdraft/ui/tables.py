@@ -94,14 +94,19 @@ def sweep_table(policy: str, param: str, rows, best, paper: float | None) -> Tab
 
 
 def vllm_table(rows: Sequence[dict], title: str) -> Table:
-    """`bench --engine vllm`: one row per concurrency and configuration."""
+    """`bench --engine vllm`: one row per concurrency and configuration (with several runs
+    each, the tokens/s over all of them and each run's beside it)."""
     table = Table(title=title, title_justify="left")
-    for header in ("requests in flight", "configuration", "tokens/s", "× vLLM plain", "× best built-in",
-                   "latency median s", "latency p95 s", "differing"):
+    several = any(len(row.get("per_run") or ()) > 1 for row in rows)
+    headers = ["requests in flight", "configuration", "tokens/s", "× vLLM plain", "× best built-in",
+               "latency median s", "latency p95 s", "differing"] + (["tokens/s per run"] if several else [])
+    for header in headers:
         table.add_column(header, justify="left" if header == "configuration" else "right")
     for row in rows:
-        table.add_row(str(row["concurrency"]), row["config"], _num(row["tokens_per_s"], ".1f"),
-                      _num(row.get("vs_plain"), ".2f"), _num(row.get("vs_best_built_in"), ".2f"),
-                      _num(row["latency_median"], ".2f"), _num(row["latency_p95"], ".2f"),
-                      _num(row.get("differing"), "d"))
+        cells = [str(row["concurrency"]), row["config"], _num(row["tokens_per_s"], ".1f"),
+                 _num(row.get("vs_plain"), ".2f"), _num(row.get("vs_best_built_in"), ".2f"),
+                 _num(row["latency_median"], ".2f"), _num(row["latency_p95"], ".2f"), _num(row.get("differing"), "d")]
+        if several:
+            cells.append(" / ".join(f"{rate:.1f}" for rate in row.get("per_run") or ()))
+        table.add_row(*cells)
     return table
