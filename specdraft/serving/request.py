@@ -105,11 +105,14 @@ class RequestDrafting:
         drafts: list[Offer | None] = [None] * len(self.drafters)
         awake = None
         if self.driver.wants_awake or self.driver.full_information:
-            # One lookup per drafter: what it would draft says whether it is awake.
-            drafts = [self._draft(arm, k) for arm in range(len(self.drafters))]
+            # One lookup per drafter: what it would draft says whether it is awake. A bandit
+            # sends only its choice, so the others need only say that (one token).
+            depth = k if self.driver.full_information else 1
+            drafts = [self._draft(arm, depth) for arm in range(len(self.drafters))]
             awake = [not d.may_sleep or bool(o and o.tokens) for d, o in zip(self.drafters, drafts)]
         chosen = self.driver.choose_drafter(awake if self.driver.wants_awake else None)
-        first = drafts[chosen] if drafts[chosen] is not None else self._draft(chosen, k)
+        drafted = drafts[chosen]
+        first = drafted if drafted is not None and self.driver.full_information else self._draft(chosen, k)
         others = [o for o in drafts if o is not None and o.arm != chosen and o.tokens] \
             if self.driver.full_information else []
         offers = [first, *others]
