@@ -22,6 +22,8 @@ import heapq
 import math
 from typing import Sequence
 
+from specdraft.learning.goodput import is_number
+
 
 class StepCosts:
     """Seconds of one engine step from what it scheduled: fixed + per request x requests +
@@ -256,7 +258,7 @@ class MatchCalibration:
         for key in ("weights", "squares"):
             values = state.get(key)
             if not (isinstance(values, list) and len(values) == self.size
-                    and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)):
+                    and all(is_number(v) and math.isfinite(v) for v in values)):
                 raise ValueError(f"state field serving_calibration.{key}: expected {self.size} numbers "
                                  "(a state file from another pool or an older specdraft)")
         if any(v <= 0 for v in state["squares"]):

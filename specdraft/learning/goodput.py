@@ -184,10 +184,10 @@ class RoundCostModel:
 
     def load(self, state: dict) -> None:
         verify, draft = state.get("verify"), state.get("draft")
-        if not (isinstance(verify, list) and len(verify) == 5 and all(_is_number(v) for v in verify)):
+        if not (isinstance(verify, list) and len(verify) == 5 and all(is_number(v) for v in verify)):
             raise ValueError("state field costs.verify: expected 5 numbers")
         if not (isinstance(draft, list) and len(draft) == len(self.draft)
-                and all(d is None or _is_number(d) for d in draft)):
+                and all(d is None or is_number(d) for d in draft)):
             raise ValueError(f"state field costs.draft: expected {len(self.draft)} numbers or nulls")
         self.verify.load(verify)
         self.draft = list(draft)
@@ -259,7 +259,7 @@ class AcceptanceByPosition:
         for key in ("hits", "seen"):
             rows = state.get(key)
             if not (isinstance(rows, list) and len(rows) == len(self.hits)
-                    and all(isinstance(r, list) and len(r) == self.k_max and all(_is_number(v) for v in r)
+                    and all(isinstance(r, list) and len(r) == self.k_max and all(is_number(v) for v in r)
                             for r in rows)):
                 raise ValueError(f"state field acceptance.{key}: expected {len(self.hits)} lists of {self.k_max} numbers")
         self.hits = [[float(v) for v in row] for row in state["hits"]]
@@ -294,5 +294,6 @@ def best_draft_length(expected: Sequence[float], seconds: Sequence[float]) -> in
     return best
 
 
-def _is_number(value: object) -> bool:
+def is_number(value: object) -> bool:
+    """A JSON number (not a bool) read back from a state file."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
