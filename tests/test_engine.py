@@ -450,3 +450,39 @@ def test_a_prompts_last_rounds_are_scored_only_when_the_policy_keeps_what_it_lea
     assert all(r.evaluated for r in records[:-1])
     costs = engine.driver.planner.costs  # every round, the last included, taught the verify cost
     assert costs.verify.line.w == pytest.approx((1 - costs.decay ** len(records)) / (1 - costs.decay))
+
+
+@pytest.mark.parametrize("flip_every", [0, 3])
+def test_a_drafter_scored_from_hidden_states_sits_out_whole_batches_the_planner_skips_it_in(target, pool,
+                                                                                             monkeypatch, flip_every):
+    """The verify hands over a layers drafter's hidden states only for batches that score
+    it; in the others it is asleep for the choice and gets no gammas. With the planner's
+    decision changing from batch to batch, each evaluation scores it only on rounds that
+    all handed its states over. Output stays plain greedy decoding's."""
+    from specdraft.learning.driver import PolicyDriver
+
+    ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
+    target_lm = CachedLM(target)
+    shared = LayersDrafter("shared", ctx, target_lm, 2)
+    drafters = [pool[0], shared, PlainDecoding(ctx)]  # (plain decoding is always awake)
+    engine = policy_engine(target, drafters, "normalhedge", target_lm=target_lm, update_every=4)
+    calls = {"n": 0}
+
+    def scored_now(self):
+        calls["n"] += 1
+        return [True, bool(flip_every) and (calls["n"] // flip_every) % 2 == 1, True]
+
+    monkeypatch.setattr(PolicyDriver, "scored_now", scored_now)
+    fed = []
+    feed = target_lm.feed_with_hidden
+    monkeypatch.setattr(target_lm, "feed_with_hidden", lambda tokens, keep, layers: fed.append(tuple(layers))
+                        or feed(tokens, keep, layers))
+    records = list(engine.generate(PROMPTS[0]))
+    assert committed(records) == plain_greedy(target, PROMPTS[0], 40)
+    verifies = fed[1:]  # (the first feed is the prompt's prefill)
+    scored_rounds = [gammas[1] is not None for r in records for _, gammas in (r.evaluated or ())]
+    if not flip_every:
+        assert set(verifies) == {()} and not any(scored_rounds)
+        assert all(r.drafter != "shared" for r in records)
+    else:  # some batches collect layer 2 and score it, the others neither
+        assert {(), (2,)} <= set(verifies) and any(scored_rounds) and not all(scored_rounds)

@@ -12,7 +12,7 @@ from scipy.stats import chisquare
 
 from specdraft.models.cached_lm import CachedLM
 from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
-from specdraft.core.sampling import SamplingParams, sampling_probs
+from specdraft.core.sampling import SamplingParams, greedy_tokens, sampling_probs
 from specdraft.core.verify import verify_sampling
 from specdraft.drafters.options import SuffixOptions
 from specdraft.drafters import SuffixDrafter, DraftContext, ModelDrafter, NgramDrafter
@@ -171,3 +171,20 @@ def test_top_k_and_top_p_keep_the_right_tokens():
     assert torch.allclose(nucleus, torch.tensor([[0.5, 0.2, 0.15, 0, 0]], dtype=torch.float64) / 0.85)
     cold = sampling_probs(logits, SamplingParams(0.5))
     assert torch.allclose(cold, torch.softmax(logits / 0.5, -1))
+
+
+def test_greedy_tokens_is_torchs_argmax_on_ties_nans_strides_and_dtypes():
+    # The numpy path must pick exactly the index torch.argmax picks: greedy output is the
+    # target's argmax, so a different tie rule would change text.
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randint(0, 4, (6, 37), generator=g).float()  # many ties per row
+    logits[2, 5] = float("nan")
+    logits[3, 7] = float("nan")
+    logits[3, 30] = float("nan")
+    logits[4] = float("-inf")
+    cases = [logits, logits.double(), logits[:, ::2], logits.t().contiguous().t(), logits[1], logits.bfloat16()]
+    for case in cases:
+        got = greedy_tokens(case)
+        assert got.dtype == torch.int64
+        assert torch.equal(got, case.argmax(dim=-1))
+    assert int(greedy_tokens(logits)[2]) == 5 and int(greedy_tokens(logits)[3]) == 7

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -37,10 +38,22 @@ def plain_probs(logits: torch.Tensor) -> torch.Tensor:
     return torch.softmax(_wide(logits), dim=-1)
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """The argmax over the last dimension [..., V] -> [...] (int64), the first maximum on
+    ties (NaN counts as the maximum), as torch.argmax gives it. A float CPU tensor goes
+    through numpy's argmax, whose vectorised scan of a vocabulary row is several times
+    faster than torch's CPU argmax: once per verified row, it was a visible share of a
+    small target's step."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64) \
+            and not logits.requires_grad and logits.dim() >= 1 and logits.shape[-1] > 0:
+        return torch.from_numpy(np.asarray(np.argmax(logits.numpy(), axis=-1), dtype=np.int64))
+    return logits.argmax(dim=-1)
+
+
 def argmax_one_hot(logits: torch.Tensor) -> torch.Tensor:
     """One-hot at the argmax [n, V]: greedy decoding's p (and a greedy drafter's q)."""
     wide = _wide(logits)
-    return torch.zeros_like(wide).scatter_(-1, wide.argmax(dim=-1, keepdim=True), 1.0)
+    return torch.zeros_like(wide).scatter_(-1, greedy_tokens(wide).unsqueeze(-1), 1.0)
 
 
 def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

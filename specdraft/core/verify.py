@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdraft.core.sampling import SamplingParams, distributions
+from specdraft.core.sampling import SamplingParams, distributions, greedy_tokens
 from specdraft.core.tree import TokenTree
 
 
@@ -62,7 +62,7 @@ def verify_greedy(
     params: SamplingParams = SamplingParams(),
 ) -> Verdict:
     k = draft_tokens.shape[0]
-    best = target_logits.argmax(dim=-1)  # [k + 1]
+    best = greedy_tokens(target_logits)  # [k + 1]
     matches = draft_tokens == best[:k]  # [k]
     n = _leading_true(matches)
     if params.soft_feedback:

@@ -181,7 +181,7 @@ class SpeculativeEngine:
         for drafter in self.drafters:
             drafter.reset()
         context = list(prompt_ids)
-        self.driver.start_prompt(PoolEvaluator(self.drafters, context) if self.driver.full_information else None)
+        self.driver.start_prompt(PoolEvaluator(self.drafters, context, self.settings.sampling) if self.driver.full_information else None)
         device = self.target.device
         if len(context) > 1:  # prefill all but the last token; the first verify feeds that one
             _, hidden = self.target.feed_with_hidden(torch.tensor(context[:-1], dtype=torch.long, device=device), 1,
@@ -249,12 +249,19 @@ class SpeculativeEngine:
 
     def _verify_layers(self) -> tuple[int, ...]:
         """Target layers whose hidden states the verify hands over: the feature drafters',
-        and under full information those the pool's drafters are scored from."""
-        return tuple(sorted(set(self.feature_layers) | set(self.hidden_layers if self.driver.full_information else ())))
+        and under full information those of the drafters scored from them that this
+        batch of rounds scores (`PolicyDriver.batch_skips`: each layer handed over costs
+        the forward a cut and a copy, for nothing while its drafter cannot win)."""
+        if not (self.hidden_layers and self.driver.full_information):
+            return self.feature_layers
+        scored = {layer for drafter, skipped in zip(self.drafters, self.driver.batch_skips(), strict=True)
+                  if not skipped for layer in drafter.hidden_layers}
+        return tuple(sorted(set(self.feature_layers) | scored))
 
     def _evidence(self, verified: Verified, count: int) -> RoundEvidence:
         """What evaluating the drafters on this round's `count` committed positions needs."""
-        return RoundEvidence(verified.known_alphas, verified.target_probs(count, self.settings.sampling),
+        target, processed = (verified.logits, False) if verified.probs is None else (verified.probs, True)
+        return RoundEvidence(verified.known_alphas, target[:count], processed,
                              {layer: h[:count] for layer, h in verified.hidden.items()})
 
     def _hand_over(self, position: int, hidden: dict[int, torch.Tensor], count: int) -> None:

@@ -15,6 +15,7 @@ from typing import Sequence
 
 import torch
 
+from specdraft.core.sampling import SamplingParams, distributions
 from specdraft.drafters.base import Drafter
 from specdraft.learning.driver import Gammas, RoundOutcome
 
@@ -26,31 +27,42 @@ class RoundEvidence:
     # {arm: [n]} for each drafter that drafted in the round: its alignment at its first n
     # drafted positions, those whose context is the committed one
     alphas: dict[int, torch.Tensor]
-    target_probs: torch.Tensor  # [count, V] the target's distributions at the committed positions
+    # [count, V] at the committed positions: the target's distributions when `processed`
+    # (sampling: the verify computed them anyway), else its logits, turned into
+    # distributions by the evaluator for all queued rounds at once (one transform per
+    # evaluation instead of one per round, and none for rounds that are never scored)
+    target: torch.Tensor
+    processed: bool
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # {layer: [count, H]} there
 
 
 class PoolEvaluator:
-    """Scores `drafters` on rounds committed to `context` (the live, growing token list)."""
+    """Scores `drafters` on rounds committed to `context` (the live, growing token list);
+    `params` turns the target's logits into the distributions the drafters are scored on."""
 
-    def __init__(self, drafters: Sequence[Drafter], context: list[int]):
+    def __init__(self, drafters: Sequence[Drafter], context: list[int], params: SamplingParams):
         self.drafters = drafters
         self.context = context
-        # The name is the one `learning/driver.py` asks evaluators for.
+        self.params = params
+        # The names are the ones `learning/driver.py` asks evaluators for.
         self.costly = [drafter.scored_by_own_forward for drafter in drafters]
+        self.from_hidden = [bool(drafter.hidden_layers) for drafter in drafters]
 
     def __call__(self, rounds: Sequence[RoundOutcome], skip: Sequence[bool] = ()) -> list[Gammas]:
-        scored = [i for i in range(len(self.drafters)) if not (skip and skip[i])]
-        per_drafter = [torch.cat(self._score(i, self.drafters[i], rounds)) for i in scored]
+        batch = _Batch(rounds, self.params)
+        # A drafter scored from hidden states is scored only where every round handed them
+        # over (the engine asks for them per batch: `PolicyDriver.batch_skips`).
+        scored = [i for i, drafter in enumerate(self.drafters)
+                  if not (skip and skip[i]) and set(drafter.hidden_layers) <= batch.hidden.keys()]
+        per_drafter = [torch.cat(self._score(i, self.drafters[i], batch)) for i in scored]
         flat = torch.cat(per_drafter).double().tolist() if per_drafter else []  # one sync
-        total = sum(r.count for r in rounds)
+        total = batch.offsets[-1]
         rows: list[list[float] | None] = [None] * len(self.drafters)
         for n, i in enumerate(scored):
             rows[i] = flat[n * total : (n + 1) * total]
-        out, offset = [], 0
-        for round_ in rounds:
+        out = []
+        for round_, offset in zip(rounds, batch.offsets):
             out.append([None if row is None else row[offset : offset + round_.count] for row in rows])
-            offset += round_.count
         return out
 
     def silent(self, round_: RoundOutcome) -> list[bool]:
@@ -58,28 +70,49 @@ class PoolEvaluator:
         `learning/driver.py` asks evaluators for."""
         return [not drafter.awake_at(self.context, round_.start) for drafter in self.drafters]
 
-    def _score(self, arm: int, drafter: Drafter, rounds: Sequence[RoundOutcome]) -> list[torch.Tensor]:
-        parts, span = [], []  # span: consecutive rounds whose positions the drafter must score
-        for round_ in rounds:
-            evidence: RoundEvidence = round_.evidence
-            drafted = evidence.alphas.get(arm)
+    def _score(self, arm: int, drafter: Drafter, batch: "_Batch") -> list[torch.Tensor]:
+        parts, first = [], 0  # rounds first..j-1: consecutive rounds whose positions the drafter must score
+        for j, round_ in enumerate(batch.rounds):
+            drafted = round_.evidence.alphas.get(arm)
             if drafted is None or not drafter.draft_alignment_is_score:
-                span.append(round_)
                 continue
-            parts.extend(self._score_span(drafter, span))
-            span = []
+            parts.extend(self._score_span(drafter, batch, first, j))
+            first = j + 1
             known = min(round_.count, drafted.shape[0])  # its draft scored these already
-            parts.append(drafted[:known].to(evidence.target_probs.dtype))
+            parts.append(drafted[:known].to(batch.probs.dtype))
             if round_.count > known:
-                hidden = {layer: h[known:] for layer, h in evidence.hidden.items()}
+                at = batch.offsets[j] + known
                 parts.append(drafter.score(self.context, round_.start + known, round_.count - known,
-                                           evidence.target_probs[known:], hidden))
-        parts.extend(self._score_span(drafter, span))
+                                           *batch.rows(at, batch.offsets[j + 1])))
+        parts.extend(self._score_span(drafter, batch, first, len(batch.rounds)))
         return parts
 
-    def _score_span(self, drafter: Drafter, span: list[RoundOutcome]) -> list[torch.Tensor]:
-        if not span:
+    def _score_span(self, drafter: Drafter, batch: "_Batch", first: int, end: int) -> list[torch.Tensor]:
+        """The drafter's scores on rounds first..end-1 (consecutive positions), one call."""
+        if end <= first:
             return []
-        probs = torch.cat([r.evidence.target_probs for r in span])  # [positions, V]
-        hidden = {layer: torch.cat([r.evidence.hidden[layer] for r in span]) for layer in span[0].evidence.hidden}
-        return [drafter.score(self.context, span[0].start, sum(r.count for r in span), probs, hidden)]
+        start, stop = batch.offsets[first], batch.offsets[end]
+        return [drafter.score(self.context, batch.rounds[first].start, stop - start, *batch.rows(start, stop))]
+
+
+class _Batch:
+    """The queued rounds' evidence laid end to end: the target's distributions [positions,
+    V] and hidden states, built once per evaluation and shared by every drafter (a span of
+    consecutive rounds is then a slice, not a copy)."""
+
+    def __init__(self, rounds: Sequence[RoundOutcome], params: SamplingParams):
+        self.rounds = rounds
+        self.offsets = [0]
+        for round_ in rounds:
+            self.offsets.append(self.offsets[-1] + round_.count)
+        evidence: list[RoundEvidence] = [r.evidence for r in rounds]
+        raw = [e.target for e in evidence if not e.processed]
+        turned = iter(distributions(torch.cat(raw), params).split([t.shape[0] for t in raw])) if raw else iter(())
+        self.probs = torch.cat([e.target if e.processed else next(turned) for e in evidence])
+        # (Every round of a batch hands over the same layers: `PolicyDriver.batch_skips`.)
+        layers = set.intersection(*(set(e.hidden) for e in evidence)) if evidence else set()
+        self.hidden = {layer: torch.cat([e.hidden[layer] for e in evidence]) for layer in sorted(layers)}
+
+    def rows(self, start: int, stop: int) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """The target's distributions and hidden states at batch positions start..stop-1."""
+        return self.probs[start:stop], {layer: h[start:stop] for layer, h in self.hidden.items()}

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from specdraft.core.sampling import SamplingParams, distributions, sampling_probs
+from specdraft.core.sampling import SamplingParams, distributions, greedy_tokens, sampling_probs
 from specdraft.core.tree import TokenTree, accept_greedy, matched
 from specdraft.core.verify import tree_alignment, verify_tree_sampling
 from specdraft.drafters.base import Draft
@@ -51,10 +51,6 @@ class Verified:
     kept: list[tuple[int, int]]  # per proposal: (arm, its drafted tokens committed), the chosen one first
     tree_size: int  # drafted tokens verified (a tree's rows less the root)
 
-    def target_probs(self, count: int, params: SamplingParams) -> torch.Tensor:
-        """The target's distributions at the first `count` positions [count, V]."""
-        return distributions(self.logits[:count], params) if self.probs is None else self.probs[:count]
-
 
 def verify_tree(target: CachedLM, root: int, proposals: list[Proposal], padded_width: Callable[[int], int],
                 layers: Sequence[int], params: SamplingParams, generator: torch.Generator | None) -> Verified:
@@ -77,7 +73,7 @@ def verify_tree(target: CachedLM, root: int, proposals: list[Proposal], padded_w
     logits = logits[:rows]
     probs = None
     if params.greedy:
-        best = logits.argmax(dim=-1)
+        best = greedy_tokens(logits)
         path, tokens = accept_greedy(tree, best.tolist())
         judge = distributions(logits, params) if params.soft_feedback else best
     else:

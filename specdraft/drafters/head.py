@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from specdraft.core.sampling import distributions
+from specdraft.core.sampling import distributions, greedy_tokens
 from specdraft.core.stopwatch import device_clock
 from specdraft.core.verify import overlap
 from specdraft.drafters.base import Draft, DraftContext, DrafterUnavailable, Hidden, PoolContext, TrajectoryScores
@@ -230,7 +230,7 @@ class HeadDrafter(ModelBackedDrafter):
             for j in range(k):
                 if logits is None:
                     break
-                token = logits.argmax(dim=-1)
+                token = greedy_tokens(logits)
                 proposal.append(int(token))
                 if t + j < n:
                     q = distributions(logits, self.ctx.params).to(probs.device)

@@ -24,7 +24,7 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from specdraft.core.sampling import distributions, sample
+from specdraft.core.sampling import distributions, greedy_tokens, sample
 from specdraft.core.verify import overlap
 from specdraft.drafters.base import Draft, DraftContext, Drafter, Hidden, TrajectoryScores
 from specdraft.learning.confidence import ConfidenceCalibration, StopRule
@@ -104,7 +104,7 @@ class ModelBackedDrafter(Drafter):
         survive, expected, fed = 1.0, 1.0, 0  # expected: committed tokens, bonus included
         for j in range(limit):
             q = distributions(logits, params)
-            token = logits.argmax(dim=-1) if params.greedy else sample(q, generator)  # [1]
+            token = greedy_tokens(logits) if params.greedy else sample(q, generator)  # [1]
             if stopping:
                 confidence = self._confidence(logits, q)
                 acceptance = self.calibration.acceptance(confidence)
@@ -264,7 +264,7 @@ class CausalLMDrafter(ModelBackedDrafter):
         logits = self.lm.uncached_logits(context)[prompt_len - 1 : prompt_len - 1 + n].to(target_probs.device)  # [n, V]
         alpha = overlap(target_probs, distributions(logits, self.ctx.params)).tolist()
         generated = torch.tensor(context[prompt_len:], device=target_probs.device)
-        match = (logits.argmax(-1) == generated).tolist()
+        match = (greedy_tokens(logits) == generated).tolist()
         runs = []
         for t in range(n):
             r = 0

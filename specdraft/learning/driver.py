@@ -78,6 +78,7 @@ class PolicyDriver:
         self.evaluator: Evaluator | None = None
         self.pending: list[RoundOutcome] = []
         self.skipped = 0  # rounds since the last evaluation, when evaluation is sampled
+        self._batch_skips: list[bool] | None = None  # `batch_skips`, while rounds are queued
 
     @property
     def full_information(self) -> bool:
@@ -95,6 +96,7 @@ class PolicyDriver:
         self.evaluator = evaluator
         self.pending = []
         self.skipped = 0
+        self._batch_skips = None
 
     def scored_now(self) -> list[bool]:
         """Per arm: whether an evaluation now would score it (full information): the
@@ -102,6 +104,25 @@ class PolicyDriver:
         if self.policy.scores_every_arm:
             return [True] * len(self.policy.arms)
         return [not skip for skip in self.planner.evaluation_skips(self._costly())]
+
+    def batch_skips(self) -> list[bool]:
+        """Per arm: left out of the evaluation of the rounds queued from now on (full
+        information). Decided when the first of them is chosen and kept until they are
+        evaluated: a drafter scored from the verify's hidden states (the evaluator's
+        `from_hidden`) needs them handed over by every round it is scored on, so the
+        engine asks for them only for arms not skipped here, and such an arm is asleep
+        for the choice meanwhile (it could not be scored on its own round)."""
+        if self._batch_skips is None:
+            self._batch_skips = [not scored for scored in self.scored_now()]
+        return self._batch_skips
+
+    def _unscorable(self) -> list[bool]:
+        """Per arm: scored from hidden states that the queued rounds do not hand over (the
+        evaluator then returns no gammas for it)."""
+        from_hidden = getattr(self.evaluator, "from_hidden", None)
+        if not from_hidden:
+            return [False] * len(self.policy.arms)
+        return [hidden and skipped for hidden, skipped in zip(from_hidden, self.batch_skips())]
 
     def _costly(self) -> Sequence[bool] | None:
         """Per arm: scoring it runs a forward of its own (the evaluator says, when it knows)."""
@@ -116,6 +137,8 @@ class PolicyDriver:
         """The plan for the next round after `produced` new tokens, among the `awake` arms.
         Never draft past the budget: a round commits at most draft length + 1 tokens."""
         cap = max(0, min(self.draft_tokens, self.max_new_tokens - produced - 1))
+        if not self.pending:  # the first round of a new batch: its skips are decided now
+            self._batch_skips = None
         awake = self._choosable(awake)
         return self.planner.plan(self.policy.select(awake), cap, awake)
 
@@ -126,8 +149,9 @@ class PolicyDriver:
 
     def _choosable(self, awake: Sequence[bool] | None) -> Sequence[bool] | None:
         if self.policy.full_information and not self.policy.scores_every_arm:
-            # A costly drafter the planner leaves out of evaluation is asleep for the choice too.
-            sits_out = self.planner.costly_skips(self._costly())
+            # A costly drafter the planner leaves out of evaluation is asleep for the choice
+            # too, and so is one whose hidden states this batch does not collect.
+            sits_out = [c or u for c, u in zip(self.planner.costly_skips(self._costly()), self._unscorable())]
             if any(sits_out):
                 before = awake if awake is not None else [True] * len(sits_out)
                 awake = [a and not s for a, s in zip(before, sits_out)]
@@ -192,12 +216,14 @@ class PolicyDriver:
             quiet = round_.feedback.silent  # known already when the round was chosen among awake arms
             if quiet is None and silent is not None:
                 quiet = silent(round_)
-            if any(skip):
-                quiet = [bool(q) or s for q, s in zip(quiet or [False] * len(skip), skip)]
+            # Not scored (skipped, or the evaluator lacked what it is scored from): asleep here.
+            if any(g is None for g in gammas):
+                quiet = [bool(q) or g is None for q, g in zip(quiet or [False] * len(gammas), gammas)]
             self.learn(replace(round_.feedback, gammas=gammas, silent=quiet))
             evaluated.append((round_.feedback.arm, gammas))
             values.append(round_values(self.planner, gammas))
         self.pending = []
+        self._batch_skips = None
         self.policy.after_evaluation()
         return Learned(evaluated, evaluate_s, values)
 

@@ -17,6 +17,11 @@ from specdraft.session.prompt_ids import context_limit, fitted_prompt_ids
 from specdraft.session.stats import GenerationStats
 from specdraft.session.text import Detokenizer, StopStringFilter
 
+# Rounds between refreshes of the planner's estimates in the statistics (the panel's ideal
+# speedup): reading them walks every arm's draft lengths, a cost worth paying once in a
+# while for a display, not every round; the last round's are read when the run ends.
+ESTIMATES_EVERY = 16
+
 
 class PromptRun:
     """Iterate to run; each step yields (text that became final this round, the round's record)."""
@@ -45,7 +50,8 @@ class PromptRun:
             for record in rounds:
                 self.records.append(record)
                 self.stats.add(record)
-                self.stats.learn_estimates(self.runtime.engine.driver.planner)
+                if len(self.records) % ESTIMATES_EVERY == 1:
+                    self.stats.learn_estimates(self.runtime.engine.driver.planner)
                 self.stats.elapsed_s = time.perf_counter() - self._start
                 delta = self.stops.push(self.detokenizer.add(record.tokens))
                 if record.finish and not self.stops.stopped:
@@ -58,6 +64,7 @@ class PromptRun:
                     break
         finally:
             rounds.close()
+            self.stats.learn_estimates(self.runtime.engine.driver.planner)
             self.stats.elapsed_s = time.perf_counter() - self._start
 
     def interrupt(self) -> str:
