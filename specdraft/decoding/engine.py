@@ -21,7 +21,7 @@ learns from are the work's, not the kernel launches'.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 import torch
@@ -34,6 +34,7 @@ from specdraft.core.verify import verify_greedy, verify_sampling
 from specdraft.drafters.base import Draft, Drafter
 from specdraft.learning.driver import Gammas, PolicyDriver, RoundOutcome
 from specdraft.learning.feedback import RoundFeedback
+from specdraft.learning.round_plan import RoundPlan
 from specdraft.learning.policies.base import Policy
 from specdraft.learning.policies.objective import value_unit
 from specdraft.models.cached_lm import CachedLM
@@ -127,6 +128,9 @@ class SpeculativeEngine:
                 drafter = self.drafters[arm]
                 watch.lap("overhead")
                 draft = drafter.propose(state.context, k, plan.stop) if k > 0 else drafter.empty_draft()
+                if draft.match_length and not plan.branches:
+                    draft, plan = self._trim(arm, draft, plan)
+                    k = plan.draft_tokens
                 watch.lap("draft")
                 proposals = [Proposal(arm, draft, max(0.0, watch["draft"] - draft.catch_up_seconds)),
                              *self._branches(state.context, plan.branches)]
@@ -140,7 +144,8 @@ class SpeculativeEngine:
                                          watch.elapsed, draft_seconds=proposals[0].seconds,
                                          verify_seconds=watch["verify"], verify_width=verified.width,
                                          silent=None if awake is None else [not a for a in awake],
-                                         branch_drafts=tuple((p.arm, p.drafted, p.seconds) for p in proposals[1:]))
+                                         branch_drafts=tuple((p.arm, p.drafted, p.seconds) for p in proposals[1:]),
+                                         match_length=draft.match_length)
                 evidence = self._evidence(verified, len(tokens)) if self.driver.full_information else None
                 learned = self.driver.finish_round(RoundOutcome(feedback, start, len(tokens), evidence),
                                                    last=finish is not None)
@@ -162,6 +167,18 @@ class SpeculativeEngine:
         finally:  # also when the caller stops early: what was generated is still text
             for drafter in self.drafters:
                 drafter.end_prompt(state.context)
+
+    def _trim(self, arm: int, draft: Draft, plan: RoundPlan) -> tuple[Draft, RoundPlan]:
+        """A lookup draft cut to the length its match length makes worth verifying
+        (`RoundPlanner.trimmed_length`; a chain round's, a tree's chains were planned
+        together), with the plan's expectations for what is left."""
+        drafted = draft.tokens.shape[0]
+        keep = self.driver.planner.trimmed_length(arm, draft.match_length, drafted)
+        if keep >= drafted:
+            return draft, plan
+        expected, seconds = self.driver.planner.estimate(arm, keep)
+        return (replace(draft, tokens=draft.tokens[:keep], probs=None if draft.probs is None else draft.probs[:keep]),
+                replace(plan, draft_tokens=keep, expected_tokens=expected, expected_seconds=seconds))
 
     def _awake(self, context: list[int]) -> list[bool] | None:
         """Which drafters would propose anything after `context` (the rest are asleep this

@@ -26,7 +26,8 @@ from typing import Any, Callable, Sequence
 
 from specdraft.learning.clock import Clock, host_clock
 from specdraft.learning.feedback import RoundFeedback
-from specdraft.learning.planner import RoundPlan, RoundPlanner
+from specdraft.learning.planner import RoundPlanner
+from specdraft.learning.round_plan import RoundPlan
 from specdraft.learning.policies.base import Policy
 from specdraft.learning.policies.objective import round_values
 

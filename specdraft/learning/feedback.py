@@ -38,6 +38,9 @@ class RoundFeedback:
     # A tree round's further chains, as (arm, tokens drafted, seconds drafting them): what
     # the cost model learns those drafters' draft costs from.
     branch_drafts: Sequence[tuple[int, int, float]] = ()
+    # The lookup match length behind the chosen drafter's draft (0: not a lookup): what the
+    # planner keys a lookup's acceptance on when it trims the next drafts of that drafter.
+    match_length: int = 0
 
 
 def bd_reward(alphas: Sequence[float]) -> float:

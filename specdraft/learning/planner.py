@@ -13,31 +13,16 @@ from __future__ import annotations
 
 import copy
 import random
-from dataclasses import dataclass
 from typing import Sequence
 
 from specdraft.learning.confidence import StopRule
 from specdraft.learning.feedback import RoundFeedback
 from specdraft.learning.goodput import AcceptanceByPosition, RoundCostModel, best_draft_length, committed_by_length
-from specdraft.learning.tree_planner import Branches, TreePlanner
+from specdraft.learning.match_length import MatchAcceptance
+from specdraft.learning.round_plan import RoundPlan
+from specdraft.learning.tree_planner import TreePlanner
 
 PLAIN_ARM = "none"  # the arm that drafts nothing: a plain decoding round
-
-
-@dataclass(frozen=True)
-class RoundPlan:
-    """What was decided for one round, and what is expected of it."""
-
-    arm: int
-    draft_tokens: int  # K for this round (0 = a plain decoding round)
-    # Early stop: when one more draft token stops paying for its time; None before costs
-    # are known, and with draft_length = "fixed".
-    stop: StopRule | None = None
-    expected_tokens: float | None = None  # E[committed | arm, K] (of the whole tree, with branches)
-    expected_seconds: float | None = None  # T(arm, K)
-    # Further drafters' chains verified with the chosen one's as a token tree, (arm, depth)
-    # each (learning/tree_planner.py); empty: a one-chain round.
-    branches: Branches = ()
 
 
 def awake_arms(count: int, awake: Sequence[bool] | None) -> list[int]:
@@ -78,6 +63,7 @@ class RoundPlanner:
         self.rng = random.Random(None if seed is None else seed + 1)
         self.costs = RoundCostModel(len(self.arms))
         self.acceptance = AcceptanceByPosition(len(self.arms), draft_tokens)
+        self.by_match = MatchAcceptance(len(self.arms), draft_tokens)
         # Trees need every drafter scored every round and a speed to plan for.
         self.tree = (TreePlanner(self.arms, [name == PLAIN_ARM for name in self.arms], self.costs)
                      if tree and full_information and self.goodput and self.dynamic_length else None)
@@ -101,12 +87,13 @@ class RoundPlanner:
         a loaded state is where it all starts. The cost model is kept: it describes this
         machine and these models, not the prompt."""
         self.acceptance = self.acceptance.carried_over(self.carried_rounds)
+        self.by_match = self.by_match.carried_over(self.carried_rounds)
         self._idle = [0] * len(self.arms)
         self._probe_gap = [self.REPROBE] * len(self.arms)
         if self.tree is not None:
             self.tree.reset()
         if self.initial_state is not None:
-            self._apply(self.initial_state, self.costs, self.acceptance)
+            self._apply(self.initial_state, self.costs, self.acceptance, self.by_match)
 
     def start_prompt(self) -> None:
         """Before every prompt (whether the policy resets or not): counts the prompts each
@@ -124,6 +111,8 @@ class RoundPlanner:
             self.tree.observe(feedback.gammas, feedback.silent)
         for arm, gammas in enumerate(feedback.gammas or ()):
             self._scored[arm] = self._scored[arm] or gammas is not None
+        if feedback.match_length > 0 and feedback.drafted:
+            self.by_match.observe(feedback.arm, feedback.match_length, feedback.alphas)
         if feedback.gammas is None:
             self.acceptance.observe(feedback.arm, feedback.alphas)
             return
@@ -175,6 +164,15 @@ class RoundPlanner:
             return 0
         self._idle[arm], self._probe_gap[arm] = 0, min(2 * self._probe_gap[arm], self.MAX_PROBE_GAP)
         return 1
+
+    def trimmed_length(self, arm: int, match_length: int, drafted: int) -> int:
+        """How many of a lookup draft's `drafted` tokens to verify, given its match length
+        (`MatchAcceptance.trimmed_length`); all of them with fixed draft lengths or under
+        the acceptance objective."""
+        if not (self.goodput and self.dynamic_length):
+            return drafted
+        seconds = [self.costs.round_seconds(arm, k) for k in range(drafted + 1)]
+        return self.by_match.trimmed_length(arm, match_length, seconds, self.rng)
 
     def best_length(self, arm: int, cap: int, rates: Sequence[float] | None = None) -> int:
         """The draft length the estimates favour for `arm`: under `rates` (a posterior draw
@@ -317,18 +315,20 @@ class RoundPlanner:
     # --- persistence: saved beside the policy's own state --------------------------------
 
     def state(self) -> dict:
-        """What the planner learned, as JSON: the "costs" and "acceptance" fields of a saved
-        policy state."""
-        return {"costs": self.costs.state(), "acceptance": self.acceptance.state()}
+        """What the planner learned, as JSON fields of a saved policy state (a state saved
+        before "match_acceptance" existed loads without it: learned afresh)."""
+        return {"costs": self.costs.state(), "acceptance": self.acceptance.state(),
+                "match_acceptance": self.by_match.state()}
 
     def check_state(self, state: dict) -> dict:
         """The planner's fields of a saved `state`, a private copy; ValueError on garbage."""
-        mine = {key: copy.deepcopy(state[key]) for key in ("costs", "acceptance") if key in state}
+        mine = {key: copy.deepcopy(state[key]) for key in ("costs", "acceptance", "match_acceptance") if key in state}
         # A state saved before the round cost model (its "costs" a list of per-arm seconds)
         # still loads: its learner state is kept and the costs are measured again.
         if isinstance(mine.get("costs"), list):
             del mine["costs"]
-        self._apply(mine, RoundCostModel(len(self.arms)), AcceptanceByPosition(len(self.arms), self.draft_tokens))
+        self._apply(mine, RoundCostModel(len(self.arms)), AcceptanceByPosition(len(self.arms), self.draft_tokens),
+                    MatchAcceptance(len(self.arms), self.draft_tokens))
         return mine
 
     def load_state(self, state: dict) -> None:
@@ -338,8 +338,9 @@ class RoundPlanner:
         self.reset()
 
     @staticmethod
-    def _apply(state: dict, costs: RoundCostModel, acceptance: AcceptanceByPosition) -> None:
-        for key, part in (("costs", costs), ("acceptance", acceptance)):
+    def _apply(state: dict, costs: RoundCostModel, acceptance: AcceptanceByPosition,
+               by_match: MatchAcceptance) -> None:
+        for key, part in (("costs", costs), ("acceptance", acceptance), ("match_acceptance", by_match)):
             if key in state:
                 if not isinstance(state[key], dict):
                     raise ValueError(f"state field {key}: expected an object")
