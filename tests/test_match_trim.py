@@ -59,7 +59,7 @@ def test_the_match_acceptance_is_saved_loaded_and_checked():
     assert other.by_match.rates(0, 1, 6) == planner.by_match.rates(0, 1, 6)
     older = {key: value for key, value in state.items() if key != "match_acceptance"}
     other.load_state(older)  # a state saved before the field existed: learned afresh
-    with pytest.raises(ValueError, match="acceptance"):
+    with pytest.raises(ValueError, match="state field match_acceptance.hits"):
         other.load_state(state | {"match_acceptance": {"hits": [[0.0] * 6], "seen": [[0.0] * 6]}})
 
 

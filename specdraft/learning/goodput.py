@@ -253,15 +253,16 @@ class AcceptanceByPosition:
     def state(self) -> dict:
         return {"hits": [list(row) for row in self.hits], "seen": [list(row) for row in self.seen]}
 
-    def load(self, state: dict) -> None:
+    def load(self, state: dict, field: str = "acceptance") -> None:
+        """`state` as `state()` wrote it; ValueError naming the state's `field` on garbage."""
         if not isinstance(state, dict):
-            raise ValueError("state field acceptance: expected an object with hits and seen")
+            raise ValueError(f"state field {field}: expected an object with hits and seen")
         for key in ("hits", "seen"):
             rows = state.get(key)
             if not (isinstance(rows, list) and len(rows) == len(self.hits)
                     and all(isinstance(r, list) and len(r) == self.k_max and all(is_number(v) for v in r)
                             for r in rows)):
-                raise ValueError(f"state field acceptance.{key}: expected {len(self.hits)} lists of {self.k_max} numbers")
+                raise ValueError(f"state field {field}.{key}: expected {len(self.hits)} lists of {self.k_max} numbers")
         self.hits = [[float(v) for v in row] for row in state["hits"]]
         self.seen = [[float(v) for v in row] for row in state["seen"]]
 

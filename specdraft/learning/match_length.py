@@ -54,4 +54,4 @@ class MatchAcceptance:
         return self.table.state()
 
     def load(self, state: dict) -> None:
-        self.table.load(state)
+        self.table.load(state, "match_acceptance")
