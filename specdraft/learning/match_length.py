@@ -43,7 +43,7 @@ class MatchAcceptance:
         unknown or for a draft that is not a lookup's."""
         drafted = len(seconds) - 1
         if match_length <= 0 or drafted <= 0 or any(s is None or s <= 0 for s in seconds):
-            return max(drafted, 0)
+            return drafted
         rates = self.rates(arm, match_length, drafted, rng)
         return best_draft_length(committed_by_length(rates), seconds)
 

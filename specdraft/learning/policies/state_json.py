@@ -7,24 +7,22 @@ import math
 from collections import deque
 from typing import Any
 
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+from specdraft.learning.goodput import is_number
 
 
 def _numeric(value: Any) -> bool:
     """Numbers, or (nested) lists of numbers: the only shapes learned state takes."""
     if isinstance(value, list):
         return all(_numeric(v) for v in value)
-    return _is_number(value) or value is None
+    return is_number(value) or value is None
 
 
 def restored(key: str, current: Any, value: Any) -> Any:
     """`value` from JSON in the shape of the attribute it replaces, or ValueError."""
     if not _numeric(value):
         raise ValueError(f"state field {key}: expected numbers, got {value!r}"[:200])
-    if _is_number(current):
-        if not _is_number(value):
+    if is_number(current):
+        if not is_number(value):
             raise ValueError(f"state field {key}: expected a number")
         return value
     if not isinstance(value, list):
