@@ -25,7 +25,7 @@ def test_a_head_drafting_for_a_packed_target_is_packed_and_drafts_the_same():
     dense = HeadDrafter("head", ctx, random_head(target, list(range(0, VOCAB, 2))).float(), target)
     packed = HeadDrafter("head", ctx, random_head(target, list(range(0, VOCAB, 2))).float(), packed_target)
     assert not any(isinstance(m, PackedLinear) for m in dense.head_cache.head.modules())
-    assert isinstance(packed.head_cache.head.fc, PackedLinear) and packed.head_cache.readout.packed is not None
+    assert isinstance(packed.head_cache.head.fc, PackedLinear) and packed.head_cache.readout.kernel is not None
     features = torch.randn(6, target.config.hidden_size)
     for drafter in (dense, packed):
         drafter.head_cache.observe(0, features)

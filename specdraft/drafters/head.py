@@ -29,6 +29,8 @@ from specdraft.drafters.model_base import ModelBackedDrafter
 from specdraft.drafters.options import HeadOptions
 from specdraft.errors import ProfileError
 from specdraft.learning.confidence import StopRule
+from specdraft.models.block_linear import BlockLinear, to_int8_blocks
+from specdraft.models.gguf_blocks import GROUP
 from specdraft.models.lean_decoder import LeanDecoder, lean_choice
 from specdraft.models.packed_linear import PackedLinear, is_packed, pack_linears, packing_problem
 
@@ -42,10 +44,16 @@ class HeadCache:
         products there)."""
         self.device = next(target.parameters()).device
         self.clock = device_clock(self.device)
-        dtype = next(target.parameters()).dtype
-        self.head = head.to(self.device, dtype)
+        self.dtype = next(target.parameters()).dtype
+        self.head = head.to(self.device, self.dtype)
         self.embed = target.get_input_embeddings()
         self.readout = Readout(target, self.head.vocab_ids)
+        # Where the target runs on the block kernels (its file's quantization, or bfloat16
+        # weights), the head does too: its float32 products and readout moved more bytes a
+        # draft step than a quarter of the quantized target's whole step.
+        if self._on_blocks(target):
+            to_int8_blocks(self.head)
+            self.readout.on_blocks(target.get_output_embeddings())
         self.lean = LeanDecoder(self.head.body, stack=self.head.body) if lean_choice(
             core, self.head.body, self.device, stack=True) else None
         # A head drafts on its target's kernels: where the runtime packed the target for
@@ -65,6 +73,10 @@ class HeadCache:
         self.feature_width = self.hidden_size * len(head.config.layers_read)  # a row of hand-over
         self.reset()
 
+    def _on_blocks(self, target: torch.nn.Module) -> bool:
+        return self.device.type == "cpu" and isinstance(target.get_output_embeddings(), BlockLinear) \
+            and self.head.config.hidden_size % GROUP == 0
+
     def reset(self) -> None:
         from transformers import DynamicCache
 
@@ -72,7 +84,8 @@ class HeadCache:
         self.length = 0  # tokens consumed: pairs for tokens 1 .. length - 1 are cached
         # The target's features at positions 0 .. known - 1, in a buffer that doubles when
         # full (a copy per round would grow with the context).
-        self._buffer = torch.empty(256, self.feature_width, device=self.device, dtype=self.embed.weight.dtype)
+        # (not the embedding's dtype: a quantized table's `.weight` dequantizes all of it)
+        self._buffer = torch.empty(256, self.feature_width, device=self.device, dtype=self.dtype)
         self.known = 0
         self.last: torch.Tensor | None = None  # [1, 1, H]: the latest predicted feature
 

@@ -289,19 +289,25 @@ class Readout:
         self.bias = None if bias is None else (bias.detach() if whole else bias.detach()[self.vocab_ids].clone())
         self.whole = whole
         self.softcap = getattr(target.config, "final_logit_softcapping", None)
-        self.packed: nn.Module | None = None  # see pack()
+        self.kernel: nn.Module | None = None  # see pack(), on_blocks()
 
     def pack(self) -> None:
         """Read out through oneDNN's packed layout from now on (drafting only: training
         needs gradients through the dense product)."""
         from specdraft.models.packed_linear import PackedLinear
 
-        self.packed = PackedLinear.of(self.weight, self.bias)
+        self.kernel = PackedLinear.of(self.weight, self.bias)
+
+    def on_blocks(self, head: nn.Module) -> None:
+        """Read out through the rows of the target's head `head` (a BlockLinear) from now on,
+        in its own codes: the same weights as `weight`, at the file's bytes per weight rather
+        than float32's (drafting only)."""
+        self.kernel = head.subset(self.vocab_ids)
 
     def small(self, features: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., draft vocab] logits."""
         features = features.to(self.weight.dtype)
-        logits = (self.packed(features) if self.packed is not None
+        logits = (self.kernel(features) if self.kernel is not None
                   else nn.functional.linear(features, self.weight, self.bias))
         if self.softcap:  # models that cap their logits (Gemma) do it after the head
             logits = torch.tanh(logits / self.softcap) * self.softcap

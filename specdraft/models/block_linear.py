@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from specdraft.models.gguf_blocks import GROUP, Int4Terms, Int8Codes
+from specdraft.models.gguf_blocks import GROUP, Int4Terms, Int8Codes, int8_groups
 from specdraft.models.native import library
 
 BLOCK = 16  # output columns per weight block (cpu_kernels_shared.h)
@@ -159,6 +159,25 @@ class BlockLinear(nn.Module):
         values = codes * per_group(self.scales)[..., None] + per_group(self.offsets)[..., None]
         return values.view(len(ids), self.terms, self.in_features).sum(1)
 
+    def subset(self, ids: torch.Tensor) -> "BlockLinear":
+        """A layer of output rows `ids` [n] of this one, their codes as they are (the same
+        weights to the bit): a draft head's readout over its vocabulary."""
+        if self.bits in (16, 32):
+            return BlockLinear.from_float(self.rows(ids).to(self.codes.dtype), self._bias_rows(ids))
+        block, lane = ids // BLOCK, ids % BLOCK
+        blocks, groups = self.codes.shape[0], self.groups
+        chunks = 8 if self.bits == 8 else 4
+        codes = self.codes.view(blocks, groups, chunks, BLOCK, 4)[block, :, :, lane, :].reshape(len(ids), -1)
+
+        def per_group(t: torch.Tensor) -> torch.Tensor:
+            return t.view(blocks, groups, BLOCK)[block, :, lane]
+
+        offsets = per_group(self.offsets) if self.bits == 4 else None
+        return BlockLinear.from_rows(codes, per_group(self.scales), offsets, self.terms, self._bias_rows(ids))
+
+    def _bias_rows(self, ids: torch.Tensor) -> torch.Tensor | None:
+        return None if self.bias is None else self.bias.detach()[ids]
+
     @property
     def weight(self) -> torch.Tensor:
         """W dequantized [N, K] (a fresh tensor, for one-off readers such as a draft head's
@@ -168,6 +187,21 @@ class BlockLinear(nn.Module):
     def extra_repr(self) -> str:
         form = {4: f"terms={self.terms}", 8: "int8", 16: "bfloat16", 32: "float32"}[self.bits]
         return f"in_features={self.in_features}, out_features={self.out_features}, {form}"
+
+
+def to_int8_blocks(module: nn.Module) -> int:
+    """Every float nn.Linear inside `module` (inputs a multiple of 32) replaced by a
+    BlockLinear of int8 codes with a scale per group of 32 (Q8_0's layout): a draft head's
+    products on the kernels its quantized target runs on, a quarter of float32's bytes.
+    Returns how many moved."""
+    moved = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and child.in_features % GROUP == 0:
+                bias = None if child.bias is None else child.bias.detach().float()
+                setattr(parent, name, BlockLinear.of(int8_groups(child.weight.detach().float().cpu().numpy()), bias))
+                moved += 1
+    return moved
 
 
 def runs_on_file_quantization(model: nn.Module) -> bool:

@@ -107,6 +107,16 @@ def int8_rows(weight: np.ndarray) -> Int8Codes:
     return Int8Codes(codes, np.repeat(scales[:, None], weight.shape[1] // GROUP, axis=1))
 
 
+def int8_groups(weight: np.ndarray) -> Int8Codes:
+    """Symmetric int8 codes with one scale per group of 32 columns of a row (Q8_0's layout),
+    rounded against the scale as the kernel reads it."""
+    rows, cols = weight.shape
+    grouped = weight.astype(np.float32).reshape(rows, cols // GROUP, GROUP)
+    scales = (np.maximum(np.abs(grouped).max(axis=2), 1e-12) / 127.0).astype(np.float32)
+    codes = np.clip(np.rint(grouped / scales[..., None]), -127, 127).astype(np.int8)
+    return Int8Codes(codes.reshape(rows, cols), scales)
+
+
 def _f16(blocks: np.ndarray, offset: int) -> np.ndarray:
     """The float16 at byte `offset` of every block, as float32 [rows, blocks]."""
     return blocks[..., offset:offset + 2].copy().view(np.float16)[..., 0].astype(np.float32)

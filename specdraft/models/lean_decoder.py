@@ -154,7 +154,7 @@ class LeanDecoder:
         """Feed `ids` [n] after the first `start` cached tokens (what follows them is
         overwritten): logits of the last `keep` positions (all when 0) [keep, V], and the
         residual stream after each of `hidden_layers` layers at every position ({layer: [n,
-        H]}, as transformers' hidden_states[layer]). `depth`: run only the first `depth`
+        H]}, as transformers' hidden_states[layer]: after the last layer, the final norm's output). `depth`: run only the first `depth`
         layers, then the final norm and head (a self-drafter over this buffer). `parents`:
         `ids` are a token tree (`parents[i]` < i the row of i's parent, parents[0] = -1): each
         row sits at position start + its depth and attends its own path; `keep_path` then
@@ -163,7 +163,13 @@ class LeanDecoder:
         x, hidden = self.layers_over(self.inner.embed_tokens(ids.view(1, n)), start, hidden_layers, depth, parents)
         rows = x[:, -keep:] if keep else x
         logits = self.model.lm_head(self._norm(rows.contiguous(), self.inner.norm))[0]
-        return logits, {layer: state[0] for layer, state in hidden.items()}
+        hidden = {layer: state[0] for layer, state in hidden.items()}
+        final = len(self.layers)
+        if final in hidden and (depth is None or depth >= final):
+            # transformers' last hidden state is the stack's output after its final norm (what
+            # a draft head is trained on), not the residual stream after the last layer
+            hidden[final] = self._norm(hidden[final].contiguous(), self.inner.norm)
+        return logits, hidden
 
     @torch.inference_mode()
     def hidden(self, x: torch.Tensor, start: int) -> torch.Tensor:
