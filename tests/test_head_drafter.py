@@ -123,3 +123,29 @@ def test_a_missing_head_is_a_profile_error_unless_optional(tiny_models, tmp_path
     result = runner.invoke(app, ["generate", "--pool", str(profile), "hi"])
     assert result.exit_code == 2 and 'drafts with "head", which is not available' in result.stderr
 
+
+
+def test_a_head_the_planner_would_not_play_is_not_scored_and_catches_up_when_played(target, monkeypatch):
+    """A head's scoring is a forward of its own over the committed tokens: once measured and
+    not worth playing (here: never, by an impossible margin) it sits out evaluation, no
+    scoring forward runs for it, and output stays plain greedy decoding's."""
+    from specdraft.drafters.head import HeadCache
+    from specdraft.learning.planner import RoundPlanner
+
+    monkeypatch.setattr(RoundPlanner, "COSTLY_MARGIN", 1e9)
+    engine, drafters = engine_for(target, random_head(target), "normalhedge", update_every=1, reset="carry")
+    head = drafters[1]
+    assert head.scored_by_own_forward
+    consumed = []
+    original = HeadCache.consume
+    monkeypatch.setattr(HeadCache, "consume", lambda self, *a, **k: consumed.append(a) or original(self, *a, **k))
+    for n, prompt in enumerate(PROMPTS[:1] * 3):
+        records = list(engine.generate(prompt))
+        assert [t for r in records for t in r.tokens] == plain_greedy(target, prompt, 32)
+        if n:
+            assert engine.driver.scored_now()[1] is False
+            # its forward ran only in rounds it drafted (its draft, and its scoring on that
+            # round): none where another drafter played
+            drafting = sum(1 for r in records if r.drafter == "head" and r.drafted)
+            assert len(consumed) <= 2 * drafting
+        consumed.clear()
