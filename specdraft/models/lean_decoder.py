@@ -154,8 +154,9 @@ class LeanDecoder:
         """Feed `ids` [n] after the first `start` cached tokens (what follows them is
         overwritten): logits of the last `keep` positions (all when 0) [keep, V], and the
         residual stream after each of `hidden_layers` layers at every position ({layer: [n,
-        H]}, as transformers' hidden_states[layer]: after the last layer, the final norm's output). `depth`: run only the first `depth`
-        layers, then the final norm and head (a self-drafter over this buffer). `parents`:
+        H]}, as transformers' hidden_states[layer]: after the last layer, the final norm's
+        output). `depth`: run only the first `depth` layers, then the final norm and head
+        (a self-drafter over this buffer). `parents`:
         `ids` are a token tree (`parents[i]` < i the row of i's parent, parents[0] = -1): each
         row sits at position start + its depth and attends its own path; `keep_path` then
         moves the accepted path's keys and values into place."""
