@@ -96,7 +96,10 @@ def test_serve_answers_a_streamed_completion_as_vllm_plain_does_and_stops_on_ctr
     server = subprocess.Popen([specdraft, "serve", "--pool", str(DEMO), "--port", str(port), "--policy-state",
                                str(state), "--log-every", "1", "--", "--gpu-memory-utilization", "0.1",
                                "--max-model-len", "512"], stdout=subprocess.PIPE, stderr=open(tmp_path / "serve.log", "wb"),
-                              start_new_session=True, env=dict(os.environ))
+                              start_new_session=True, env=dict(os.environ),
+                              # as from a terminal: a runner started in the background (`cmd &`
+                              # without job control) ignores SIGINT, and its children inherit that
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 300
         while True:
