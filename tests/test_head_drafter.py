@@ -124,8 +124,7 @@ def test_a_missing_head_is_a_profile_error_unless_optional(tiny_models, tmp_path
     assert result.exit_code == 2 and 'drafts with "head", which is not available' in result.stderr
 
 
-
-def test_a_head_the_planner_would_not_play_is_not_scored_and_catches_up_when_played(target, monkeypatch):
+def test_a_head_the_planner_would_not_play_is_not_scored(target, monkeypatch):
     """A head's scoring is a forward of its own over the committed tokens: once measured and
     not worth playing (here: never, by an impossible margin) it sits out evaluation, no
     scoring forward runs for it, and output stays plain greedy decoding's."""

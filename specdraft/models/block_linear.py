@@ -143,20 +143,13 @@ class BlockLinear(nn.Module):
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` [n] of W dequantized [n, K] float32, exactly as the kernel's weights (a
         tied embedding looks its rows up here instead of keeping a second copy)."""
-        block, lane = ids // BLOCK, ids % BLOCK
-        blocks, groups = self.codes.shape[0], self.groups
         if self.bits in (16, 32):
-            return self.codes.view(blocks, self.in_features, BLOCK)[block, :, lane].float()
-
-        def per_group(t: torch.Tensor) -> torch.Tensor:  # [n, G] of a [NB, G * 16] buffer
-            return t.view(blocks, groups, BLOCK)[block, :, lane]
-
-        chunks = 8 if self.bits == 8 else 4
-        grouped = self.codes.view(blocks, groups, chunks, BLOCK, 4)[block, :, :, lane, :].reshape(len(ids), groups, -1)
+            return self.codes.view(self.codes.shape[0], self.in_features, BLOCK)[ids // BLOCK, :, ids % BLOCK].float()
+        grouped, scales, offsets = self._row_layout(ids)
         if self.bits == 8:
-            return (grouped.float() * per_group(self.scales)[..., None]).view(len(ids), self.in_features)
+            return (grouped.float() * scales[..., None]).view(len(ids), self.in_features)
         codes = torch.cat([grouped & 0x0F, grouped >> 4], dim=-1).float()  # [n, G, 32]
-        values = codes * per_group(self.scales)[..., None] + per_group(self.offsets)[..., None]
+        values = codes * scales[..., None] + offsets[..., None]
         return values.view(len(ids), self.terms, self.in_features).sum(1)
 
     def subset(self, ids: torch.Tensor) -> "BlockLinear":
@@ -164,16 +157,21 @@ class BlockLinear(nn.Module):
         weights to the bit): a draft head's readout over its vocabulary."""
         if self.bits in (16, 32):
             return BlockLinear.from_float(self.rows(ids).to(self.codes.dtype), self._bias_rows(ids))
+        grouped, scales, offsets = self._row_layout(ids)
+        return BlockLinear.from_rows(grouped.reshape(len(ids), -1), scales, offsets, self.terms, self._bias_rows(ids))
+
+    def _row_layout(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Rows `ids` [n] of the quantized codes in the row layout (`to_blocks`' input): codes
+        [n, G, bytes per group], scales and offsets [n, G] (offsets None for 8 bits)."""
         block, lane = ids // BLOCK, ids % BLOCK
         blocks, groups = self.codes.shape[0], self.groups
-        chunks = 8 if self.bits == 8 else 4
-        codes = self.codes.view(blocks, groups, chunks, BLOCK, 4)[block, :, :, lane, :].reshape(len(ids), -1)
 
-        def per_group(t: torch.Tensor) -> torch.Tensor:
+        def per_group(t: torch.Tensor) -> torch.Tensor:  # [n, G] of a [NB, G * 16] buffer
             return t.view(blocks, groups, BLOCK)[block, :, lane]
 
-        offsets = per_group(self.offsets) if self.bits == 4 else None
-        return BlockLinear.from_rows(codes, per_group(self.scales), offsets, self.terms, self._bias_rows(ids))
+        chunks = 8 if self.bits == 8 else 4
+        grouped = self.codes.view(blocks, groups, chunks, BLOCK, 4)[block, :, :, lane, :].reshape(len(ids), groups, -1)
+        return grouped, per_group(self.scales), per_group(self.offsets) if self.bits == 4 else None
 
     def _bias_rows(self, ids: torch.Tensor) -> torch.Tensor | None:
         return None if self.bias is None else self.bias.detach()[ids]

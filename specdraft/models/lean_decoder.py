@@ -166,7 +166,7 @@ class LeanDecoder:
         logits = self.model.lm_head(self._norm(rows.contiguous(), self.inner.norm))[0]
         hidden = {layer: state[0] for layer, state in hidden.items()}
         final = len(self.layers)
-        if final in hidden and (depth is None or depth >= final):
+        if final in hidden:  # (only a forward through every layer hands the last one over)
             # transformers' last hidden state is the stack's output after its final norm (what
             # a draft head is trained on), not the residual stream after the last layer
             hidden[final] = self._norm(hidden[final].contiguous(), self.inner.norm)
