@@ -132,6 +132,35 @@ def test_attention_rows_are_the_same_at_every_block_width_and_match_sdpa():
     torch.testing.assert_close(block, sdpa[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dim", [32, 64, 128])
+def test_attention_over_many_row_tiles_gives_each_row_its_own_result(dim):
+    # rows go in tiles that share key blocks (40 rows: three tiles, the last partial), and a
+    # context past one value span: every row still equals its one-row block, chain and tree
+    torch.manual_seed(1)
+    heads, kv_heads, rows, start = 6, 3, 40, 150
+    capacity = start + rows
+    keys, values = torch.randn(kv_heads, capacity, dim), torch.randn(kv_heads, capacity, dim)
+    q = torch.randn(rows, heads, dim)
+    block = causal_attention(q, keys, values, start)
+    for i in range(rows):
+        assert torch.equal(causal_attention(q[i:i + 1].contiguous(), keys, values, start + i)[0], block[i])
+    parents = torch.tensor([-1] + [max(0, i - 1 - (i % 3 == 0) * 2) for i in range(1, rows)], dtype=torch.int32)
+    tree = causal_attention(q, keys, values, start, parents)
+    for i in range(rows):
+        path = [i]
+        while parents[path[-1]] >= 0:
+            path.append(int(parents[path[-1]]))
+        slots = list(range(start)) + [start + row for row in reversed(path)]
+        # as the last row of a chain that holds the row's path after the cached context
+        chain_keys, chain_values = keys[:, slots].contiguous(), values[:, slots].contiguous()
+        alone = causal_attention(q[i:i + 1].contiguous(), chain_keys, chain_values, len(slots) - 1)[0]
+        assert torch.equal(alone, tree[i])
+    mask = torch.ones(rows, capacity, dtype=torch.bool).tril(start)
+    sdpa = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys[None], values[None], attn_mask=mask,
+                                          enable_gqa=True)
+    torch.testing.assert_close(block, sdpa[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
+
+
 def test_rms_norm_rows_do_not_depend_on_each_other():
     x, weight = torch.randn(9, 1, 200), torch.randn(200)
     wide = rms_norm(x, weight, 1e-5)

@@ -45,25 +45,35 @@ int kernel_isa(int request) {
     return use_vnni;
 }
 
+/* One row's groups of 32 to int8 codes: per group the scale amax / 127, each value rounded to
+ * nearest even (as nearbyintf in the default rounding mode) and clamped to -127..127. */
 static void quantize_row(const float *x, int groups, int8_t *q, float *d, int32_t *s) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i top = _mm256_set1_epi32(127), bottom = _mm256_set1_epi32(-127);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* undoes the packs' lane interleave */
     for (int g = 0; g < groups; g++) {
         const float *xg = x + g * GROUP;
-        float amax = 0.0f;
-        for (int k = 0; k < GROUP; k++) {
-            float a = fabsf(xg[k]);
-            amax = a > amax ? a : amax;
+        __m256 v[4], most = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(xg + 8 * k);
+            most = _mm256_max_ps(most, _mm256_andnot_ps(sign, v[k]));
         }
-        float scale = amax / 127.0f;
-        float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
-        int32_t sum = 0;
-        for (int k = 0; k < GROUP; k++) {
-            int v = (int)nearbyintf(xg[k] * inverse);
-            v = v > 127 ? 127 : (v < -127 ? -127 : v);
-            q[g * GROUP + k] = (int8_t)v;
-            sum += v;
+        const float amax = hmax(most), scale = amax / 127.0f;
+        const __m256 inverse = _mm256_set1_ps(scale > 0.0f ? 1.0f / scale : 0.0f);
+        __m256i codes[4], sum = _mm256_setzero_si256();
+        for (int k = 0; k < 4; k++) {
+            codes[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], inverse));
+            codes[k] = _mm256_max_epi32(_mm256_min_epi32(codes[k], top), bottom);
+            sum = _mm256_add_epi32(sum, codes[k]);
         }
+        const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(codes[0], codes[1]),
+                                                 _mm256_packs_epi32(codes[2], codes[3]));
+        _mm256_storeu_si256((__m256i *)(q + g * GROUP), _mm256_permutevar8x32_epi32(bytes, order));
+        __m128i half = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        half = _mm_add_epi32(half, _mm_shuffle_epi32(half, 0x4E));
+        half = _mm_add_epi32(half, _mm_shuffle_epi32(half, 0xB1));
         d[g] = scale;
-        s[g] = sum;
+        s[g] = _mm_cvtsi128_si32(half);
     }
 }
 
@@ -276,141 +286,6 @@ int block_matmul(const float *x, int M, int K, const void *codes, const float *s
     return 0;
 }
 
-/* The horizontal sum of a vector (attention's normalizer, RMSNorm's sum of squares). */
-static inline float hsum(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
-}
-
-static inline float hmax(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
-
-/* exp(x) for x <= 0 (Cephes' single-precision polynomial): the same operations for every
- * lane, so a score's weight never depends on its neighbours. */
-static inline __m256 exp_nonpositive(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
-    x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    __m256i power = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(power));
-}
-
-/* The dot product of two D-vectors (D a multiple of 8), reduced in one fixed order. */
-static inline __m256 dot_lanes(const float *a, const float *b, int D) {
-    __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(b));
-    for (int d = 8; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
-    return acc;
-}
-
-/* The key slots row i of a token tree attends, in order: the cached positions 0 .. start - 1,
- * then the block's slots of its path from the root (row 0) down to itself. Returns how many. */
-static int tree_slots(const int *parents, int start, int i, int *slots) {
-    int depth = 0;
-    for (int node = i; node > 0; node = parents[node]) depth++;
-    for (int j = 0; j < start; j++) slots[j] = j;
-    for (int node = i, d = depth; d >= 0; node = node > 0 ? parents[node] : 0, d--) slots[start + d] = start + node;
-    return start + depth + 1;
-}
-
-/* Causal attention for a decode or verify block, one query row at a time.
- *
- * q [n, H, D]: the block's queries (D a multiple of 8, at most 256); keys and values [KVH,
- * capacity, D]: every cached position, the block's own included at start .. start + n - 1;
- * out [n, H, D]. A chain (`parents` NULL): row i attends slots 0 .. start + i. A token tree
- * (`parents[i]` < i the row of i's parent, row 0 the root): row i attends the cached slots and
- * its own path from the root, in that order, so it sees exactly what it would see as row d
- * (its depth) of a chain holding that path. Each (row, head) is computed alone, in an order
- * that depends only on the keys it attends (scores eight keys at a time, their maximum,
- * exponentials and their sum, the weighted values), so a row gets bit for bit the same output
- * in a block of any width or shape: what torch's SDPA does not promise (its kernels block
- * queries and keys by the block's shape).
- * Returns 0, or -1 when scratch memory cannot be had. */
-int causal_attention(const float *q, const float *keys, const float *values, int n, int start, int H, int KVH,
-                     int D, int capacity, float scale, const int *parents, float *out, int threads) {
-    const int group = H / KVH, longest = start + n;
-    int failed = 0;
-    #pragma omp parallel num_threads(threads)
-    {
-        float *weights = (float *)malloc(sizeof(float) * ((size_t)longest + 8));
-        int *slots = parents ? (int *)malloc(sizeof(int) * (size_t)longest) : NULL;
-        if (!weights || (parents && !slots)) {
-            #pragma omp atomic write
-            failed = 1;
-        }
-        #pragma omp for collapse(2) schedule(static)
-        for (int i = 0; i < n; i++) {
-            for (int h = 0; h < H; h++) {
-                if (!weights || (parents && !slots)) continue;
-                const float *qi = q + ((size_t)i * H + h) * D;
-                const float *kh = keys + (size_t)(h / group) * capacity * D;
-                const float *vh = values + (size_t)(h / group) * capacity * D;
-                float *oi = out + ((size_t)i * H + h) * D;
-                const int length = parents ? tree_slots(parents, start, i, slots) : start + i + 1;
-#define SLOT(j) (slots ? slots[j] : (j))
-                /* scores, eight keys at a time: eight lane sums reduced by one hadd tree */
-                __m256 best = _mm256_set1_ps(-INFINITY);
-                for (int j = 0; j < length; j += 8) {
-                    __m256 lanes[8];
-                    for (int u = 0; u < 8; u++)
-                        lanes[u] = j + u < length ? dot_lanes(qi, kh + (size_t)SLOT(j + u) * D, D) : _mm256_setzero_ps();
-                    __m256 s01 = _mm256_hadd_ps(lanes[0], lanes[1]), s23 = _mm256_hadd_ps(lanes[2], lanes[3]);
-                    __m256 s45 = _mm256_hadd_ps(lanes[4], lanes[5]), s67 = _mm256_hadd_ps(lanes[6], lanes[7]);
-                    __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
-                    __m256 mixed = _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20),
-                                                 _mm256_permute2f128_ps(s0123, s4567, 0x31));
-                    mixed = _mm256_mul_ps(mixed, _mm256_set1_ps(scale));
-                    if (j + 8 > length) {  /* past the row's last key: no weight */
-                        float tmp[8];
-                        _mm256_storeu_ps(tmp, mixed);
-                        for (int u = length - j; u < 8; u++) tmp[u] = -INFINITY;
-                        mixed = _mm256_loadu_ps(tmp);
-                    }
-                    _mm256_storeu_ps(weights + j, mixed);
-                    best = _mm256_max_ps(best, mixed);
-                }
-                float top = hmax(best);
-                __m256 total = _mm256_setzero_ps();
-                for (int j = 0; j < length; j += 8) {
-                    __m256 w = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(weights + j), _mm256_set1_ps(top)));
-                    _mm256_storeu_ps(weights + j, w);
-                    total = _mm256_add_ps(total, w);
-                }
-                const float inverse = 1.0f / hsum(total);
-                __m256 accum[32];
-                for (int d = 0; d < D / 8; d++) accum[d] = _mm256_setzero_ps();
-                for (int j = 0; j < length; j++) {
-                    const float *vj = vh + (size_t)SLOT(j) * D;
-                    const __m256 w = _mm256_set1_ps(weights[j]);
-                    for (int d = 0; d < D / 8; d++) accum[d] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8 * d), accum[d]);
-                }
-                const __m256 norm = _mm256_set1_ps(inverse);
-                for (int d = 0; d < D / 8; d++) _mm256_storeu_ps(oi + 8 * d, _mm256_mul_ps(accum[d], norm));
-#undef SLOT
-            }
-        }
-        free(weights);
-        free(slots);
-    }
-    return failed ? -1 : 0;
-}
-
 /* RMSNorm of each row of x [rows, dim] into out: x / sqrt(mean(x^2) + eps) * weight, the
  * sum of squares in one fixed order per row (so a row's result never depends on the others). */
 void rms_norm_rows(const float *x, const float *weight, int rows, int dim, float eps, float *out) {
@@ -441,44 +316,26 @@ void add_rms_norm_rows(float *x, const float *delta, const float *weight, int ro
     rms_norm_rows(x, weight, rows, dim, eps, out);
 }
 
-/* gate_up [rows, 2 I] -> out [rows, I] = silu(gate) * up. */
+/* gate_up [rows, 2 I] -> out [rows, I] = silu(gate) * up, silu(g) = g / (1 + e^-g) taken as
+ * g / (1 + t) for g >= 0 and g t / (1 + t) below, t = e^-|g| (exp_nonpositive: no overflow). */
 void swiglu_rows(const float *gate_up, int rows, int inner, float *out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f), floor = _mm256_set1_ps(-87.0f);
     for (int r = 0; r < rows; r++) {
         const float *g = gate_up + (size_t)r * 2 * inner, *u = g + inner;
         float *o = out + (size_t)r * inner;
-        for (int i = 0; i < inner; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-    }
-}
-
-/* Rotary positions on one head vector: v * cos + rotate_half(v) * sin, rotate_half(v) being
- * [-v[D/2:], v[:D/2]] (transformers' convention). */
-static inline void rope(const float *v, const float *cos, const float *sin, int D, float *out) {
-    const int half = D / 2;
-    for (int d = 0; d < half; d++) out[d] = v[d] * cos[d] - v[d + half] * sin[d];
-    for (int d = half; d < D; d++) out[d] = v[d] * cos[d] + v[d - half] * sin[d];
-}
-
-/* One attention block of the lean forward: qkv [n, (H + 2 KVH) D] as the fused projection
- * gives it, cos and sin [n, D] for each row's position (start + i in a chain, start + depth
- * in a token tree), keys and values [KVH, capacity, D] (written here at slots start..start +
- * n - 1), `parents` NULL for a chain or a tree's parent rows (causal_attention), out [n, H D].
- * Rotates queries and keys, stores keys and values, then attends. Every row's arithmetic is
- * its own. */
-int attention_block(const float *qkv, int n, int start, int H, int KVH, int D, const float *cos, const float *sin,
-                    float *keys, float *values, int capacity, float scale, const int *parents, float *out,
-                    int threads) {
-    const int width = (H + 2 * KVH) * D;
-    float *q = (float *)malloc(sizeof(float) * (size_t)n * H * D);
-    if (!q) return -1;
-    for (int i = 0; i < n; i++) {
-        const float *row = qkv + (size_t)i * width, *c = cos + (size_t)i * D, *s = sin + (size_t)i * D;
-        for (int h = 0; h < H; h++) rope(row + h * D, c, s, D, q + ((size_t)i * H + h) * D);
-        for (int h = 0; h < KVH; h++) {
-            rope(row + (H + h) * D, c, s, D, keys + ((size_t)h * capacity + start + i) * D);
-            memcpy(values + ((size_t)h * capacity + start + i) * D, row + (H + KVH + h) * D, sizeof(float) * D);
+        int i = 0;
+        for (; i + 8 <= inner; i += 8) {
+            const __m256 x = _mm256_loadu_ps(g + i);
+            const __m256 negative = _mm256_or_ps(x, sign);
+            /* e^-|x|, 0 below -87 (exp_nonpositive clamps there, silu's tail is 0 at float precision) */
+            const __m256 t = _mm256_andnot_ps(_mm256_cmp_ps(negative, floor, _CMP_LT_OQ), exp_nonpositive(negative));
+            const __m256 numerator = _mm256_blendv_ps(one, t, x); /* t where x is negative */
+            const __m256 silu = _mm256_mul_ps(x, _mm256_div_ps(numerator, _mm256_add_ps(one, t)));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+        }
+        for (; i < inner; i++) {
+            const float t = expf(-fabsf(g[i]));
+            o[i] = g[i] * ((g[i] < 0.0f ? t : 1.0f) / (1.0f + t)) * u[i];
         }
     }
-    int status = causal_attention(q, keys, values, n, start, H, KVH, D, capacity, scale, parents, out, threads);
-    free(q);
-    return status;
 }

@@ -56,6 +56,7 @@ void block_products(const Activations *a, int M, int K, const void *codes, const
 void rms_norm_rows(const float *x, const float *weight, int rows, int dim, float eps, float *out);
 void add_rms_norm_rows(float *x, const float *delta, const float *weight, int rows, int dim, float eps, float *out);
 void swiglu_rows(const float *gate_up, int rows, int inner, float *out);
+/* Defined in cpu_attention.c. */
 int attention_block(const float *qkv, int n, int start, int H, int KVH, int D, const float *cos, const float *sin,
                     float *keys, float *values, int capacity, float scale, const int *parents, float *out,
                     int threads);
@@ -69,6 +70,41 @@ static inline __attribute__((always_inline)) int32_t four_bytes(const int8_t *p)
     int32_t v;
     memcpy(&v, p, 4);
     return v;
+}
+
+/* The horizontal sum of a vector (attention's normalizer, RMSNorm's sum of squares). */
+static inline __attribute__((always_inline)) float hsum(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+static inline __attribute__((always_inline)) float hmax(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* exp(x) for x <= 0 (Cephes' single-precision polynomial): the same operations for every
+ * lane, so a score's weight never depends on its neighbours. */
+static inline __attribute__((always_inline)) __m256 exp_nonpositive(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
+    x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i power = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(power));
 }
 
 #endif

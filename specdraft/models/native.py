@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
-SOURCES = (SOURCE, Path(__file__).with_name("cpu_kernels_vnni.c"), Path(__file__).with_name("cpu_decoder.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in
+                ("cpu_kernels.c", "cpu_kernels_vnni.c", "cpu_attention.c", "cpu_decoder.c"))
 HEADER = Path(__file__).with_name("cpu_kernels_shared.h")  # included by every source
 # SPECDRAFT_KERNEL_ISA: the block products' instruction set (auto: AVX-512 VNNI where the CPU
 # has it, else AVX2). The results are the same bit for bit; avx2 measures what an AVX2-only
