@@ -165,3 +165,23 @@ def test_a_pools_model_drafters_run_lean_unless_hooked_or_told_not_to(tmp_path):
     profile.write_text(profile.read_text().replace('"transformers"', '"fast"'))
     with pytest.raises(Exception, match="drafter_core"):
         load_profile(profile)
+
+
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "linear", "factor": 2.0}, {"rope_type": "dynamic", "factor": 2.0}])
+def test_rotary_angles_come_from_the_models_own_module_at_every_position(scaling):
+    # the lean forward reads cos and sin from a table of positions (grown past its first
+    # size here); a rope that rescales with the length runs the module every time
+    model = tiny_llama()
+    if scaling is not None:
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+        model.config.rope_parameters = {**model.config.rope_parameters, **scaling}
+        model.model.rotary_emb = LlamaRotaryEmbedding(model.config)
+        assert model.model.rotary_emb.rope_type == scaling["rope_type"]
+    lean = LeanDecoder(model)
+    x = torch.zeros(1, 1, model.config.hidden_size)
+    for positions in ([0], [3, 4, 5], [511, 512], [1500, 7, 2000]):
+        at = torch.tensor(positions)
+        cos, sin = lean._rotary(x, at)
+        want_cos, want_sin = model.model.rotary_emb(x, at.view(1, -1))
+        assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+    assert (lean._rope is None) == (scaling is not None and scaling["rope_type"] == "dynamic")

@@ -18,7 +18,8 @@ import torch
 from specdraft.core.stopwatch import device_clock
 from specdraft.models.cuda_graphs import Capture, GraphedForward, Outputs
 from specdraft.models.kv_cache import new_kv_cache
-from specdraft.models.lean_decoder import LeanDecoder, ancestry, tree_depths, tree_rows
+from specdraft.models.lean_decoder import LeanDecoder
+from specdraft.models.token_tree_rows import ancestry, tree_depths, tree_rows
 
 
 class CachedLM:

@@ -40,6 +40,7 @@ from specdraft.models.kv_cache import move_path
 from specdraft.models.native_layers import NativeLayers
 from specdraft.models.native import add_rms_norm, attention_block, rms_norm, swiglu
 from specdraft.models.quantize import Int4Linear, Int8Linear
+from specdraft.models.token_tree_rows import ancestry, tree_depths, tree_rows
 
 log = logging.getLogger("specdraft")
 
@@ -125,6 +126,7 @@ class LeanDecoder:
         self.capacity = 0
         self.keys = self.values = torch.empty(0)
         self.whole_layers_in_c = True  # False: layer by layer from Python (the same numbers)
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin [1, positions, D]: `_rotary`
 
     def _native_table(self) -> NativeLayers | None:
         """The C layer table of this model's lean layers (built once per model), or None."""
@@ -177,8 +179,7 @@ class LeanDecoder:
         """The stack's output (after its final norm) for input embeddings `x` [1, n, H] fed
         after the first `start` cached positions: [1, n, H]."""
         x = self.layers_over(x, start)[0]
-        final = self.inner.norm
-        return F.rms_norm(x, (x.shape[-1],), final.weight, final.variance_epsilon)
+        return self._norm(x.contiguous(), self.inner.norm)
 
     def _norm(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
         if self.invariant:
@@ -208,13 +209,26 @@ class LeanDecoder:
         self._reserve(end, start)
         tree = None if parents is None else tree_rows(parents, n)
         offsets = torch.arange(n) if tree is None else tree_depths(tree)
-        positions = (start + offsets).to(self.device).view(1, n)
-        cos, sin = self.inner.rotary_emb(x, positions)  # [1, n, D]
+        cos, sin = self._rotary(x, (start + offsets).to(self.device))  # [1, n, D]
         layers = self.layers[:depth]
         if self.invariant:
             return self._native_layers(x, start, cos[0].contiguous(), sin[0].contiguous(), layers, hidden_layers,
                                        tree)
         return self._torch_layers(x, start, cos, sin, layers, hidden_layers, tree)
+
+    def _rotary(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary module's cos and sin at `positions` [n] ([1, n, D] each), read from a
+        table of every position up to twice the furthest asked (the module's own values: a
+        position's angles are its own products, whatever else is computed beside them), so a
+        one-token step does not run the module; a rope that rescales with the length (dynamic,
+        longrope) runs it every time."""
+        rotary = self.inner.rotary_emb
+        if "dynamic" in getattr(rotary, "rope_type", "") or getattr(rotary, "rope_type", "") == "longrope":
+            return rotary(x, positions.view(1, -1))
+        end = int(positions.max()) + 1
+        if self._rope is None or end > self._rope[0].shape[1] or self._rope[0].dtype != x.dtype:
+            self._rope = rotary(x, torch.arange(max(INITIAL_CAPACITY, 2 * end), device=self.device).view(1, -1))
+        return self._rope[0][:, positions], self._rope[1][:, positions]
 
     @torch.inference_mode()
     def keep_path(self, start: int, rows: Sequence[int]) -> None:
@@ -290,33 +304,6 @@ class LeanDecoder:
             if i + 1 in hidden_layers:
                 hidden[i + 1] = x
         return x, hidden
-
-
-def tree_rows(parents: Sequence[int], n: int) -> torch.Tensor:
-    """A token tree's parent rows as the kernels read them (int32 [n]); ValueError unless row
-    0 is the root (-1) and every other row's parent comes before it."""
-    tree = torch.as_tensor(list(parents), dtype=torch.int32)
-    if tree.shape != (n,) or int(tree[0]) != -1 or any(not 0 <= int(p) < i for i, p in enumerate(tree[1:], 1)):
-        raise ValueError(f"not a token tree of {n} rows (row 0 the root, each parent before its child): "
-                         f"{list(parents)}")
-    return tree
-
-
-def tree_depths(tree: torch.Tensor) -> torch.Tensor:
-    """Each row's depth below the root (row 0, depth 0): [n] long."""
-    depths = [0] * len(tree)
-    for i in range(1, len(tree)):
-        depths[i] = depths[int(tree[i])] + 1
-    return torch.tensor(depths)
-
-
-def ancestry(tree: torch.Tensor) -> torch.Tensor:
-    """[n, n] bool: row i's path from the root (its ancestors and itself)."""
-    n = len(tree)
-    mask = torch.eye(n, dtype=torch.bool)
-    for i in range(1, n):
-        mask[i] |= mask[int(tree[i])]
-    return mask
 
 
 def _invariant_attention(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
