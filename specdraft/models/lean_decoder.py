@@ -209,7 +209,7 @@ class LeanDecoder:
         self._reserve(end, start)
         tree = None if parents is None else tree_rows(parents, n)
         offsets = torch.arange(n) if tree is None else tree_depths(tree)
-        cos, sin = self._rotary(x, (start + offsets).to(self.device))  # [1, n, D]
+        cos, sin = self._rotary(x, start + offsets)  # [1, n, D]
         layers = self.layers[:depth]
         if self.invariant:
             return self._native_layers(x, start, cos[0].contiguous(), sin[0].contiguous(), layers, hidden_layers,
@@ -217,18 +217,18 @@ class LeanDecoder:
         return self._torch_layers(x, start, cos, sin, layers, hidden_layers, tree)
 
     def _rotary(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rotary module's cos and sin at `positions` [n] ([1, n, D] each), read from a
-        table of every position up to twice the furthest asked (the module's own values: a
-        position's angles are its own products, whatever else is computed beside them), so a
-        one-token step does not run the module; a rope that rescales with the length (dynamic,
-        longrope) runs it every time."""
-        rotary = self.inner.rotary_emb
+        """The rotary module's cos and sin ([1, n, D] each) at `positions` [n] (a host tensor),
+        read from a table of every position up to twice the furthest asked (the module's own
+        values: a position's angles are its own products, whatever else is computed beside
+        them), so a one-token step does not run the module; a rope that rescales with the
+        length (dynamic, longrope) runs it every time."""
+        rotary, end = self.inner.rotary_emb, int(positions.max()) + 1
         if "dynamic" in getattr(rotary, "rope_type", "") or getattr(rotary, "rope_type", "") == "longrope":
-            return rotary(x, positions.view(1, -1))
-        end = int(positions.max()) + 1
+            return rotary(x, positions.to(self.device).view(1, -1))
         if self._rope is None or end > self._rope[0].shape[1] or self._rope[0].dtype != x.dtype:
             self._rope = rotary(x, torch.arange(max(INITIAL_CAPACITY, 2 * end), device=self.device).view(1, -1))
-        return self._rope[0][:, positions], self._rope[1][:, positions]
+        at = positions.to(self.device)
+        return self._rope[0][:, at], self._rope[1][:, at]
 
     @torch.inference_mode()
     def keep_path(self, start: int, rows: Sequence[int]) -> None:
