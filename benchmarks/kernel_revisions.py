@@ -2,8 +2,8 @@
 against another revision's, interleaved in one process (the same model, the same KV buffer,
 the order shuffled per repeat): what a kernel change did, free of the drift between runs.
 
-The other revision's sources (`git show REV:specdraft/models/...`) are compiled with the
-flags `models/native.py` uses; only the C library differs between the two columns, the
+The other revision's sources (`git show REV:specdraft/models/...`) are compiled as
+`models/native.py` compiles this checkout's; only the C library differs between the two columns, the
 Python around it is this checkout's. A prompt prefill is timed as a forward of its width at
 context 0.
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import random
-import shutil
 import subprocess
 import tempfile
 import time
@@ -42,9 +41,8 @@ def build_revision(revision: str, folder: Path):
             (folder / path.name).write_bytes(shown.stdout)
             if path.suffix == ".c":
                 sources.append(folder / path.name)
-    compiler = shutil.which("cc") or shutil.which("gcc")
     target = folder / "kernels.so"
-    subprocess.run([compiler, *native.FLAGS, *map(str, sources), "-o", str(target), "-lm"], check=True)
+    native._build(native.c_compiler(), target, sources)  # as the package builds its own
     library = native._declared(ctypes.CDLL(str(target)))
     library.kernel_isa(native.kernel_isa())
     return library

@@ -34,10 +34,9 @@ static FORCE __m256 dot_lanes(const float *a, const float *b, int D) {
 static FORCE __m256 scores8(const float *q, const float *keys, const int *slots, int j, int length, int D,
                             float scale) {
     __m256 lanes[8];
-    for (int u = 0; u < 8; u++) {
-        const int slot = slots ? slots[j + u] : j + u;
-        lanes[u] = j + u < length ? dot_lanes(q, keys + (size_t)slot * D, D) : _mm256_setzero_ps();
-    }
+    for (int u = 0; u < 8; u++) /* (a slot past `length` was never written: not read) */
+        lanes[u] = j + u < length ? dot_lanes(q, keys + (size_t)(slots ? slots[j + u] : j + u) * D, D)
+                                  : _mm256_setzero_ps();
     __m256 s01 = _mm256_hadd_ps(lanes[0], lanes[1]), s23 = _mm256_hadd_ps(lanes[2], lanes[3]);
     __m256 s45 = _mm256_hadd_ps(lanes[4], lanes[5]), s67 = _mm256_hadd_ps(lanes[6], lanes[7]);
     __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);

@@ -223,7 +223,8 @@ class LeanDecoder:
         them), so a one-token step does not run the module; a rope that rescales with the
         length (dynamic, longrope) runs it every time."""
         rotary, end = self.inner.rotary_emb, int(positions.max()) + 1
-        if "dynamic" in getattr(rotary, "rope_type", "") or getattr(rotary, "rope_type", "") == "longrope":
+        kind = getattr(rotary, "rope_type", "")
+        if "dynamic" in kind or kind == "longrope":
             return rotary(x, positions.to(self.device).view(1, -1))
         if self._rope is None or end > self._rope[0].shape[1] or self._rope[0].dtype != x.dtype:
             self._rope = rotary(x, torch.arange(max(INITIAL_CAPACITY, 2 * end), device=self.device).view(1, -1))

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -48,7 +49,7 @@ def library() -> ctypes.CDLL:
     """The built kernels, loaded (built first where this source, compiler and flags never were)."""
     if not _cpu_has("avx2", "fma", "f16c"):
         raise RuntimeError("this CPU lacks AVX2/FMA")
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = c_compiler()
     if compiler is None:
         raise RuntimeError("no C compiler (cc or gcc) is installed to build it")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
@@ -68,7 +69,13 @@ def library() -> ctypes.CDLL:
     return loaded
 
 
-def _build(compiler: str, target: Path) -> None:
+def c_compiler() -> str | None:
+    """The C compiler the kernels are built with: $CC, else cc or gcc (None: none installed)."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _build(compiler: str, target: Path, sources: Sequence[Path] = SOURCES) -> None:
+    """Compile `sources` (this package's kernels unless told) into `target`, atomically."""
     folder = target.parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -76,12 +83,12 @@ def _build(compiler: str, target: Path) -> None:
     except OSError as exc:
         raise RuntimeError(f"the kernel folder {folder} cannot be written ({exc.strerror or exc})") from None
     os.close(fd)
-    done = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", partial, "-lm"], capture_output=True,
+    done = subprocess.run([compiler, *FLAGS, *map(str, sources), "-o", partial, "-lm"], capture_output=True,
                           text=True)
     if done.returncode != 0:
         os.unlink(partial)
         first = (done.stderr.strip().splitlines() or ["no output"])[0]
-        raise RuntimeError(f"compiling {' and '.join(s.name for s in SOURCES)} failed: {first}")
+        raise RuntimeError(f"compiling {' and '.join(s.name for s in sources)} failed: {first}")
     os.replace(partial, target)  # atomic: a concurrent process sees the whole file or none
 
 
