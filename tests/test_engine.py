@@ -452,20 +452,24 @@ def test_a_prompts_last_rounds_are_scored_only_when_the_policy_keeps_what_it_lea
     assert costs.verify.line.w == pytest.approx((1 - costs.decay ** len(records)) / (1 - costs.decay))
 
 
+@pytest.mark.parametrize("update_every", [4, "adaptive"])
 @pytest.mark.parametrize("flip_every", [0, 3])
 def test_a_drafter_scored_from_hidden_states_sits_out_whole_batches_the_planner_skips_it_in(target, pool,
-                                                                                             monkeypatch, flip_every):
+                                                                                             monkeypatch, flip_every,
+                                                                                             update_every):
     """The verify hands over a layers drafter's hidden states only for batches that score
     it; in the others it is asleep for the choice and gets no gammas. With the planner's
-    decision changing from batch to batch, each evaluation scores it only on rounds that
-    all handed its states over. Output stays plain greedy decoding's."""
+    decision changing from batch to batch (under sampled evaluation, from one evaluation
+    cycle to the next), each evaluation scores it only on rounds that all handed its
+    states over. Output stays plain greedy decoding's."""
     from specdraft.learning.driver import PolicyDriver
 
     ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
     target_lm = CachedLM(target)
     shared = LayersDrafter("shared", ctx, target_lm, 2)
     drafters = [pool[0], shared, PlainDecoding(ctx)]  # (plain decoding is always awake)
-    engine = policy_engine(target, drafters, "normalhedge", target_lm=target_lm, update_every=4)
+    engine = policy_engine(target, drafters, "normalhedge", target_lm=target_lm, update_every=update_every,
+                           warmup_rounds=0)
     calls = {"n": 0}
 
     def scored_now(self):
@@ -486,3 +490,8 @@ def test_a_drafter_scored_from_hidden_states_sits_out_whole_batches_the_planner_
         assert all(r.drafter != "shared" for r in records)
     else:  # some batches collect layer 2 and score it, the others neither
         assert {(), (2,)} <= set(verifies) and any(scored_rounds) and not all(scored_rounds)
+    # Decided once per batch (per evaluation cycle when sampled), and once for the prefill.
+    evaluations = sum(len(r.evaluated or ()) for r in records)
+    assert calls["n"] <= 1 + len(records) // (1 if update_every == "adaptive" else 4) + 1
+    if update_every == "adaptive":
+        assert evaluations < len(records) and calls["n"] <= evaluations + 2

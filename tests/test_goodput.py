@@ -320,3 +320,19 @@ def test_a_drafters_cost_is_a_mean_over_rounds_not_anchored_on_the_first():
     costs.load(costs.state())  # a loaded cost counts as a few rounds of evidence
     costs.observe(1, 1, 0.060, 0.05)
     assert 0.030 < costs.draft[1] < 0.045
+
+
+def test_a_rows_seconds_by_length_are_the_round_costs_at_every_length():
+    """`seconds_by_length` is what the estimates price a whole row of draft lengths with: it
+    must be `round_seconds` at every k, None where that is (no verify timed; an arm that
+    never drafted, past k = 0), on the fitted line and on a measured curve with padding."""
+    costs = RoundCostModel(2)
+    assert costs.seconds_by_length(0, 4) == [None] * 5
+    costs.observe(0, 3, 0.003, 0.012)
+    costs.observe(0, 0, 0.0, 0.008)
+    for curve in (None, [0.008, 0.009, 0.0085, 0.012, 0.011, 0.02]):
+        if curve:
+            costs.verify.install(curve)
+        for arm in (0, 1):
+            assert costs.seconds_by_length(arm, 7) == [costs.round_seconds(arm, k) for k in range(8)]
+    assert costs.seconds_by_length(1, 3)[0] is not None and costs.seconds_by_length(1, 3)[1:] == [None] * 3

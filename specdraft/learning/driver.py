@@ -109,7 +109,9 @@ class PolicyDriver:
     def batch_skips(self) -> list[bool]:
         """Per arm: left out of the evaluation of the rounds queued from now on (full
         information). Decided when the first of them is chosen and kept until they are
-        evaluated: a drafter scored from the verify's hidden states (the evaluator's
+        evaluated (under sampled evaluation, from the first round after an evaluation to
+        the next scored one: the rounds between are not scored, and deciding once per
+        cycle spares a round's worth of estimates every round): a drafter scored from the verify's hidden states (the evaluator's
         `from_hidden`) needs them handed over by every round it is scored on, so the
         engine asks for them only for arms not skipped here, and such an arm is asleep
         for the choice meanwhile (it could not be scored on its own round)."""
@@ -138,7 +140,7 @@ class PolicyDriver:
         """The plan for the next round after `produced` new tokens, among the `awake` arms.
         Never draft past the budget: a round commits at most draft length + 1 tokens."""
         cap = max(0, min(self.draft_tokens, self.max_new_tokens - produced - 1))
-        if not self.pending:  # the first round of a new batch: its skips are decided now
+        if not self.pending and not self.skipped:  # the first round of a new batch: its skips are decided now
             self._batch_skips = None
         awake = self._choosable(awake)
         return self.planner.plan(self.policy.select(awake), cap, awake)

@@ -171,6 +171,16 @@ class RoundCostModel:
             return None
         return verify + k * (self.draft[arm] or 0.0)
 
+    def seconds_by_length(self, arm: int, cap: int) -> list[float | None]:
+        """`round_seconds(arm, k)` for k = 0 .. cap in one pass: the estimates ask for a
+        whole row at a time (each verify width's cost is looked up once)."""
+        draft = self.draft[arm]
+        out: list[float | None] = []
+        for k in range(cap + 1):
+            verify = self.verify(k + 1)
+            out.append(None if verify is None or (k > 0 and draft is None) else verify + k * (draft or 0.0))
+        return out
+
     def token_seconds(self, arm: int, k: int) -> float | None:
         """What a drafted token adds to a round of `k` tokens, on average: its draft plus
         its share of the verify."""

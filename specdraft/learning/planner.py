@@ -11,7 +11,6 @@ an untried arm) but never changes them. Plain Python: no torch.
 
 from __future__ import annotations
 
-import copy
 import random
 from typing import Sequence
 
@@ -19,6 +18,7 @@ from specdraft.learning.confidence import StopRule
 from specdraft.learning.feedback import RoundFeedback
 from specdraft.learning.goodput import AcceptanceByPosition, RoundCostModel, best_draft_length, committed_by_length
 from specdraft.learning.match_length import MatchAcceptance
+from specdraft.learning.planner_state import apply_state, checked_state, learned_state
 from specdraft.learning.round_plan import RoundPlan
 from specdraft.learning.tree_planner import TreePlanner
 
@@ -93,7 +93,7 @@ class RoundPlanner:
         if self.tree is not None:
             self.tree.reset()
         if self.initial_state is not None:
-            self._apply(self.initial_state, self.costs, self.acceptance, self.by_match)
+            apply_state(self.initial_state, self.costs, self.acceptance, self.by_match)
 
     def start_prompt(self) -> None:
         """Before every prompt (whether the policy resets or not): counts the prompts each
@@ -171,18 +171,20 @@ class RoundPlanner:
         the acceptance objective."""
         if not (self.goodput and self.dynamic_length):
             return drafted
-        seconds = [self.costs.round_seconds(arm, k) for k in range(drafted + 1)]
+        seconds = self.costs.seconds_by_length(arm, drafted)
         return self.by_match.trimmed_length(arm, match_length, seconds, self.rng)
 
-    def best_length(self, arm: int, cap: int, rates: Sequence[float] | None = None) -> int:
+    def best_length(self, arm: int, cap: int, rates: Sequence[float] | None = None,
+                    seconds: Sequence[float | None] | None = None) -> int:
         """The draft length the estimates favour for `arm`: under `rates` (a posterior draw
         of its acceptance by position, so that deep positions unlucky once are tried
-        again), else under the means (no side effects)."""
+        again), else under the means (no side effects). `seconds`: the arm's
+        `seconds_by_length` row up to at least `cap`, when the caller has it."""
         if self.arms[arm] == PLAIN_ARM:
             return 0
         if not self.dynamic_length or cap == 0:
             return cap
-        seconds = [self.costs.round_seconds(arm, k) for k in range(cap + 1)]
+        seconds = self.costs.seconds_by_length(arm, cap) if seconds is None else seconds[: cap + 1]
         if any(s is None for s in seconds):
             return 1
         committed = (self.acceptance.committed_by_length(arm, cap) if rates is None
@@ -200,7 +202,7 @@ class RoundPlanner:
         if not self.dynamic_length or not seconds or k == 0:
             return None
         horizon = max(k, horizon or k)
-        by_length = [self.costs.round_seconds(arm, j) for j in range(horizon + 1)]
+        by_length = self.costs.seconds_by_length(arm, horizon)
         per_token = self.costs.token_seconds(arm, k)
         if per_token is None or any(t is None or t <= 0 for t in by_length):
             return None
@@ -223,24 +225,24 @@ class RoundPlanner:
     def speedup(self, arm: int, expected_tokens: float, k: int) -> float | None:
         """Estimated speedup over plain decoding of a round of `arm` drafting `k` tokens that
         commits `expected_tokens`: (tokens / T(arm, k)) / (1 / T(plain)); None while unknown."""
-        seconds, plain = self.costs.round_seconds(arm, k), self.costs.round_seconds(arm, 0)
-        if seconds is None or plain is None or seconds <= 0:
-            return None
-        return expected_tokens / seconds * plain
+        return _speedup(expected_tokens, self.costs.round_seconds(arm, k), self.costs.round_seconds(arm, 0))
 
-    def estimated_value(self, arm: int) -> float:
+    def estimated_value(self, arm: int, seconds: Sequence[float | None] | None = None) -> float:
         """What `arm` is expected to give in the objective's units, at its best draft length:
         with the goodput objective its estimated speedup over plain decoding (0 while
-        unknown), else its expected committed tokens. Learners break ties with it."""
-        k = self.best_length(arm, self.draft_tokens)
+        unknown), else its expected committed tokens. Learners break ties with it.
+        (`seconds`: the arm's `seconds_by_length` row to K_max, when the caller has it.)"""
+        seconds = self.costs.seconds_by_length(arm, self.draft_tokens) if seconds is None else seconds
+        k = self.best_length(arm, self.draft_tokens, seconds=seconds)
         expected = self.acceptance.expected_committed(arm, k)
-        return (self.speedup(arm, expected, k) or 0.0) if self.goodput else expected
+        return (_speedup(expected, seconds[k], seconds[0]) or 0.0) if self.goodput else expected
 
-    def ceiling(self, arm: int) -> float | None:
+    def ceiling(self, arm: int, seconds: Sequence[float | None] | None = None) -> float | None:
         """`arm`'s estimated speedup if every token it drafted were accepted, at the best
         draft length for that (None while its costs are unknown): no acceptance could take
         it past this, so its draft cost alone decides it."""
-        values = [self.speedup(arm, k + 1.0, k) for k in range(1, self.draft_tokens + 1)]
+        seconds = self.costs.seconds_by_length(arm, self.draft_tokens) if seconds is None else seconds
+        values = [_speedup(k + 1.0, seconds[k], seconds[0]) for k in range(1, self.draft_tokens + 1)]
         return None if not values or any(v is None for v in values) else max(values)
 
     def evaluation_skips(self, costly: Sequence[bool] | None = None) -> list[bool]:
@@ -253,10 +255,11 @@ class RoundPlanner:
         scored on that round (the driver)."""
         if not self.goodput or not self.dynamic_length:
             return [False] * len(self.arms)
-        values, leader = self._values()
+        rows = self._seconds_rows()
+        values, leader = self._values(rows)
         out = []
-        for arm, sits_out in enumerate(self._costly_skips(costly, values, leader)):
-            ceiling = None if self.arms[arm] == PLAIN_ARM else self.ceiling(arm)
+        for arm, sits_out in enumerate(self._costly_skips(costly, values, leader, rows)):
+            ceiling = None if self.arms[arm] == PLAIN_ARM else self.ceiling(arm, rows[arm])
             out.append(sits_out or (ceiling is not None and ceiling < leader))
         return out
 
@@ -271,9 +274,11 @@ class RoundPlanner:
         learner that keeps a sleeping arm's old regret may still favour it."""
         if not self.goodput or not self.dynamic_length or not any(costly or ()):
             return [False] * len(self.arms)  # (nothing to estimate: a hot path, once a round)
-        return self._costly_skips(costly, *self._values())
+        rows = self._seconds_rows()
+        return self._costly_skips(costly, *self._values(rows), rows)
 
-    def _costly_skips(self, costly: Sequence[bool] | None, values: list[float | None], leader: float) -> list[bool]:
+    def _costly_skips(self, costly: Sequence[bool] | None, values: list[float | None], leader: float,
+                      rows: list[list[float | None]]) -> list[bool]:
         """`costly_skips` from the arms' known values and the leader's (`_values`)."""
         if not any(costly or ()):
             return [False] * len(self.arms)
@@ -283,14 +288,18 @@ class RoundPlanner:
             if not costly[arm] or name == PLAIN_ARM or value is None or self._sat_out[arm] >= self.REVISIT_PROMPTS:
                 out.append(False)
                 continue
-            idle = self.best_length(arm, self.draft_tokens) == 0
+            idle = self.best_length(arm, self.draft_tokens, seconds=rows[arm]) == 0
             out.append(idle or value < self.COSTLY_MARGIN * leader)
         return out
 
-    def _values(self) -> tuple[list[float | None], float]:
+    def _seconds_rows(self) -> list[list[float | None]]:
+        """Every arm's `seconds_by_length` row to K_max: what its estimates are priced with."""
+        return [self.costs.seconds_by_length(arm, self.draft_tokens) for arm in range(len(self.arms))]
+
+    def _values(self, rows: list[list[float | None]]) -> tuple[list[float | None], float]:
         """Each arm's `estimated_value` (None while its costs are unknown) and the largest known."""
-        values = [None if self.arms[arm] != PLAIN_ARM and self.costs.draft[arm] is None else self.estimated_value(arm)
-                  for arm in range(len(self.arms))]
+        values = [None if self.arms[arm] != PLAIN_ARM and self.costs.draft[arm] is None
+                  else self.estimated_value(arm, rows[arm]) for arm in range(len(self.arms))]
         return values, max((v for v in values if v is not None), default=0.0)
 
     def ideal_speedup(self) -> tuple[int, int, float] | None:
@@ -315,21 +324,12 @@ class RoundPlanner:
     # --- persistence: saved beside the policy's own state --------------------------------
 
     def state(self) -> dict:
-        """What the planner learned, as JSON fields of a saved policy state (a state saved
-        before "match_acceptance" existed loads without it: learned afresh)."""
-        return {"costs": self.costs.state(), "acceptance": self.acceptance.state(),
-                "match_acceptance": self.by_match.state()}
+        """What the planner learned, as JSON fields of a saved policy state."""
+        return learned_state(self.costs, self.acceptance, self.by_match)
 
     def check_state(self, state: dict) -> dict:
         """The planner's fields of a saved `state`, a private copy; ValueError on garbage."""
-        mine = {key: copy.deepcopy(state[key]) for key in ("costs", "acceptance", "match_acceptance") if key in state}
-        # A state saved before the round cost model (its "costs" a list of per-arm seconds)
-        # still loads: its learner state is kept and the costs are measured again.
-        if isinstance(mine.get("costs"), list):
-            del mine["costs"]
-        self._apply(mine, RoundCostModel(len(self.arms)), AcceptanceByPosition(len(self.arms), self.draft_tokens),
-                    MatchAcceptance(len(self.arms), self.draft_tokens))
-        return mine
+        return checked_state(state, len(self.arms), self.draft_tokens)
 
     def load_state(self, state: dict) -> None:
         """Start every later reset from the planner's fields of a saved `state` (checked
@@ -337,11 +337,9 @@ class RoundPlanner:
         self.initial_state = self.check_state(state)
         self.reset()
 
-    @staticmethod
-    def _apply(state: dict, costs: RoundCostModel, acceptance: AcceptanceByPosition,
-               by_match: MatchAcceptance) -> None:
-        for key, part in (("costs", costs), ("acceptance", acceptance), ("match_acceptance", by_match)):
-            if key in state:
-                if not isinstance(state[key], dict):
-                    raise ValueError(f"state field {key}: expected an object")
-                part.load(state[key])
+
+def _speedup(expected_tokens: float, seconds: float | None, plain: float | None) -> float | None:
+    """(tokens / seconds) / (1 / plain): a round's estimated speedup over plain decoding."""
+    if seconds is None or plain is None or seconds <= 0:
+        return None
+    return expected_tokens / seconds * plain

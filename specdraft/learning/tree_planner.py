@@ -101,18 +101,23 @@ class TreePlanner:
                       if i != arm and not self.plain[i] and (awake is None or awake[i])
                       and self.costs.draft[i] is not None]
         depths = [d for d in self.DEPTHS if d <= cap] or [cap]
+        verify: dict[int, float | None] = {}  # the verify cost by width, looked up once per plan
         added: Branches = ()
         for _ in range(self.MAX_BRANCHES):
             pick = None  # (gain, branch)
             for i in candidates:
                 if any(i == a for a, _ in tree):
                     continue
-                judged_on = {a for a, _ in tree} | {i}
-                base = self._rate(tree, judged_on, bool(added))
+                # Judged on the remembered rounds where the tree's drafters and i were scored.
+                judged = self._judged({a for a, _ in tree} | {i})
+                paths = [self._path(tree, runs) for runs in judged]
+                base = self._rate(tree, paths, bool(added), verify)
                 if base is None:
                     continue
                 for d in depths:
-                    rate = self._rate((*tree, (i, d)), judged_on, True)
+                    branched = [(longest if longest >= (hit := min(runs[i], d)) else hit, wrong + d - hit)
+                                for (longest, wrong), runs in zip(paths, judged)]
+                    rate = self._rate((*tree, (i, d)), branched, True, verify)
                     if rate is not None and rate[0] > base[0] * self.GAIN and (pick is None or rate[0] / base[0] > pick[0]):
                         pick = (rate[0] / base[0], (i, d))
             if pick is None:
@@ -120,42 +125,51 @@ class TreePlanner:
             tree, added = (*tree, pick[1]), (*added, pick[1])
         if not added:
             return None
-        rate = self._rate(tree, {a for a, _ in tree}, True)
+        rate = self._rate(tree, [self._path(tree, runs) for runs in self._judged({a for a, _ in tree})], True, verify)
         return (added, rate[1], rate[2]) if rate is not None else None
 
-    def _rate(self, tree: Branches, judged_on: set[int], branched: bool) -> tuple[float, float, float] | None:
-        """(tokens per second, mean committed, mean seconds) of `tree` over the remembered
-        rounds in which every arm of `judged_on` was scored and awake (`branched`: a tree
-        round's own costs are added); None with fewer than MIN_ROUNDS such rounds or while
-        costs are unknown."""
+    def _judged(self, arms: set[int]) -> list[tuple[float | None, ...]]:
+        """The remembered rounds in which every one of `arms` was scored and awake."""
+        return [runs for runs in self.runs if all(runs[i] is not None for i in arms)]
+
+    @staticmethod
+    def _path(tree: Branches, runs: tuple[float | None, ...]) -> tuple[float, float]:
+        """`tree` replayed on a remembered round: (the longest accepted chain, the drafted
+        tokens off it)."""
+        longest, wrong = 0.0, 0.0
+        for i, d in tree:
+            r = runs[i]
+            hit = r if r < d else d
+            if hit > longest:
+                longest = hit
+            wrong += d - hit
+        return longest, wrong
+
+    def _rate(self, tree: Branches, paths: Sequence[tuple[float, float]], branched: bool,
+              verify: dict[int, float | None]) -> tuple[float, float, float] | None:
+        """(tokens per second, mean committed, mean seconds) of `tree` over remembered
+        rounds it replays on as `paths` (`_path` of each; `branched`: a tree round's own
+        costs are added); None with fewer than MIN_ROUNDS of them or while costs are
+        unknown. `verify` memoises the verify cost by width."""
+        if len(paths) < self.MIN_ROUNDS:
+            return None
         draft = sum(d * (self.costs.draft[i] or 0.0) for i, d in tree)
         if branched:
             draft += self.costs.tree_extra
         tokens = 0.0
-        rounds = 0
         widths: dict[int, int] = {}
-        for runs in self.runs:
-            if any(runs[i] is None for i in judged_on):
-                continue
-            longest, wrong = 0.0, 0.0
-            for i, d in tree:
-                r = runs[i]
-                hit = r if r < d else d
-                if hit > longest:
-                    longest = hit
-                wrong += d - hit
-            rounds += 1
+        for longest, wrong in paths:
             tokens += 1.0 + longest
             width = 1 + int(round(longest + wrong))
             widths[width] = widths.get(width, 0) + 1
-        if rounds < self.MIN_ROUNDS:
-            return None
-        seconds = rounds * draft
+        seconds = len(paths) * draft
         for width, count in widths.items():
-            cost = self.costs.verify(width)
+            if width not in verify:
+                verify[width] = self.costs.verify(width)
+            cost = verify[width]
             if cost is None:
                 return None
             seconds += count * cost
         if seconds <= 0:
             return None
-        return tokens / seconds, tokens / rounds, seconds / rounds
+        return tokens / seconds, tokens / len(paths), seconds / len(paths)
