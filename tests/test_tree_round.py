@@ -226,6 +226,30 @@ def test_asleep_and_unmeasured_drafters_get_no_branch():
     assert planner.branches(0, 4, 8, None)[0][0][0] == 1
 
 
+def test_replanning_waits_longer_while_no_branch_pays_and_comes_back_when_one_does(monkeypatch):
+    planner = planner_with([1.0] * 16, [0.01, 0.01, 0.01, 0.0])
+    for _ in range(40):  # the drafters agree: no branch pays
+        planner.observe([[1.0, 1.0, 0.0]] * 3 + [None], None)
+    planned = []
+    plan = planner._plan
+    monkeypatch.setattr(planner, "_plan", lambda *args: planned.append(args) or plan(*args))
+    for _ in range(200):
+        assert planner.branches(0, 4, 8, None) is None
+    # Replanned at rounds 8, 24, 56, 120 and 184 (waits 8, 16, 32, 64, 64), not every 8th.
+    assert len(planned) == 6
+    for t in range(48):  # now b is right where a is not: the next replan finds the branch ...
+        runs = [4.0, 0.0, 4.0] if t % 2 == 0 else [0.0, 4.0, 0.0]
+        planner.observe([[1.0] * int(r) + [0.0] for r in runs] + [None], None)
+    rounds = 0
+    while planner.branches(0, 4, 8, None) is None:
+        rounds += 1
+    assert rounds < planner.MAX_REPLAN
+    planned.clear()  # ... and from then on plans are renewed every REPLAN rounds again
+    for _ in range(3 * planner.REPLAN):
+        planner.branches(0, 4, 8, None)
+    assert len(planned) == 3
+
+
 @pytest.mark.parametrize("name", ["normalhedge", "hedge", "exp3"])
 def test_the_policies_own_trees_keep_greedy_output_identical(name):
     """Trees as the planner plans them (made eager to branch here), under the policies."""

@@ -26,7 +26,8 @@ the window measures how much, instead of assuming independence.
 Runs are cut at what the round committed (the positions after it were not scored), so
 deep chains are judged conservatively. Plans are cached per (chosen arm, its K, the cap,
 awake drafters) and the cache is emptied every `REPLAN` rounds, since replanning costs
-milliseconds of Python. Plain Python: no torch.
+a fraction of a millisecond of Python; while no cached plan found a branch, the wait doubles
+up to `MAX_REPLAN` rounds (a new prompt empties the cache all the same). Plain Python: no torch.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class TreePlanner:
     WINDOW = 48  # evaluated rounds remembered
     GAIN = 1.03  # a branch must raise the estimated tokens/s by this factor (merging costs host time)
     MAX_BRANCHES = 3
-    REPLAN = 8  # rounds a plan is reused for the same chosen arm, K and awake drafters
+    REPLAN = 8  # rounds a plan is reused for the same chosen arm, K and awake drafters ...
+    MAX_REPLAN = 64  # ... doubling up to this while no plan found a branch that pays
     MIN_ROUNDS = 8  # evaluated rounds before any branch is planned
     DEPTHS = (1, 2, 3, 4, 6, 8, 12, 16)  # depths tried for a branch (up to the cap)
 
@@ -65,6 +67,7 @@ class TreePlanner:
         self.runs: deque[tuple[float | None, ...]] = deque(maxlen=self.WINDOW)
         self._plans: dict[tuple, tuple[Branches, float, float] | None] = {}
         self._age = 0
+        self._replan = self.REPLAN
 
     def observe(self, gammas: Sequence[Sequence[float] | None], silent: Sequence[bool] | None) -> None:
         """An evaluated round: every arm's gammas along the committed tokens (None: not
@@ -85,12 +88,19 @@ class TreePlanner:
         at most `cap` deep), among the `awake` drafters: (branches, expected committed
         tokens, seconds) of the tree, or None when no branch pays."""
         self._age += 1
-        if self._age >= self.REPLAN:
+        if self._age >= self._replan:
+            # Where trees do not pay (a CPU whose verify rows are dear, drafters that agree),
+            # replanning finds nothing again and again at a few tenths of a millisecond each:
+            # wait longer each time it finds nothing. A new prompt still plans afresh (reset).
+            paid = any(plan is not None for plan in self._plans.values())
+            self._replan = self.REPLAN if paid else min(2 * self._replan, self.MAX_REPLAN)
             self._plans.clear()
             self._age = 0
         key = (arm, k, cap, None if awake is None else tuple(awake))
         if key not in self._plans:
             self._plans[key] = self._plan(arm, k, cap, awake)
+            if self._plans[key] is not None:  # trees pay again: renew plans at the usual pace
+                self._replan = self.REPLAN
         return self._plans[key]
 
     def _plan(self, arm: int, k: int, cap: int, awake: Sequence[bool] | None) -> tuple[Branches, float, float] | None:
