@@ -335,6 +335,8 @@ def test_batched_evaluation_gives_the_same_gammas_as_per_round(target, pool, upd
     """update_every = m evaluates m rounds at once; every round's gammas must be what
     per-round evaluation gives, whichever drafters were chosen in between."""
     def evaluated(engine):
+        for drafter in pool:  # the suffix drafter's history of earlier prompts would differ between the runs
+            drafter.forget_run()
         out = []
         for record in engine.generate(PROMPTS[0]):
             out.extend(record.evaluated or [])
@@ -350,6 +352,32 @@ def test_batched_evaluation_gives_the_same_gammas_as_per_round(target, pool, upd
     for (_, a), (_, b) in zip(every, batched):
         for row_a, row_b in zip(a, b, strict=True):
             assert row_a == pytest.approx(row_b, abs=1e-9)
+
+
+def test_a_lookup_scored_on_the_committed_tokens_gets_what_the_targets_distribution_gives(target, monkeypatch):
+    """Under greedy decoding a token-id drafter is scored against the committed tokens (no
+    one-hot distribution built): on every evaluated batch its gammas must equal, exactly,
+    what the target's distributions give."""
+    from specdraft.decoding.evaluation import PoolEvaluator
+
+    ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
+    pool = [NgramDrafter("lookup", ctx, 1, 3), NgramDrafter("bigram", ctx, 2, 2), PlainDecoding(ctx)]
+    scored, evaluate = [], PoolEvaluator.__call__
+
+    def both_ways(self, rounds, skip=()):
+        assert self.by_tokens == [True, True, False]
+        by_tokens = evaluate(self, rounds, skip)
+        self.by_tokens = [False] * len(pool)  # (lookups keep no state that scoring changes)
+        assert evaluate(self, rounds, skip) == by_tokens
+        self.by_tokens = [True, True, False]
+        scored.extend(g for gammas in by_tokens for g in gammas[:2] if g is not None)
+        return by_tokens
+
+    monkeypatch.setattr(PoolEvaluator, "__call__", both_ways)
+    engine = policy_engine(target, pool, "normalhedge", update_every=3)
+    for prompt in PROMPTS:
+        assert committed(list(engine.generate(prompt))) == plain_greedy(target, prompt, 40)
+    assert {0.0, 1.0} <= set(sum(scored, []))  # (scored, right and wrong)
 
 
 def test_greedy_alignment_is_exact_acceptance(target, pool):

@@ -4,8 +4,11 @@ of every drafter at every committed position of a batch of rounds.
 Positions a drafter did not draft are scored in one forward per contiguous span, so
 batching m rounds (`update_every`) costs one forward per drafter, not m; a drafter's own
 draft alignment (the chosen one's, and in a tree round every branch's) is reused where it
-equals its score. Every drafter ends
-caught up, so switching later costs nothing. One host sync reads everything.
+equals its score. Under greedy decoding a drafter that drafts from token ids alone (the
+lookups) is scored against the committed tokens, which are the target's argmax there, so
+its gamma is exactly what the one-hot distribution would give, without building it (the
+target's distributions are built only when some drafter is scored from them). Every
+drafter ends caught up, so switching later costs nothing. One host sync reads everything.
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ class PoolEvaluator:
         # The names are the ones `learning/driver.py` asks evaluators for.
         self.costly = [drafter.scored_by_own_forward for drafter in drafters]
         self.from_hidden = [bool(drafter.hidden_layers) for drafter in drafters]
+        # Greedy one-hot p: 1 - TV(p, q) of a token-id drafter is 1[its token == committed].
+        self.by_tokens = [params.greedy and not params.soft_feedback and drafter.token_ids_only
+                          for drafter in drafters]
 
     def __call__(self, rounds: Sequence[RoundOutcome], skip: Sequence[bool] = ()) -> list[Gammas]:
         batch = _Batch(rounds, self.params)
@@ -76,23 +82,28 @@ class PoolEvaluator:
             drafted = round_.evidence.alphas.get(arm)
             if drafted is None or not drafter.draft_alignment_is_score:
                 continue
-            parts.extend(self._score_span(drafter, batch, first, j))
+            parts.extend(self._score_span(arm, drafter, batch, first, j))
             first = j + 1
             known = min(round_.count, drafted.shape[0])  # its draft scored these already
-            parts.append(drafted[:known].to(batch.probs.dtype))
+            parts.append(drafted[:known].to(batch.dtype))
             if round_.count > known:
-                at = batch.offsets[j] + known
-                parts.append(drafter.score(self.context, round_.start + known, round_.count - known,
-                                           *batch.rows(at, batch.offsets[j + 1])))
-        parts.extend(self._score_span(drafter, batch, first, len(batch.rounds)))
+                parts.append(self._scores(arm, drafter, batch, round_.start + known, batch.offsets[j] + known,
+                                          batch.offsets[j + 1]))
+        parts.extend(self._score_span(arm, drafter, batch, first, len(batch.rounds)))
         return parts
 
-    def _score_span(self, drafter: Drafter, batch: "_Batch", first: int, end: int) -> list[torch.Tensor]:
+    def _score_span(self, arm: int, drafter: Drafter, batch: "_Batch", first: int, end: int) -> list[torch.Tensor]:
         """The drafter's scores on rounds first..end-1 (consecutive positions), one call."""
         if end <= first:
             return []
-        start, stop = batch.offsets[first], batch.offsets[end]
-        return [drafter.score(self.context, batch.rounds[first].start, stop - start, *batch.rows(start, stop))]
+        return [self._scores(arm, drafter, batch, batch.rounds[first].start, batch.offsets[first], batch.offsets[end])]
+
+    def _scores(self, arm: int, drafter: Drafter, batch: "_Batch", position: int, start: int, stop: int
+                ) -> torch.Tensor:
+        """Gammas at committed positions position.. (batch rows start..stop-1)."""
+        if self.by_tokens[arm]:
+            return torch.tensor(drafter.committed_scores(self.context, position, stop - start), dtype=batch.dtype)
+        return drafter.score(self.context, position, stop - start, *batch.rows(start, stop))
 
 
 class _Batch:
@@ -106,12 +117,24 @@ class _Batch:
         for round_ in rounds:
             self.offsets.append(self.offsets[-1] + round_.count)
         evidence: list[RoundEvidence] = [r.evidence for r in rounds]
-        raw = [e.target for e in evidence if not e.processed]
-        turned = iter(distributions(torch.cat(raw), params).split([t.shape[0] for t in raw])) if raw else iter(())
-        self.probs = torch.cat([e.target if e.processed else next(turned) for e in evidence])
+        self.evidence, self.params = evidence, params
+        # What the distributions come in (a half-precision target's are float32: `distributions`).
+        self.dtype = torch.float32 if evidence[0].target.dtype in (torch.float16, torch.bfloat16) \
+            else evidence[0].target.dtype
+        self._probs: torch.Tensor | None = None
         # (Every round of a batch hands over the same layers: `PolicyDriver.batch_skips`.)
         layers = set.intersection(*(set(e.hidden) for e in evidence)) if evidence else set()
         self.hidden = {layer: torch.cat([e.hidden[layer] for e in evidence]) for layer in sorted(layers)}
+
+    @property
+    def probs(self) -> torch.Tensor:
+        """The target's distributions at every batch position [positions, V], built on first use."""
+        if self._probs is None:
+            raw = [e.target for e in self.evidence if not e.processed]
+            turned = iter(distributions(torch.cat(raw), self.params).split([t.shape[0] for t in raw])) if raw \
+                else iter(())
+            self._probs = torch.cat([e.target if e.processed else next(turned) for e in self.evidence])
+        return self._probs
 
     def rows(self, start: int, stop: int) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """The target's distributions and hidden states at batch positions start..stop-1."""
