@@ -11,7 +11,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from specdraft.cli import app
-from specdraft.measurement.vllm_bench import PLAIN, SPECDRAFT, pool_repeats, summarize, table_rows
+from specdraft.errors import SpecdraftError
+from specdraft.measurement.vllm_bench import PLAIN, SPECDRAFT, cpu_kv_cache_bytes, pool_repeats, summarize, table_rows
 from specdraft.ui.tables import vllm_table
 
 runner = CliRunner()
@@ -55,3 +56,18 @@ def test_bench_engine_vllm_refuses_what_it_cannot_do_before_anything_starts(pool
     data.write_text('{"prompt": "a"}\n')
     result = runner.invoke(app, ["bench", "--engine", "vllm", "--pool", str(pool_file), "--data", str(data), *flags])
     assert result.exit_code == 2 and message in result.output
+
+
+def test_vllm_on_a_cpu_gets_an_explicit_kv_cache_size(monkeypatch):
+    """A fraction of the NUMA node less what the worker holds can leave vLLM no KV cache on a
+    node of a few GiB: the bench asks for a size, 1 GiB unless SPECDRAFT_VLLM_KV_GIB says."""
+    monkeypatch.delenv("SPECDRAFT_VLLM_KV_GIB", raising=False)
+    assert cpu_kv_cache_bytes() == 2**30
+    monkeypatch.setenv("SPECDRAFT_VLLM_KV_GIB", "0.25")
+    assert cpu_kv_cache_bytes() == 2**28
+    monkeypatch.setenv("SPECDRAFT_VLLM_KV_GIB", "0")
+    assert cpu_kv_cache_bytes() is None  # vLLM's own fraction
+    for garbage in ("lots", "-1", "nan"):
+        monkeypatch.setenv("SPECDRAFT_VLLM_KV_GIB", garbage)
+        with pytest.raises(SpecdraftError, match="SPECDRAFT_VLLM_KV_GIB"):
+            cpu_kv_cache_bytes()

@@ -57,7 +57,7 @@ def run_engine(model: Path, speculative: dict | None, concurrency: int, tmp_path
 
     tokenizer = AutoTokenizer.from_pretrained(str(model))
     job = {"model": str(model), "dtype": "float32", "enforce_eager": True, "max_model_len": 512,
-           "max_new_tokens": tokens, "memory_fraction": 0.1, "concurrency": concurrency,
+           "max_new_tokens": tokens, "memory_fraction": 0.1, "kv_cache_bytes": 2**28, "concurrency": concurrency,
            "prompts": [tokenizer(p)["input_ids"] for p in PROMPTS], "warm_up": tokenizer("Hello")["input_ids"],
            "speculative_config": speculative,
            "env": {**launch.proposer_environment(DEMO, None, log_every=0.5)}}
@@ -94,7 +94,7 @@ def test_serve_answers_a_streamed_completion_as_vllm_plain_does_and_stops_on_ctr
     state = tmp_path / "state.json"
     specdraft = shutil.which("specdraft") or str(Path(sys.executable).parent / "specdraft")
     server = subprocess.Popen([specdraft, "serve", "--pool", str(DEMO), "--port", str(port), "--policy-state",
-                               str(state), "--log-every", "1", "--", "--gpu-memory-utilization", "0.1",
+                               str(state), "--log-every", "1", "--", "--kv-cache-memory-bytes", str(2**28),
                                "--max-model-len", "512"], stdout=subprocess.PIPE, stderr=open(tmp_path / "serve.log", "wb"),
                               start_new_session=True, env=dict(os.environ),
                               # as from a terminal: a runner started in the background (`cmd &`

@@ -65,6 +65,19 @@ def run_config(job: dict, log: Path) -> dict:
     return json.loads(done.stdout.decode().strip().splitlines()[-1])
 
 
+def cpu_kv_cache_bytes() -> int | None:
+    """The KV cache vLLM gets on a CPU: SPECDRAFT_VLLM_KV_GIB GiB (1 by default; 0: none
+    asked, vLLM takes its memory fraction of the NUMA node instead)."""
+    text = os.environ.get("SPECDRAFT_VLLM_KV_GIB", "1")
+    try:
+        gib = float(text)
+    except ValueError:
+        gib = -1.0
+    if not gib >= 0:
+        raise SpecdraftError(f"SPECDRAFT_VLLM_KV_GIB={text!r}: expected a size in GiB, 0 or more")
+    return int(gib * 2**30) or None
+
+
 def run_vllm_bench(profile: Profile, pool_file: Path, examples: Sequence[Example], concurrencies: Sequence[int],
                    chat: bool | None, log: Path, say: Callable[[str], None], repeats: int = 1) -> list[dict]:
     """Rows: one per (concurrency, configuration), in run order; with `repeats` > 1 every
@@ -81,6 +94,10 @@ def run_vllm_bench(profile: Profile, pool_file: Path, examples: Sequence[Example
     base = {"model": str(model), "dtype": dtype, "enforce_eager": not launch.cuda_available(),
             "max_model_len": min(4096, max(len(p) for p in prompts) + n + 16), "max_new_tokens": n,
             "memory_fraction": float(os.environ.get("SPECDRAFT_VLLM_MEMORY", "0.15" if not launch.cuda_available() else "0.8")),
+            # On a CPU vLLM takes its fraction of the NUMA node's memory less what the worker
+            # already holds, which on a node of a few GiB leaves nothing for the KV cache: ask
+            # for a size instead (GiB; SPECDRAFT_VLLM_KV_GIB, 0 keeps the fraction).
+            "kv_cache_bytes": None if launch.cuda_available() else cpu_kv_cache_bytes(),
             "prompts": prompts, "warm_up": warm_up,
             "env": launch.proposer_environment(pool_file, None)}
     runs = []

@@ -26,6 +26,7 @@ async def _run(job: dict) -> dict:
     args = AsyncEngineArgs(model=job["model"], dtype=job["dtype"], enforce_eager=job["enforce_eager"],
                            max_model_len=job["max_model_len"], seed=0, max_num_seqs=max(job["concurrency"], 1),
                            gpu_memory_utilization=job["memory_fraction"],
+                           kv_cache_memory_bytes=job.get("kv_cache_bytes"),
                            speculative_config=job["speculative_config"], disable_log_stats=True)
     engine = AsyncLLM.from_engine_args(args)
     params = SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"])
