@@ -35,6 +35,7 @@ PARTS = [(SpeculativeEngine, "_awake", "awake"), (PolicyDriver, "choose", "choos
          (TreePlanner, "branches", "tree plan"), (SpeculativeEngine, "_verify", "verify"),
          (SpeculativeEngine, "_verify_tree", "verify tree"), (PolicyDriver, "finish_round", "finish"),
          (PoolEvaluator, "__call__", "scoring"), (SpeculativeEngine, "_start", "prefill")]
+NESTED = {"tree plan", "scoring"}  # parts of choosing and finishing, timed inside them
 
 
 def timed(spent: dict[str, float]) -> None:
@@ -88,7 +89,7 @@ def main() -> None:
     for policy in policies:
         total = totals[policy]
         rounds = total["rounds"]
-        inner = total["choose"] + total["finish"] + total["awake"] + total["verify"] + total["verify tree"] + total["prefill"]
+        inner = sum(total[label] for _, _, label in PARTS if label not in NESTED)
         parts = " · ".join(f"{label} {1000 * total[label] / rounds:.2f}" for _, _, label in PARTS)
         print(f"{policy}: {total['tokens'] / total['wall']:.1f} tokens/s, {total['tokens'] / rounds:.2f} tokens a round, "
               f"{1000 * total['wall'] / rounds:.2f} ms a round: {parts} · rest (drafting, committing, text) "

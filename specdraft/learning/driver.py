@@ -111,10 +111,11 @@ class PolicyDriver:
         information). Decided when the first of them is chosen and kept until they are
         evaluated (under sampled evaluation, from the first round after an evaluation to
         the next scored one: the rounds between are not scored, and deciding once per
-        cycle spares a round's worth of estimates every round): a drafter scored from the verify's hidden states (the evaluator's
-        `from_hidden`) needs them handed over by every round it is scored on, so the
-        engine asks for them only for arms not skipped here, and such an arm is asleep
-        for the choice meanwhile (it could not be scored on its own round)."""
+        cycle spares a round's worth of estimates every round): a drafter scored from the
+        verify's hidden states (the evaluator's `from_hidden`) needs them handed over by
+        every round it is scored on, so the engine asks for them only for arms not skipped
+        here, and such an arm is asleep for the choice meanwhile (it could not be scored on
+        its own round)."""
         if self._batch_skips is None:
             self._batch_skips = [not scored for scored in self.scored_now()]
         return self._batch_skips
