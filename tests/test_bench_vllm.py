@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from specdraft.cli import app
 from specdraft.errors import SpecdraftError
-from specdraft.measurement.vllm_bench import PLAIN, SPECDRAFT, cpu_kv_cache_bytes, pool_repeats, summarize, table_rows
+from specdraft.measurement.vllm_bench import PLAIN, SPECDRAFT, cpu_kv_cache_bytes, memory_fraction, pool_repeats, summarize, table_rows
 from specdraft.ui.tables import vllm_table
 
 runner = CliRunner()
@@ -71,3 +71,15 @@ def test_vllm_on_a_cpu_gets_an_explicit_kv_cache_size(monkeypatch):
         monkeypatch.setenv("SPECDRAFT_VLLM_KV_GIB", garbage)
         with pytest.raises(SpecdraftError, match="SPECDRAFT_VLLM_KV_GIB"):
             cpu_kv_cache_bytes()
+
+
+def test_vllms_memory_fraction_is_checked(monkeypatch):
+    monkeypatch.setattr("specdraft.serving.launch.cuda_available", lambda: False)
+    monkeypatch.delenv("SPECDRAFT_VLLM_MEMORY", raising=False)
+    assert memory_fraction() == 0.15
+    monkeypatch.setenv("SPECDRAFT_VLLM_MEMORY", "0.5")
+    assert memory_fraction() == 0.5
+    for garbage in ("half", "0", "1.5", "nan"):
+        monkeypatch.setenv("SPECDRAFT_VLLM_MEMORY", garbage)
+        with pytest.raises(SpecdraftError, match="SPECDRAFT_VLLM_MEMORY"):
+            memory_fraction()

@@ -68,14 +68,28 @@ def run_config(job: dict, log: Path) -> dict:
 def cpu_kv_cache_bytes() -> int | None:
     """The KV cache vLLM gets on a CPU: SPECDRAFT_VLLM_KV_GIB GiB (1 by default; 0: none
     asked, vLLM takes its memory fraction of the NUMA node instead)."""
-    text = os.environ.get("SPECDRAFT_VLLM_KV_GIB", "1")
-    try:
-        gib = float(text)
-    except ValueError:
-        gib = -1.0
-    if not gib >= 0:
-        raise SpecdraftError(f"SPECDRAFT_VLLM_KV_GIB={text!r}: expected a size in GiB, 0 or more")
+    gib = _env_number("SPECDRAFT_VLLM_KV_GIB", "1", lambda v: v >= 0, "a size in GiB, 0 or more")
     return int(gib * 2**30) or None
+
+
+def memory_fraction() -> float:
+    """vLLM's `gpu_memory_utilization`: SPECDRAFT_VLLM_MEMORY, 0.8 on CUDA and 0.15 on a CPU
+    by default."""
+    default = "0.8" if launch.cuda_available() else "0.15"
+    return _env_number("SPECDRAFT_VLLM_MEMORY", default, lambda v: 0 < v <= 1, "a fraction above 0, at most 1")
+
+
+def _env_number(name: str, default: str, fits: Callable[[float], bool], expected: str) -> float:
+    """The number in environment variable `name` (`default` when unset); SpecdraftError
+    naming it when that is not a number that `fits`."""
+    text = os.environ.get(name, default)
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if value != value or not fits(value):
+        raise SpecdraftError(f"{name}={text!r}: expected {expected}")
+    return value
 
 
 def run_vllm_bench(profile: Profile, pool_file: Path, examples: Sequence[Example], concurrencies: Sequence[int],
@@ -93,7 +107,7 @@ def run_vllm_bench(profile: Profile, pool_file: Path, examples: Sequence[Example
     n = profile.decode.max_new_tokens
     base = {"model": str(model), "dtype": dtype, "enforce_eager": not launch.cuda_available(),
             "max_model_len": min(4096, max(len(p) for p in prompts) + n + 16), "max_new_tokens": n,
-            "memory_fraction": float(os.environ.get("SPECDRAFT_VLLM_MEMORY", "0.15" if not launch.cuda_available() else "0.8")),
+            "memory_fraction": memory_fraction(),
             # On a CPU vLLM takes its fraction of the NUMA node's memory less what the worker
             # already holds, which on a node of a few GiB leaves nothing for the KV cache: ask
             # for a size instead (GiB; SPECDRAFT_VLLM_KV_GIB, 0 keeps the fraction).
