@@ -5,13 +5,14 @@ on weight values, and nothing downloads on a lent GPU machine):
 - plain decoding tokens/s: transformers `generate` against specdraft's plain path (static
   cache + CUDA graphs, and the eager dynamic-cache path), against the memory-bandwidth limit
   (weight bytes / bandwidth);
-- the target's verify cost at K+1 = 1..9 tokens against one token;
+- the target's verify cost at K+1 = 1..16 tokens against one token, as a chain and as a token
+  tree of two branches (its attention mask an input of the tree size's own graph);
 - each drafter's one-token step against the target's step;
 - speedups *simulated* from those costs and per-position acceptance rates measured on real
   models elsewhere (`--acceptance`, default: the Qwen2.5-Coder 0.5B -> 1.5B pair on the
   held-out code/math prompts, measured on the CPU), labelled as simulated.
 
-    python benchmarks/gpu_costs.py [--shapes llama8b|tiny] [--bandwidth 3.35e12] [--json out.json]
+    python benchmarks/gpu_costs.py [--shapes llama8b|tiny] [--bandwidth BYTES_PER_S] [--json out.json]
 
 `--shapes tiny` runs the same code on small shapes (a smoke test, also on CPU).
 """
@@ -36,6 +37,14 @@ SHAPES = {
         "drafter-68m": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=2, num_attention_heads=12,
                             num_key_value_heads=12, vocab_size=128256, tie_word_embeddings=True),
     },
+    # The demo target (SmolLM2-135M: what `specdraft bench --pool profiles/demo-wide.toml` runs)
+    # and a 2-layer view of it, as cheap as a self-drafter's first layers.
+    "smollm2": {
+        "target": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                       num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, rope_theta=100000.0),
+        "drafter-2-layers": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=2, num_attention_heads=9,
+                                 num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True),
+    },
     "tiny": {
         "target": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=512),
@@ -54,7 +63,10 @@ DEFAULT_ACCEPTANCE = "0.84,0.81,0.76,0.68"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", choices=sorted(SHAPES), default="llama8b")
-    parser.add_argument("--bandwidth", type=float, default=3.35e12, help="bytes/s (H100 SXM: 3.35e12)")
+    parser.add_argument("--bandwidth", type=float,
+                        help="memory bandwidth, bytes/s (default: the card's datasheet figure, H100 SXM 3.35e12, H200 4.8e12)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"),
+                        help="default: bfloat16 on a GPU, float32 on a CPU")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--acceptance", default=DEFAULT_ACCEPTANCE,
@@ -63,10 +75,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16 if device.type == "cuda" else torch.float32
     print(f"device {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, {dtype}, "
           f"shapes {args.shapes}", file=sys.stderr)
 
+    if args.bandwidth is None:
+        args.bandwidth = datasheet_bandwidth(torch.cuda.get_device_name() if device.type == "cuda" else "")
     models = {name: random_llama(shape, dtype, device) for name, shape in SHAPES[args.shapes].items()}
     target = models["target"]
     weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
@@ -84,10 +98,12 @@ def main() -> None:
 
     step = step_costs(models, device, args.repeats)
     one = step["target"][1]
-    print("\n| target verify width | ms | vs one token |")
-    print("|---|---|---|")
+    print("\n| target verify width | chain ms | vs one token | two-branch tree ms | vs one token |")
+    print("|---|---|---|---|---|")
     for width, seconds in step["target"].items():
-        print(f"| {width} | {seconds * 1e3:.2f} | {seconds / one:.2f}x |")
+        tree = step["target-tree"].get(width)
+        tree_cells = f"{tree * 1e3:.2f} | {tree / one:.2f}x" if tree else "- | -"
+        print(f"| {width} | {seconds * 1e3:.2f} | {seconds / one:.2f}x | {tree_cells} |")
     print("\n| drafter | one-token step ms | vs target step |")
     print("|---|---|---|")
     for name in models:
@@ -148,12 +164,32 @@ def plain_rates(model: torch.nn.Module, device: torch.device, tokens: int) -> di
             for _ in range(tokens):
                 logits = lm.feed(logits.argmax(-1), keep=1)
             rates[name] = tokens / (clock() - start)
+        # The same model through the decode engine's rounds (a plain round each: the policy,
+        # the verify's bookkeeping and stop checks around one forward): the host's share.
+        engine = plain_engine(lm, int(model.config.vocab_size), tokens)
+        for _ in range(2):
+            start = clock()
+            produced = sum(len(r.tokens) for r in engine.generate(prompt[0].tolist()))
+            rates[name + ", engine rounds"] = produced / (clock() - start)
     return rates
+
+
+def plain_engine(lm, vocab: int, tokens: int):
+    from specdraft.core.sampling import SamplingParams
+    from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
+    from specdraft.drafters import DraftContext
+    from specdraft.drafters.none import PlainDecoding
+    from specdraft.learning.policies import build_policy
+
+    ctx = DraftContext(SamplingParams(), None, lm.device, vocab)
+    policy = build_policy("fixed", {}, ["none"], seed=0, draft_tokens=1, horizon=tokens)
+    return SpeculativeEngine(lm, [PlainDecoding(ctx)], policy, EngineSettings(1, tokens, SamplingParams()))
 
 
 def step_costs(models: dict, device: torch.device, repeats: int) -> dict[str, dict[int, float]]:
     """Median seconds of a forward of w tokens after a 256-token prefix, over the static
-    cache with CUDA graphs on a GPU (the decode core's fast path), eager elsewhere."""
+    cache with CUDA graphs on a GPU (the decode core's fast path), eager elsewhere; for the
+    target also a token tree of w rows (`target-tree`), rolled back the same way."""
     from specdraft.models.cached_lm import CachedLM
 
     costs = {}
@@ -161,18 +197,40 @@ def step_costs(models: dict, device: torch.device, repeats: int) -> dict[str, di
     for name, model in models.items():
         lm = CachedLM(model, static=graphs, graphs=graphs)
         lm.feed(torch.arange(3, 259, device=device) % 500, keep=1)
-        widths = range(1, 10) if name == "target" else (1,)
-        samples: dict[int, list[float]] = {w: [] for w in widths}
+        widths = range(1, 17) if name == "target" else (1,)
+        shapes = [(w, False) for w in widths] + ([(w, True) for w in widths if w >= 3] if name == "target" else [])
+        samples: dict[tuple[int, bool], list[float]] = {shape: [] for shape in shapes}
         for rep in range(repeats + 2):  # two warm-ups: eager, then capture
-            for width in widths:
+            for width, tree in shapes:
+                tokens = torch.full((width,), 5, device=device)
                 start = lm.clock()
-                lm.feed(torch.full((width,), 5, device=device), keep=width)
+                if tree:
+                    lm.feed_tree(tokens, two_branches(width))
+                else:
+                    lm.feed(tokens, keep=width)
                 elapsed = lm.clock() - start
                 lm.crop(256)
                 if rep >= 2:
-                    samples[width].append(elapsed)
-        costs[name] = {w: statistics.median(s) for w, s in samples.items()}
+                    samples[(width, tree)].append(elapsed)
+        costs[name] = {w: statistics.median(s) for (w, tree), s in samples.items() if not tree}
+        if name == "target":
+            costs["target-tree"] = {w: statistics.median(s) for (w, tree), s in samples.items() if tree}
     return costs
+
+
+def two_branches(size: int) -> list[int]:
+    """Parents of a `size`-row tree: the root, then two chains under it (as two drafters'
+    proposals that disagree at their first token), the first one row longer when odd."""
+    first = size // 2  # rows 1..first: the first chain; first + 1..size - 1: the second
+    return [-1] + [0] + list(range(1, first)) + [0] + list(range(first + 1, size - 1))
+
+
+def datasheet_bandwidth(name: str) -> float:
+    """The card's memory bandwidth (bytes/s) from its datasheet, by name; 1e11 elsewhere (a CPU smoke run)."""
+    for key, value in (("H200", 4.8e12), ("H100", 3.35e12), ("A100", 2.0e12), ("L40S", 8.64e11)):
+        if key in name:
+            return value
+    return 1e11
 
 
 if __name__ == "__main__":

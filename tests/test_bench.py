@@ -336,7 +336,8 @@ def test_transformers_baselines_on_stock_and_packed_kernels(pool_file, data_file
     """`--baseline transformers,transformers-packed` times transformers' generation twice: on
     the stock kernels and over the packed target; both stay plain greedy decoding."""
     float32_pool = tmp_path / "pool32.toml"
-    float32_pool.write_text(pool_file.read_text().replace('dtype = "float64"', 'dtype = "float32"'))
+    # (on the CPU also where CUDA is there: packing is the CPU's)
+    float32_pool.write_text(pool_file.read_text().replace('dtype = "float64"', 'dtype = "float32"\ndevice = "cpu"'))
     out = tmp_path / "r.json"
     result = runner.invoke(app, ["bench", "--pool", str(float32_pool), "--data", str(data_file), "--policies",
                                  "fixed:lookup", "--baseline", "transformers,transformers-packed", "-n", "8",

@@ -130,6 +130,55 @@ def test_a_failed_capture_falls_back_to_eager_with_one_warning(caplog):
         "(operation not permitted when stream is capturing)") == 1
 
 
+def test_forgetting_the_graphs_starts_a_fresh_capture_pool(monkeypatch):
+    """CUDA's capture keeps one memory pool for all of a model's graphs; once they are
+    forgotten (the cache grew) the pool is released, and capturing into it again fails in
+    torch's allocator, so the next graphs get a capture (and pool) of their own. An injected
+    capture is kept."""
+    from specdraft.models import cuda_graphs
+
+    made = []
+    monkeypatch.setattr(cuda_graphs, "cuda_capture", lambda device: made.append(object()) or made[-1])
+    graphs = GraphedForward(lambda *a: None, torch.device("cpu"))
+    first = graphs.capture
+    graphs.clear()
+    assert len(made) == 2 and graphs.capture is made[1] and graphs.capture is not first
+    injected = FakeCapture(None)
+    kept = GraphedForward(lambda *a: None, torch.device("cpu"), injected)
+    kept.clear()
+    assert kept.capture is injected and len(made) == 2
+
+
+def test_cudas_capture_keeps_the_cyclic_collector_out_of_a_capture(monkeypatch):
+    """A dropped model's graphs are freed by the cyclic collector; one freed mid-capture
+    ends that capture on a real GPU (tests/test_cuda.py shows it), so no collection may run
+    inside one. CUDA's calls are stubbed here: what is checked is the collector's state."""
+    import contextlib
+    import gc
+
+    from specdraft.models import cuda_graphs
+
+    class Graph:
+        def replay(self):
+            pass
+
+    for name, stub in (("graph_pool_handle", lambda: 0), ("Stream", lambda device: None),
+                       ("device", lambda device: contextlib.nullcontext()), ("synchronize", lambda device: None),
+                       ("CUDAGraph", Graph), ("graph", lambda graph, pool, stream: contextlib.nullcontext())):
+        monkeypatch.setattr(torch.cuda, name, stub)
+    capture = cuda_graphs.cuda_capture(torch.device("cuda", 0))
+    seen = []
+    capture(lambda: seen.append(gc.isenabled()) or (None, {}))
+    assert seen == [False] and gc.isenabled()
+
+    def failing():
+        raise RuntimeError("capture failed")
+
+    with pytest.raises(RuntimeError):
+        capture(failing)
+    assert gc.isenabled()
+
+
 def test_auto_is_static_with_graphs_on_cuda_and_dynamic_on_cpu():
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     assert core_choice("auto", True, cpu) == (False, False)
@@ -145,6 +194,7 @@ def test_a_profile_chooses_the_static_cache(pool_file):
 
     text = pool_file.read_text().replace("max_new_tokens = 24",  # the drafter through transformers too
                                        'max_new_tokens = 24\nkv_cache = "static"\ndrafter_core = "transformers"')
+    text = text.replace('dtype = "float64"', 'dtype = "float64"\ndevice = "cpu"')  # also where CUDA is there
     pool_file.write_text(text)
     runtime = build_runtime(load_profile(pool_file))
     small = next(d for d in runtime.drafters if d.name == "small")

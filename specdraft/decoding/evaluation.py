@@ -102,7 +102,8 @@ class PoolEvaluator:
                 ) -> torch.Tensor:
         """Gammas at committed positions position.. (batch rows start..stop-1)."""
         if self.by_tokens[arm]:
-            return torch.tensor(drafter.committed_scores(self.context, position, stop - start), dtype=batch.dtype)
+            return torch.tensor(drafter.committed_scores(self.context, position, stop - start), dtype=batch.dtype,
+                                device=batch.device)
         return drafter.score(self.context, position, stop - start, *batch.rows(start, stop))
 
 
@@ -121,6 +122,7 @@ class _Batch:
         # What the distributions come in (a half-precision target's are float32: `distributions`).
         self.dtype = torch.float32 if evidence[0].target.dtype in (torch.float16, torch.bfloat16) \
             else evidence[0].target.dtype
+        self.device = evidence[0].target.device  # where every drafter's scores are laid end to end
         self._probs: torch.Tensor | None = None
         # (Every round of a batch hands over the same layers: `PolicyDriver.batch_skips`.)
         layers = set.intersection(*(set(e.hidden) for e in evidence)) if evidence else set()

@@ -23,6 +23,7 @@ here but the driver call.
 
 from __future__ import annotations
 
+import gc
 import logging
 from typing import Callable, Sequence
 
@@ -47,10 +48,20 @@ def cuda_capture(device: torch.device) -> Capture:
 
     def capture(run: Callable[[], Outputs]) -> tuple[Callable[[], None], Outputs]:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.device(device):
-            torch.cuda.synchronize(device)
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
-                outputs = run()
+        # A model's graphs sit in a reference cycle (their forward is a bound method of the
+        # CachedLM that owns them), so a dropped model's graphs are freed by Python's cyclic
+        # collector, whenever it runs; a graph freed while another is being captured ends
+        # that capture ("operation not permitted when stream is capturing").
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.device(device):
+                torch.cuda.synchronize(device)
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    outputs = run()
+        finally:
+            if collecting:
+                gc.enable()
         return graph.replay, outputs
 
     return capture
@@ -63,13 +74,16 @@ class GraphedForward:
                  max_width: int = MAX_GRAPH_WIDTH):
         self.forward = forward
         self.device = device
-        self.capture = capture or cuda_capture(device)
+        self.injected = capture
         self.max_width = max_width
         self.enabled = True
         self.clear()
 
     def clear(self) -> None:
-        """Forget every graph (the KV buffers moved)."""
+        """Forget every graph (the KV buffers moved). CUDA's capture starts a memory pool of
+        its own: the old pool is released with the last graph that used it, and capturing
+        into a released pool fails inside torch's allocator."""
+        self.capture = self.injected or cuda_capture(self.device)
         self.graphs: dict[tuple, tuple[Callable[[], None], Outputs, torch.Tensor, torch.Tensor,
                                        torch.Tensor | None]] = {}
         self.seen: set[tuple] = set()
