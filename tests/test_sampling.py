@@ -105,6 +105,28 @@ def pair_and_third_laws(target, prompt, params) -> tuple[Counter, Counter]:
     return joint2, marginal3
 
 
+def assert_follows_laws(engine, prompt, joint2, marginal3, each=None) -> None:
+    """1,500 generations of three tokens: the first two follow `joint2` and the third
+    `marginal3` (chi-square at P_MIN); `each(records)` sees every generation's rounds.
+    Which sample a seed gives follows this machine's timings (goodput plans K from them),
+    so a correct sampler would fail a single batch at P_MIN now and then (CI saw p = 9e-5
+    once). A batch that fails is followed by a fresh one that must pass: a correct sampler
+    fails both about P_MIN^2 of the time; a biased one fails the second batch too."""
+    for _attempt in range(2):
+        pairs, thirds, n_draws = Counter(), Counter(), 1500
+        for _ in range(n_draws):
+            records = list(engine.generate(prompt))
+            if each is not None:
+                each(records)
+            out = [t for r in records for t in r.tokens]
+            pairs[tuple(out[:2])] += 1
+            thirds[out[2]] += 1
+        p_pairs, p_thirds = chi_square_p(pairs, joint2, n_draws), chi_square_p(thirds, marginal3, n_draws)
+        if min(p_pairs, p_thirds) > P_MIN:
+            return
+    assert p_pairs > P_MIN and p_thirds > P_MIN, (p_pairs, p_thirds)
+
+
 @pytest.mark.parametrize("params, padded", [(SamplingParams(1.0), False), (SamplingParams(0.8, top_k=4, top_p=0.9), False),
                                             (SamplingParams(1.0), True)])
 def test_generated_sequences_follow_the_target(params, padded):
@@ -117,20 +139,7 @@ def test_generated_sequences_follow_the_target(params, padded):
     if padded:
         engine.driver.planner.costs.verify.install([2.0 - w / 6 for w in range(1, 7)])
     joint2, marginal3 = pair_and_third_laws(target, prompt, params)
-    # Which sample a seed gives follows this machine's timings (goodput plans K from them),
-    # so a correct sampler would fail a single batch at P_MIN now and then (CI saw p = 9e-5
-    # once). A batch that fails is followed by a fresh one that must pass: a correct sampler
-    # fails both about P_MIN^2 of the time; a biased one fails the second batch too.
-    for attempt in range(2):
-        pairs, thirds, n_draws = Counter(), Counter(), 1500
-        for _ in range(n_draws):
-            out = [t for r in engine.generate(prompt) for t in r.tokens]
-            pairs[tuple(out[:2])] += 1
-            thirds[out[2]] += 1
-        p_pairs, p_thirds = chi_square_p(pairs, joint2, n_draws), chi_square_p(thirds, marginal3, n_draws)
-        if min(p_pairs, p_thirds) > P_MIN:
-            return
-    assert p_pairs > P_MIN and p_thirds > P_MIN, (p_pairs, p_thirds)
+    assert_follows_laws(engine, prompt, joint2, marginal3)
 
 
 def test_seeded_sampling_is_reproducible_and_seeds_differ():

@@ -25,7 +25,7 @@ from specdraft.learning.policies import build_policy
 from specdraft.learning.policies.simple import RandomPolicy
 from specdraft.learning.tree_planner import TreePlanner, run_length
 from specdraft.models.cached_lm import CachedLM
-from test_sampling import P_MIN, SAMPLING_PROMPT, chi_square_p, pair_and_third_laws, sampling_pool
+from test_sampling import P_MIN, SAMPLING_PROMPT, assert_follows_laws, chi_square_p, pair_and_third_laws, sampling_pool
 from tiny import VOCAB, plain_greedy, random_head, tiny_llama
 
 PROMPTS = [[5, 9, 14, 9, 14, 22, 5, 9, 14], [3, 3, 7, 11, 3, 3, 7], [40, 41, 42, 43, 40, 41]]
@@ -163,20 +163,14 @@ def test_sampled_tree_rounds_follow_the_target():
     engine = SpeculativeEngine(target_lm, drafters, policy, EngineSettings(3, 3, params), gen)
     scripted_branches(engine, seed=4, most=3, deepest=3, least=2)
     joint2, marginal3 = pair_and_third_laws(target, prompt, params)
-    # (as test_sampling: a failing batch is followed by a fresh one that must pass)
-    for attempt in range(2):
-        pairs, thirds, n_draws, trees = Counter(), Counter(), 1500, 0
-        for _ in range(n_draws):
-            records = list(engine.generate(prompt))
-            trees += sum(len(r.branches) >= 3 for r in records)
-            out = [t for r in records for t in r.tokens]
-            pairs[tuple(out[:2])] += 1
-            thirds[out[2]] += 1
-        assert trees >= n_draws  # (every first round at least)
-        p_pairs, p_thirds = chi_square_p(pairs, joint2, n_draws), chi_square_p(thirds, marginal3, n_draws)
-        if min(p_pairs, p_thirds) > P_MIN:
-            return
-    assert p_pairs > P_MIN and p_thirds > P_MIN, (p_pairs, p_thirds)
+    generations, trees = Counter(), Counter()
+
+    def count_trees(records):
+        generations["n"] += 1
+        trees["n"] += sum(len(r.branches) >= 3 for r in records)
+
+    assert_follows_laws(engine, prompt, joint2, marginal3, count_trees)
+    assert trees["n"] >= generations["n"]  # (every first round at least)
 
 
 # --- the planner ----------------------------------------------------------------------------
