@@ -179,6 +179,31 @@ def test_cudas_capture_keeps_the_cyclic_collector_out_of_a_capture(monkeypatch):
     assert gc.isenabled()
 
 
+def test_the_cache_goes_by_the_keyword_the_models_forward_takes():
+    """transformers renamed forward's `past_key_values` to `cache` (the old name warns, and
+    goes in 5.40, which the `transformers<6` pin allows); earlier 5.x releases take only the
+    old one."""
+    import warnings
+
+    from specdraft.models.kv_cache import cache_keyword
+
+    class Renamed(torch.nn.Module):
+        def forward(self, input_ids=None, cache=None):
+            pass
+
+    class Earlier(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None):
+            pass
+
+    assert cache_keyword(Renamed()) == "cache" and cache_keyword(Earlier()) == "past_key_values"
+    for static in (False, True):
+        lm = CachedLM(tiny_llama(seed=0), static=static)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            lm.feed(torch.tensor([5, 9, 11]), keep=1)
+            lm.feed_tree(torch.tensor([4, 8, 6]), [-1, 0, 0])
+
+
 def test_auto_is_static_with_graphs_on_cuda_and_dynamic_on_cpu():
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     assert core_choice("auto", True, cpu) == (False, False)

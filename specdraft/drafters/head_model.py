@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from specdraft.models.kv_cache import cache_keyword
 from specdraft.storage.atomic_files import staged_file, write_text
 WEIGHTS, CONFIG = "head.safetensors", "head.json"
 FORMAT = 2
@@ -174,7 +175,7 @@ class DraftHead(nn.Module):
         """embeddings, features: [B, T, H] (token x_{t+1}, g_t: `fused` target features or
         the head's own prediction); returns the predicted f_{t+1} [B, T, H]."""
         out = self.body(inputs_embeds=self.inputs(embeddings, features), position_ids=position_ids,
-                        past_key_values=cache, use_cache=cache is not None)
+                        use_cache=cache is not None, **{cache_keyword(self.body): cache})
         return out.last_hidden_state
 
     def inputs(self, embeddings: torch.Tensor, features: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,7 @@ from specdraft.drafters.model_base import CausalLMDrafter
 from specdraft.drafters.options import LayersOptions
 from specdraft.errors import ProfileError
 from specdraft.models.cached_lm import CachedLM, fit_logits
+from specdraft.models.kv_cache import cache_keyword
 
 
 class TargetPrefix:
@@ -56,7 +57,7 @@ class TargetPrefix:
         self.target.reserve(self.length + n)
         positions = torch.arange(self.length, self.length + n, device=self.device)
         out = self.model(input_ids=tokens.view(1, n).to(self.device), position_ids=positions.view(1, n),
-                         past_key_values=self.target.cache, use_cache=True, logits_to_keep=keep)
+                         use_cache=True, logits_to_keep=keep, **{cache_keyword(self.model): self.target.cache})
         self.extra += n
         return fit_logits(out.logits[0], self.logits_size)
 

@@ -17,7 +17,7 @@ import torch
 
 from specdraft.core.stopwatch import device_clock
 from specdraft.models.cuda_graphs import Capture, GraphedForward, Outputs
-from specdraft.models.kv_cache import new_kv_cache
+from specdraft.models.kv_cache import cache_keyword, new_kv_cache
 from specdraft.models.lean_decoder import LeanDecoder
 from specdraft.models.token_tree_rows import ancestry, tree_depths, tree_rows
 
@@ -141,8 +141,9 @@ class CachedLM:
                       mask: torch.Tensor | None = None) -> Outputs:
         """transformers' forward over the cache, with no captured graph (what a graph captures);
         `mask`: a token tree's 4D attention mask."""
-        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=self.cache,
-                         use_cache=True, logits_to_keep=keep, output_hidden_states=bool(layers))
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                         logits_to_keep=keep, output_hidden_states=bool(layers),
+                         **{cache_keyword(self.model): self.cache})
         return out.logits[0], {layer: out.hidden_states[layer][0] for layer in layers}
 
     @torch.inference_mode()

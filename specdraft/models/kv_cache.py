@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 from typing import Any, Sequence
 
@@ -120,6 +122,18 @@ class StaticKVCache(KVCache):
                 layer.cumulative_length.fill_(position)  # in place: its address is in captured graphs
             else:
                 layer.cumulative_length = torch.tensor(position, dtype=torch.long)
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword a transformers model's forward takes its KV cache by: `cache` from about
+    transformers 5.2x on (there `past_key_values` is a deprecated alias, to be removed in
+    5.40), `past_key_values` in earlier 5.x releases and in remote code that kept it."""
+    return _cache_keyword(type(model))
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(cls: type) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 def new_kv_cache(model: torch.nn.Module, static: bool) -> KVCache:
