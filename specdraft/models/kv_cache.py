@@ -73,8 +73,11 @@ def move_path(buffers: Sequence[torch.Tensor], dim: int, start: int, rows: Seque
     if not moved:
         return
     sources, targets = zip(*moved)
+    indices: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # made once per device, not per buffer
     for buffer in buffers:
-        source, target = (torch.tensor(side, device=buffer.device) for side in (sources, targets))
+        if buffer.device not in indices:
+            indices[buffer.device] = tuple(torch.tensor(side, device=buffer.device) for side in (sources, targets))
+        source, target = indices[buffer.device]
         buffer.index_copy_(dim, target, buffer.index_select(dim, source))
 
 
