@@ -25,7 +25,7 @@ from specdraft.models import kv_cache
 from specdraft.models.cached_lm import CachedLM
 from test_sampling import SAMPLING_PROMPT, assert_follows_laws, pair_and_third_laws
 from test_tree_round import scripted_branches
-from tiny import VOCAB, random_head, tiny_llama
+from tiny import VOCAB, plain_greedy, random_head, tiny_llama
 
 if not torch.cuda.is_available():
     if os.environ.get("SPECDRAFT_REQUIRE_CUDA") == "1":
@@ -38,17 +38,6 @@ PROMPTS = [[5, 9, 11, 3, 7, 5, 9, 11, 3], [17], [40, 41, 42, 43, 40, 41]]
 
 def on_cuda(model: torch.nn.Module) -> torch.nn.Module:
     return model.to(CUDA)
-
-
-def greedy_on_device(model: torch.nn.Module, prompt: list[int], max_new: int) -> list[int]:
-    """Plain greedy decoding of the target as run (on the GPU), with no cache at all."""
-    ids, out = list(prompt), []
-    with torch.no_grad():
-        for _ in range(max_new):
-            token = int(model(torch.tensor([ids], device=CUDA)).logits[0, -1].argmax())
-            out.append(token)
-            ids.append(token)
-    return out
 
 
 def graphed_target(model: torch.nn.Module) -> CachedLM:
@@ -79,7 +68,7 @@ def test_real_cuda_graphs_over_the_static_cache_match_plain_greedy_for_every_dra
     engine = SpeculativeEngine(target_lm, drafters, policy, EngineSettings(4, 40, SamplingParams()))
     for prompt in PROMPTS * 2:
         out = [t for r in engine.generate(prompt) for t in r.tokens]
-        assert out == greedy_on_device(target, prompt, 40)
+        assert out == plain_greedy(target, prompt, 40)
     assert target_lm.graphs.enabled and target_lm.graphs.graphs, "the target's forwards were never captured"
     assert drafters[2].lm.graphs.enabled and drafters[2].lm.graphs.graphs
 
@@ -118,7 +107,7 @@ def test_real_cuda_graphs_replay_one_graph_per_tree_size_and_trees_match_plain_g
     trees = Counter()
     for prompt in PROMPTS * 3:
         records = list(engine.generate(prompt))
-        assert [t for r in records for t in r.tokens] == greedy_on_device(target, prompt, 40)
+        assert [t for r in records for t in r.tokens] == plain_greedy(target, prompt, 40)
         trees.update(r.tree_size for r in records if len(r.branches) > 1)
     captured = [key for key in target_lm.graphs.graphs if key[3] is not None]
     assert target_lm.graphs.enabled and captured, "no token tree was replayed from a graph"

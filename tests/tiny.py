@@ -34,12 +34,13 @@ def tiny_llama(seed: int = 0, vocab: int = VOCAB, layers: int = 3, hidden: int =
 
 
 def plain_greedy(model: torch.nn.Module, prompt: list[int], max_new: int, eos: int | None = None) -> list[int]:
-    """Reference decoding with no cache at all: a full forward per token."""
+    """Reference decoding with no cache at all: a full forward per token, on the model's device."""
     ids = list(prompt)
     out: list[int] = []
+    device = next(model.parameters()).device
     with torch.no_grad():
         for _ in range(max_new):
-            logits = model(torch.tensor([ids])).logits[0, -1]
+            logits = model(torch.tensor([ids], device=device)).logits[0, -1]
             token = int(logits.argmax())
             out.append(token)
             ids.append(token)

@@ -125,8 +125,7 @@ class TreePlanner:
                 if base is None:
                     continue
                 for d in depths:
-                    branched = [(longest if longest >= (hit := min(runs[i], d)) else hit, wrong + d - hit)
-                                for (longest, wrong), runs in zip(paths, judged)]
+                    branched = [self._extend(path, runs[i], d) for path, runs in zip(paths, judged)]
                     rate = self._rate((*tree, (i, d)), branched, True, verify)
                     if rate is not None and rate[0] > base[0] * self.GAIN and (pick is None or rate[0] / base[0] > pick[0]):
                         pick = (rate[0] / base[0], (i, d))
@@ -142,18 +141,22 @@ class TreePlanner:
         """The remembered rounds in which every one of `arms` was scored and awake."""
         return [runs for runs in self.runs if all(runs[i] is not None for i in arms)]
 
-    @staticmethod
-    def _path(tree: Branches, runs: tuple[float | None, ...]) -> tuple[float, float]:
+    @classmethod
+    def _path(cls, tree: Branches, runs: tuple[float | None, ...]) -> tuple[float, float]:
         """`tree` replayed on a remembered round: (the longest accepted chain, the drafted
         tokens off it)."""
-        longest, wrong = 0.0, 0.0
+        path = (0.0, 0.0)
         for i, d in tree:
-            r = runs[i]
-            hit = r if r < d else d
-            if hit > longest:
-                longest = hit
-            wrong += d - hit
-        return longest, wrong
+            path = cls._extend(path, runs[i], d)
+        return path
+
+    @staticmethod
+    def _extend(path: tuple[float, float], run: float, depth: int) -> tuple[float, float]:
+        """`path` (`_path` of a tree on a round) with one more chain, `depth` deep, of a
+        drafter whose run of accepted tokens on that round was `run`."""
+        longest, wrong = path
+        hit = run if run < depth else depth
+        return (longest if longest >= hit else hit), wrong + depth - hit
 
     def _rate(self, tree: Branches, paths: Sequence[tuple[float, float]], branched: bool,
               verify: dict[int, float | None]) -> tuple[float, float, float] | None:
