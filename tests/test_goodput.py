@@ -114,8 +114,8 @@ def test_the_cost_model_matches_the_rounds_timings(monkeypatch):
         clock[0] += 0.010 + 0.002 * tokens.shape[-1]
         return feed(tokens, keep, layers)
 
-    def timed_propose(context, k, stop=None):
-        draft = propose(context, k, stop)
+    def timed_propose(context, k, stop=None, runner_up=False):
+        draft = propose(context, k, stop, runner_up)
         clock[0] += 0.004 * draft.tokens.shape[0]
         return draft
 

@@ -195,7 +195,8 @@ def test_a_branch_is_planned_where_another_drafter_is_right_when_the_chosen_one_
         planner.observe([[1.0] * int(r) + [0.0] for r in runs] + [None], None)
     plan = planner.branches(0, 4, 8, None)
     assert plan is not None and plan[0][0][0] == 1  # b, not c (which only repeats a)
-    branches, expected, seconds = plan
+    branches, leaves, expected, seconds = plan
+    assert leaves == ()  # no runner-up verdicts yet
     assert expected == pytest.approx(5.0) and len(branches) == 1
 
 
@@ -306,7 +307,7 @@ def test_a_drafter_is_judged_on_the_rounds_it_was_awake_in():
         runs = [0.0, 4.0 if awake else 0.0, 0.0]
         planner.observe([[1.0] * int(r) + [0.0] for r in runs] + [None], [False, not awake, False, False])
     plan = planner.branches(0, 2, 8, [True, True, True, True])
-    assert plan is not None and plan[0][0][0] == 1 and plan[1] == pytest.approx(5.0)
+    assert plan is not None and plan[0][0][0] == 1 and plan[2] == pytest.approx(5.0)
 
 
 def test_a_branch_is_judged_against_the_chain_on_the_same_rounds():

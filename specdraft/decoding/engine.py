@@ -21,7 +21,7 @@ learns from are the work's, not the kernel launches'.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Sequence
 
 import torch
@@ -77,6 +77,8 @@ class RoundRecord:
     branches: list[tuple[str, int, int]] | None = None
     tree_size: int = 0  # drafted tokens the verify checked (shared prefixes counted once)
     winner: str | None = None  # the drafter whose chain the committed tokens followed furthest
+    runner_ups: list[tuple[str, int]] = field(default_factory=list)  # (drafter, its runner-up leaves verified)
+    runner_up_won: str | None = None  # the drafter whose runner-up leaf the committed tokens ended on
     # On a prompt's first round: the prompt's prefill before it (the target's, and under full
     # information the drafters' that will be scored from the first round on).
     prefill_s: float = 0.0
@@ -124,19 +126,13 @@ class SpeculativeEngine:
                 watch = Stopwatch(self.target.clock)
                 awake = self._awake(state.context)
                 plan = self.driver.choose(state.produced, awake)
-                arm, k = plan.arm, plan.draft_tokens
-                drafter = self.drafters[arm]
                 watch.lap("overhead")
-                draft = drafter.propose(state.context, k, plan.stop) if k > 0 else drafter.empty_draft()
-                if draft.match_length and not plan.branches:
-                    draft, plan = self._trim(arm, draft, plan)
-                    k = plan.draft_tokens
-                watch.lap("draft")
-                proposals = [Proposal(arm, draft, max(0.0, watch["draft"] - draft.catch_up_seconds)),
-                             *self._branches(state.context, plan.branches)]
-                watch.lap("draft")
-                verified = self._verify_tree(state.context, proposals) if len(proposals) > 1 else \
-                    self._verify(state.next_input, draft, arm)
+                plan, proposals = self._propose(state.context, plan, watch)
+                arm, k, draft = plan.arm, plan.draft_tokens, proposals[0].draft
+                drafter = self.drafters[arm]
+                verified = self._verify_tree(state.context, proposals) \
+                    if len(proposals) > 1 or any(p.runner_ups and p.draft.runner_up is not None for p in proposals) \
+                    else self._verify(state.next_input, draft, arm)
                 watch.lap("verify")
                 start = len(state.context)
                 tokens, finish = self._commit(state, verified)
@@ -145,7 +141,7 @@ class SpeculativeEngine:
                                          verify_seconds=watch["verify"], verify_width=verified.width,
                                          silent=None if awake is None else [not a for a in awake],
                                          branch_drafts=tuple((p.arm, p.drafted, p.seconds) for p in proposals[1:]),
-                                         match_length=draft.match_length)
+                                         match_length=draft.match_length, runner_ups=tuple(verified.runner_up_hits))
                 evidence = self._evidence(verified, len(tokens)) if self.driver.full_information else None
                 learned = self.driver.finish_round(RoundOutcome(feedback, start, len(tokens), evidence),
                                                    last=finish is not None)
@@ -161,12 +157,32 @@ class SpeculativeEngine:
                                   verify_width=verified.width, prefill_s=prefill_s,
                                   branches=[(self.drafters[a].name, p.drafted, n)
                                             for (a, n), p in zip(verified.kept, proposals)],
-                                  tree_size=verified.tree_size, winner=self._winner(verified))
+                                  tree_size=verified.tree_size, winner=self._winner(verified),
+                                  runner_ups=[(self.drafters[a].name, n) for a, n in verified.runner_up_leaves],
+                                  runner_up_won=None if verified.runner_up_won is None
+                                  else self.drafters[verified.runner_up_won].name)
                 if finish:
                     return
         finally:  # also when the caller stops early: what was generated is still text
             for drafter in self.drafters:
                 drafter.end_prompt(state.context)
+
+    def _propose(self, context: list[int], plan: RoundPlan, watch: Stopwatch) -> tuple[RoundPlan, list[Proposal]]:
+        """The round's proposals: the chosen drafter's draft (in a chain round a lookup's is
+        cut to what its match length makes worth verifying, `_trim`), then the plan's
+        branches, each with the runner-up leaves the plan gives it; and the plan as trimmed."""
+        arm, k = plan.arm, plan.draft_tokens
+        drafter = self.drafters[arm]
+        ranks = self.driver.wants_runner_ups or bool(plan.runner_ups)  # drafters give runner-ups
+        draft = drafter.propose(context, k, plan.stop, runner_up=ranks) if k > 0 else drafter.empty_draft()
+        if draft.match_length and not (plan.branches or plan.runner_ups):
+            draft, plan = self._trim(arm, draft, plan)
+        watch.lap("draft")
+        leaves = dict(plan.runner_ups)
+        proposals = [Proposal(arm, draft, max(0.0, watch["draft"] - draft.catch_up_seconds), leaves.get(arm, 0)),
+                     *self._branches(context, plan.branches, leaves, ranks)]
+        watch.lap("draft")
+        return plan, proposals
 
     def _trim(self, arm: int, draft: Draft, plan: RoundPlan) -> tuple[Draft, RoundPlan]:
         """A lookup draft cut to the length its match length makes worth verifying
@@ -211,19 +227,24 @@ class SpeculativeEngine:
         return _Prompt(context, torch.tensor(context[-1:], dtype=torch.long, device=device),
                        self.target.clock() - started)
 
-    def _branches(self, context: list[int], branches: Sequence[tuple[int, int]]) -> list[Proposal]:
+    def _branches(self, context: list[int], branches: Sequence[tuple[int, int]], leaves: dict[int, int],
+                  ranks: bool) -> list[Proposal]:
         """The plan's further chains: each branch drafter proposes its depth (no early stop:
-        the planner chose the depth for the tree as a whole)."""
+        the planner chose the depth for the tree as a whole), with the runner-up leaves
+        `leaves` plans for it."""
         out = []
         for arm, depth in branches:
             started = self.target.clock()
-            draft = self.drafters[arm].propose(context, depth)
-            out.append(Proposal(arm, draft, max(0.0, self.target.clock() - started - draft.catch_up_seconds)))
+            draft = self.drafters[arm].propose(context, depth, runner_up=ranks)
+            out.append(Proposal(arm, draft, max(0.0, self.target.clock() - started - draft.catch_up_seconds),
+                                leaves.get(arm, 0)))
         return out
 
     def _winner(self, verified: Verified) -> str | None:
-        """The drafter whose chain the committed tokens followed furthest (the chosen one on
-        a tie), None when no drafted token was accepted."""
+        """The drafter whose chain (or runner-up leaf) the committed tokens followed
+        furthest (the chosen one on a tie), None when no drafted token was accepted."""
+        if verified.runner_up_won is not None:
+            return self.drafters[verified.runner_up_won].name
         arm, kept = max(verified.kept, key=lambda item: item[1])  # (max keeps the first of equals)
         return self.drafters[arm].name if kept else None
 
@@ -249,15 +270,18 @@ class SpeculativeEngine:
         else:
             probs = sampling_probs(logits, self.settings.sampling)
             verdict = verify_sampling(probs, draft.tokens, draft.probs, self.generator)
-        # The round's one device-to-host read of data: accepted count, tokens and alphas at once.
-        # float64 holds every token id exactly.
+        # The round's one device-to-host read of data: accepted count, tokens, alphas and the
+        # draft's runner-ups at once. float64 holds every token id exactly.
+        ranked = [] if draft.runner_up is None else [draft.runner_up.double()]
         packed = torch.cat(
-            [verdict.n_accepted.view(1).double(), verdict.tokens.double(), verdict.alphas.double()]
+            [verdict.n_accepted.view(1).double(), verdict.tokens.double(), verdict.alphas.double(), *ranked]
         ).tolist()
         n = int(packed[0])
-        return Verified(n, [int(t) for t in packed[1 : n + 2]], packed[k + 2 :],
+        tokens = [int(t) for t in packed[1 : n + 2]]
+        hits = [(arm, int(packed[2 * k + 2 + n]) == tokens[n])] if ranked and n < k else []
+        return Verified(n, tokens, packed[k + 2 : 2 * k + 2],
                          verdict.tokens.index_select(0, verdict.n_accepted.view(1)), width, {arm: verdict.alphas},
-                         logits, probs, hidden, [(arm, n)], k)
+                         logits, probs, hidden, [(arm, n)], k, hits)
 
     def _verify_tree(self, context: list[int], proposals: list[Proposal]) -> Verified:
         """One forward over the token tree of every proposal's chain (decoding/tree_verify.py)."""

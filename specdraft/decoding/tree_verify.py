@@ -7,7 +7,8 @@ path's distribution)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
@@ -26,6 +27,9 @@ class Proposal:
     arm: int
     draft: Draft
     seconds: float  # its propose call, catch-up excluded
+    # Its draft's runner-ups (`Draft.runner_up`) at its first `runner_ups` positions are
+    # verified too, each a leaf beside the chain's token there.
+    runner_ups: int = 0
 
     @property
     def drafted(self) -> int:
@@ -50,6 +54,27 @@ class Verified:
     hidden: dict[int, torch.Tensor]  # {layer: [accepted + 1 or more, H]} for the drafters scored from them
     kept: list[tuple[int, int]]  # per proposal: (arm, its drafted tokens committed), the chosen one first
     tree_size: int  # drafted tokens verified (a tree's rows less the root)
+    # Per proposal whose draft ranked a runner-up at the position where its chain was first
+    # wrong: (arm, whether that runner-up is the token committed there), verified or not.
+    runner_up_hits: list[tuple[int, bool]] = field(default_factory=list)
+    runner_up_leaves: list[tuple[int, int]] = field(default_factory=list)  # (arm, its leaves) in the tree
+    runner_up_won: int | None = None  # the arm whose runner-up leaf the committed path ended on
+
+
+def runner_up_hits(proposals: Sequence[Proposal], chains: Sequence[Sequence[int]], runner_ups: Sequence[Sequence[int]],
+                   committed: Sequence[int]) -> list[tuple[int, bool]]:
+    """(arm, hit) per proposal with runner-ups that was wrong inside its draft: whether its
+    runner-up at its first wrong position is the committed token there. Under greedy that
+    is exactly whether the runner-up's leaf is (or would have been) accepted; under
+    sampling, with the chain the node's only draft, the committed token there is drawn from
+    the residual, so it is the runner-up with the probability its leaf would be accepted."""
+    hits = []
+    for p, chain, ranked in zip(proposals, chains, runner_ups):
+        if ranked:
+            n = matched(chain, committed)
+            if n < len(chain) and n < len(committed):
+                hits.append((p.arm, ranked[n] == committed[n]))
+    return hits
 
 
 def verify_tree(target: CachedLM, root: int, proposals: list[Proposal], padded_width: Callable[[int], int],
@@ -60,12 +85,12 @@ def verify_tree(target: CachedLM, root: int, proposals: list[Proposal], padded_w
     speculative sampling, core/verify.py). The target's cache keeps only the accepted
     path. Padded with filler rows below the last one when a wider forward is cheaper."""
     device = target.device
-    drafts = torch.cat([p.draft.tokens for p in proposals]).tolist()  # one read for every chain
-    chains, offset = [], 0
-    for p in proposals:
-        chains.append(drafts[offset : offset + p.drafted])
-        offset += p.drafted
-    tree = TokenTree.merge(root, chains)
+    chains, ranked = _read_drafts(proposals)
+    # Runner-up leaves after every chain, so chain j is still row set j: a chain's prefix
+    # then the runner-up, one-hot q (a deterministic draft; see `ranked_next`).
+    leaves = [(j, chains[j][:n] + [ranked[j][n]]) for j, p in enumerate(proposals)
+              for n in range(min(p.runner_ups, len(ranked[j])))]
+    tree = TokenTree.merge(root, chains + [leaf for _, leaf in leaves])
     rows = len(tree)
     width = padded_width(rows)
     ids = torch.tensor(tree.tokens + [tree.tokens[-1]] * (width - rows), dtype=torch.long, device=device)
@@ -78,7 +103,8 @@ def verify_tree(target: CachedLM, root: int, proposals: list[Proposal], padded_w
         judge = distributions(logits, params) if params.soft_feedback else best
     else:
         probs = sampling_probs(logits, params)
-        path, tokens = verify_tree_sampling(tree, probs, [p.draft.probs for p in proposals], generator)
+        path, tokens = verify_tree_sampling(tree, probs, [p.draft.probs for p in proposals] + [None] * len(leaves),
+                                            generator)
         judge = probs
     target.keep_path(path)
     kept = [(p.arm, matched(chain, tokens)) for p, chain in zip(proposals, chains)]
@@ -89,8 +115,28 @@ def verify_tree(target: CachedLM, root: int, proposals: list[Proposal], padded_w
     chosen = aligned.get(proposals[0].arm)
     alphas = [] if chosen is None else chosen.double().tolist()
     index = torch.tensor(path, dtype=torch.long, device=logits.device)
+    # The path ends on a runner-up's leaf when only leaves pass through its last row.
+    through = sorted(tree.sources[path[-1]]) if len(path) > 1 else []
+    won = proposals[leaves[through[0] - len(proposals)][0]].arm if through and through[0] >= len(proposals) else None
     return Verified(len(path) - 1, tokens, alphas, torch.tensor(tokens[-1:], dtype=torch.long, device=device),
                     width, known, logits.index_select(0, index),
                     None if probs is None else probs.index_select(0, index),
                     {layer: h[:rows].index_select(0, index.to(h.device)) for layer, h in hidden.items()},
-                    kept, rows - 1)
+                    kept, rows - 1, runner_up_hits(proposals, chains, ranked, tokens),
+                    [(proposals[j].arm, n) for j, n in sorted(Counter(j for j, _ in leaves).items())], won)
+
+
+def _read_drafts(proposals: Sequence[Proposal]) -> tuple[list[list[int]], list[list[int]]]:
+    """Every proposal's drafted tokens and runner-ups (empty where it has none), in one
+    device-to-host read."""
+    parts = [p.draft.tokens for p in proposals] + [p.draft.runner_up for p in proposals if p.draft.runner_up is not None]
+    flat = torch.cat(parts).tolist()
+    chains, ranked, offset = [], [], 0
+    for p in proposals:
+        chains.append(flat[offset : offset + p.drafted])
+        offset += p.drafted
+    for p in proposals:
+        n = 0 if p.draft.runner_up is None else p.draft.runner_up.shape[0]
+        ranked.append(flat[offset : offset + n])
+        offset += n
+    return chains, ranked

@@ -46,6 +46,11 @@ class Draft:
     # A lookup's match length behind the draft (0: not a lookup, or nothing matched): how
     # sure the draft is, for a caller that calibrates acceptance by it (serving/).
     match_length: int = 0
+    # [k] long, asked for with `runner_up=True` of a kind that drafts from a distribution:
+    # at each drafted position the token the drafter ranks next (greedy: its second
+    # highest logit; sampling: the most likely token other than the one drawn), a leaf the
+    # round may verify beside the chain (EAGLE-2's top-k; see `decoding/tree_verify.py`).
+    runner_up: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -162,11 +167,14 @@ class Drafter(ABC):
         return twin
 
     @abstractmethod
-    def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
+    def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None,
+                runner_up: bool = False) -> Draft:
         """Propose up to k tokens continuing `context` (all committed tokens, prompt included).
         `stop`: a drafter that knows how likely its next token is to be accepted stops once
         one more token no longer pays for its time (`StopRule.worth`), and may draft past k,
-        up to `stop.horizon`, while it still does."""
+        up to `stop.horizon`, while it still does. `runner_up`: also give each position's
+        next-ranked token (`Draft.runner_up`), where the kind ranks tokens (the others
+        ignore it)."""
 
     def on_commit(self, n_accepted: int, judged: bool = True) -> None:
         """After a round this drafter drafted: `n_accepted` of its tokens were kept.

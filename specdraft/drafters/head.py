@@ -198,10 +198,11 @@ class HeadDrafter(ModelBackedDrafter):
             return hidden[self.layers_read[0]]
         return torch.cat([hidden[layer] for layer in self.layers_read], dim=-1)
 
-    def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
+    def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None,
+                runner_up: bool = False) -> Draft:
         if len(context) < 2:  # no feature yet: the head reads the target's feature at the token before
             return self.empty_draft()
-        return super().propose(context, k, stop)
+        return super().propose(context, k, stop, runner_up)
 
     def _start_draft(self, context: Sequence[int]) -> torch.Tensor:
         cache = self.head_cache

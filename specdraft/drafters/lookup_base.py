@@ -30,7 +30,8 @@ class LookupDrafter(Drafter):
 
     last_match = 0  # the match length behind the last lookup's tokens (a kind sets it)
 
-    def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
+    def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None,
+                runner_up: bool = False) -> Draft:
         tokens = self.lookup(context, len(context), k, stop.price if stop else None)
         return Draft(torch.tensor(tokens, dtype=torch.long, device=self.ctx.device), None,
                      match_length=self.last_match if tokens else 0)

@@ -18,7 +18,8 @@ class PlainDecoding(Drafter):
     def __init__(self, ctx: DraftContext, name: str = "none"):
         super().__init__(name, ctx)
 
-    def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
+    def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None,
+                runner_up: bool = False) -> Draft:
         return self.empty_draft()
 
     def score(self, context: Sequence[int], start: int, count: int, target_probs: torch.Tensor,

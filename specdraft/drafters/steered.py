@@ -165,9 +165,10 @@ class SteeredDrafter(CausalLMDrafter):
         biases = self.steering(picked) * valid.to(self.lm.device)[:, None, None]
         return biases.unsqueeze(0)
 
-    def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None) -> Draft:
+    def propose(self, context: Sequence[int], k: int, stop: StopRule | None = None,
+                runner_up: bool = False) -> Draft:
         with self.steering_on():
-            return super().propose(context, k, stop)
+            return super().propose(context, k, stop, runner_up)
 
     def prepare_scoring(self, context: Sequence[int]) -> None:
         with self.steering_on():

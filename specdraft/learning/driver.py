@@ -85,6 +85,12 @@ class PolicyDriver:
     def full_information(self) -> bool:
         return self.policy.full_information
 
+    @property
+    def wants_runner_ups(self) -> bool:
+        """Whether the planner may plan runner-up leaves: then drafters that rank tokens give
+        their runner-ups every round, which teach it how often a leaf would pay."""
+        return self.planner.tree is not None and self.planner.tree.runner_ups
+
     def start_prompt(self, evaluator: Evaluator | None = None) -> None:
         """Before each prompt: forget what was learned unless the policy keeps learning
         across prompts; `evaluator` scores drafters when the policy needs full information."""

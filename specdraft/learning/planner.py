@@ -51,7 +51,7 @@ class RoundPlanner:
 
     def __init__(self, arms: Sequence[str], draft_tokens: int, *, objective: str = "goodput",
                  draft_length: str = "goodput", full_information: bool = False, seed: int | None = None,
-                 carried_rounds: float = 4.0, tree: bool = False):
+                 carried_rounds: float = 4.0, tree: bool = False, runner_ups: bool = True):
         self.arms = list(arms)
         self.draft_tokens = draft_tokens
         self.goodput = objective == "goodput"
@@ -65,7 +65,7 @@ class RoundPlanner:
         self.acceptance = AcceptanceByPosition(len(self.arms), draft_tokens)
         self.by_match = MatchAcceptance(len(self.arms), draft_tokens)
         # Trees need every drafter scored every round and a speed to plan for.
-        self.tree = (TreePlanner(self.arms, [name == PLAIN_ARM for name in self.arms], self.costs)
+        self.tree = (TreePlanner(self.arms, [name == PLAIN_ARM for name in self.arms], self.costs, runner_ups)
                      if tree and full_information and self.goodput and self.dynamic_length else None)
         self.initial_state: dict | None = None  # loaded: where every reset starts
         self._idle = [0] * len(self.arms)  # rounds each arm was planned at K = 0 since its last draft
@@ -78,7 +78,8 @@ class RoundPlanner:
         """The planner for `policy`'s arms, K and shared options (objective, draft_length, evaluate)."""
         return cls(policy.arms, policy.draft_tokens, objective=policy.options["objective"],
                    draft_length=policy.options["draft_length"], full_information=policy.full_information,
-                   seed=policy.seed, carried_rounds=policy.CARRIED_ROUNDS, tree=policy.options.get("tree", False))
+                   seed=policy.seed, carried_rounds=policy.CARRIED_ROUNDS, tree=policy.options.get("tree", False),
+                   runner_ups=policy.options.get("runner_ups", True))
 
     def reset(self) -> None:
         """Before a prompt that the policy resets at: acceptance by position starts from the
@@ -107,8 +108,10 @@ class RoundPlanner:
         self.costs.observe(feedback.arm, feedback.drafted, feedback.draft_seconds, feedback.verify_seconds,
                            feedback.verify_width, feedback.branch_drafts)
         self._scored[feedback.arm] = True
-        if self.tree is not None and feedback.gammas is not None:
-            self.tree.observe(feedback.gammas, feedback.silent)
+        if self.tree is not None:
+            self.tree.observe_runner_ups(feedback.runner_ups)
+            if feedback.gammas is not None:
+                self.tree.observe(feedback.gammas, feedback.silent)
         for arm, gammas in enumerate(feedback.gammas or ()):
             self._scored[arm] = self._scored[arm] or gammas is not None
         if feedback.match_length > 0 and feedback.drafted:
@@ -141,8 +144,8 @@ class RoundPlanner:
         tree = self.tree.branches(arm, k, cap, awake) if self.tree is not None else None
         if tree is None:
             return RoundPlan(arm, k, stop, expected, seconds)
-        branches, expected, seconds = tree
-        return RoundPlan(arm, k, stop, expected, seconds, branches)
+        branches, leaves, expected, seconds = tree
+        return RoundPlan(arm, k, stop, expected, seconds, branches, leaves)
 
     def draft_length(self, arm: int, cap: int, rates: Sequence[float] | None = None) -> int:
         """How many tokens `arm` drafts this round, at most `cap`: always `cap` with

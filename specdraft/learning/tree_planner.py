@@ -23,6 +23,15 @@ rounds (those where every drafter of the larger tree was scored and awake, at le
 copy the same context (two lookups) agree most of the time, so their union adds little:
 the window measures how much, instead of assuming independence.
 
+Then runner-up leaves (EAGLE-2's top-k at a position): a drafter that ranks tokens (model
+and head drafters) gives, at each drafted position, its next-ranked token, and every round
+in which its draft was wrong somewhere says whether that runner-up was the committed token
+at the first wrong position (`observe_runner_ups`; free evidence: the leaf need not have
+been verified). With h_i that rate over its last `RUNNER_UP_WINDOW` verdicts, leaves at a
+chain's first n positions add n rows and, on a remembered round where the chain's run r_i
+ends before n and no chain got further, h_i of a token (several such chains: 1 - prod(1 - h)).
+Per chain of the tree, the n with the best rate is kept if it raises the rate by `GAIN`.
+
 Runs are cut at what the round committed (the positions after it were not scored), so
 deep chains are judged conservatively. Plans are cached per (chosen arm, its K, the cap,
 awake drafters) and the cache is emptied every `REPLAN` rounds, since replanning costs
@@ -38,6 +47,8 @@ from typing import Sequence
 from specdraft.learning.goodput import RoundCostModel
 
 Branches = tuple[tuple[int, int], ...]  # (arm, depth) of each further chain
+Leaves = tuple[tuple[int, int], ...]  # (arm, n): runner-up leaves at that chain's first n positions
+Path = tuple[float, float, float]  # a tree on a remembered round: (longest accepted chain, rows off it, leaf gain)
 
 
 def run_length(gammas: Sequence[float]) -> float:
@@ -59,13 +70,19 @@ class TreePlanner:
     MAX_REPLAN = 64  # ... doubling up to this while no plan found a branch that pays
     MIN_ROUNDS = 8  # evaluated rounds before any branch is planned
     DEPTHS = (1, 2, 3, 4, 6, 8, 12, 16)  # depths tried for a branch (up to the cap)
+    RUNNER_UP_WINDOW = 64  # runner-up verdicts remembered per drafter
+    MAX_LEAVES = 8  # runner-up leaves tried per chain
 
-    def __init__(self, arms: Sequence[str], plain_arms: Sequence[bool], costs: RoundCostModel):
+    def __init__(self, arms: Sequence[str], plain_arms: Sequence[bool], costs: RoundCostModel,
+                 runner_ups: bool = True):
         self.arms = list(arms)
+        self.runner_ups = runner_ups  # plan runner-up leaves too ([policy] runner_ups)
         self.plain = list(plain_arms)
         self.costs = costs
         self.runs: deque[tuple[float | None, ...]] = deque(maxlen=self.WINDOW)
-        self._plans: dict[tuple, tuple[Branches, float, float] | None] = {}
+        # Per arm, its last runner-ups at the position its draft was first wrong: right or not.
+        self.runner_up_seen: list[deque[bool]] = [deque(maxlen=self.RUNNER_UP_WINDOW) for _ in self.arms]
+        self._plans: dict[tuple, tuple[Branches, Leaves, float, float] | None] = {}
         self._age = 0
         self._replan = self.REPLAN
 
@@ -77,16 +94,29 @@ class TreePlanner:
         self.runs.append(tuple(None if g is None or (silent and silent[arm]) else run_length(g)
                                for arm, g in enumerate(gammas)))
 
+    def observe_runner_ups(self, hits: Sequence[tuple[int, bool]]) -> None:
+        """A round's runner-up verdicts (`RoundFeedback.runner_ups`): per drafter that was
+        wrong inside its draft, whether its runner-up there was the committed token."""
+        for arm, hit in hits:
+            self.runner_up_seen[arm].append(hit)
+
+    def runner_up_rate(self, arm: int) -> float | None:
+        """How often `arm`'s runner-up is right where its draft is first wrong (None before
+        MIN_ROUNDS verdicts)."""
+        seen = self.runner_up_seen[arm]
+        return sum(seen) / len(seen) if len(seen) >= self.MIN_ROUNDS else None
+
     def reset(self) -> None:
         """A prompt the policy resets at: what the window says still describes the drafters,
         but cached plans may not."""
         self._plans.clear()
 
     def branches(self, arm: int, k: int, cap: int, awake: Sequence[bool] | None
-                 ) -> tuple[Branches, float, float] | None:
+                 ) -> tuple[Branches, Leaves, float, float] | None:
         """The further chains for a round whose chosen `arm` drafts `k` tokens (each branch
-        at most `cap` deep), among the `awake` drafters: (branches, expected committed
-        tokens, seconds) of the tree, or None when no branch pays."""
+        at most `cap` deep), among the `awake` drafters, and the runner-up leaves of the
+        tree's chains: (branches, leaves, expected committed tokens, seconds) of the tree,
+        or None when neither a branch nor a leaf pays."""
         self._age += 1
         if self._age >= self._replan:
             # Where trees do not pay (a CPU whose verify rows are dear, drafters that agree),
@@ -103,7 +133,8 @@ class TreePlanner:
                 self._replan = self.REPLAN
         return self._plans[key]
 
-    def _plan(self, arm: int, k: int, cap: int, awake: Sequence[bool] | None) -> tuple[Branches, float, float] | None:
+    def _plan(self, arm: int, k: int, cap: int, awake: Sequence[bool] | None
+              ) -> tuple[Branches, Leaves, float, float] | None:
         if len(self.runs) < self.MIN_ROUNDS or cap == 0:
             return None
         tree: Branches = ((arm, k),) if k > 0 and not self.plain[arm] else ()
@@ -132,33 +163,71 @@ class TreePlanner:
             if pick is None:
                 break
             tree, added = (*tree, pick[1]), (*added, pick[1])
-        if not added:
+        leaves, rate = self._leaves(tree, bool(added), verify)
+        if not (added or leaves) or rate is None:
             return None
-        rate = self._rate(tree, [self._path(tree, runs) for runs in self._judged({a for a, _ in tree})], True, verify)
-        return (added, rate[1], rate[2]) if rate is not None else None
+        return added, leaves, rate[1], rate[2]
+
+    def _leaves(self, tree: Branches, branched: bool, verify: dict[int, float | None]
+                ) -> tuple[Leaves, tuple[float, float, float] | None]:
+        """The runner-up leaves that pay on `tree` (per chain, in order, the number of its
+        first positions given one, while that raises the estimated rate by GAIN), and the
+        rate of the tree with them."""
+        judged = self._judged({a for a, _ in tree})
+        paths = [self._path(tree, runs) for runs in judged]
+        best = self._rate(tree, paths, branched, verify)
+        leaves: Leaves = ()
+        for a, d in tree:
+            if best is None or not self.runner_ups or self.runner_up_rate(a) is None:
+                continue
+            pick = None
+            for n in range(1, min(d, self.MAX_LEAVES) + 1):
+                trial = (*leaves, (a, n))
+                rate = self._rate(tree, [self._with_leaves(path, runs, tree, trial) for path, runs in zip(paths, judged)],
+                                  True, verify)
+                if rate is not None and rate[0] > best[0] * self.GAIN and (pick is None or rate[0] > pick[0][0]):
+                    pick = (rate, n)
+            if pick is not None:
+                best, leaves = pick[0], (*leaves, (a, pick[1]))
+        return leaves, best
+
+    def _with_leaves(self, path: Path, runs: tuple[float | None, ...], tree: Branches, leaves: Leaves) -> Path:
+        """`path` with runner-up leaves: each adds its rows; where a chain's run ends inside
+        its leaves and no chain got further, its runner-up adds a token as often as it is
+        right there."""
+        longest, wrong, gain = path
+        depth = dict(tree)
+        missed, rows = 1.0, 0
+        for a, n in leaves:
+            n = min(n, depth[a])
+            rows += n
+            run = int(runs[a])
+            if run < n and run == int(longest):
+                missed *= 1.0 - self.runner_up_rate(a)
+        return longest, wrong + rows, gain + 1.0 - missed
 
     def _judged(self, arms: set[int]) -> list[tuple[float | None, ...]]:
         """The remembered rounds in which every one of `arms` was scored and awake."""
         return [runs for runs in self.runs if all(runs[i] is not None for i in arms)]
 
     @classmethod
-    def _path(cls, tree: Branches, runs: tuple[float | None, ...]) -> tuple[float, float]:
+    def _path(cls, tree: Branches, runs: tuple[float | None, ...]) -> Path:
         """`tree` replayed on a remembered round: (the longest accepted chain, the drafted
-        tokens off it)."""
-        path = (0.0, 0.0)
+        tokens off it, 0: no leaves)."""
+        path = (0.0, 0.0, 0.0)
         for i, d in tree:
             path = cls._extend(path, runs[i], d)
         return path
 
     @staticmethod
-    def _extend(path: tuple[float, float], run: float, depth: int) -> tuple[float, float]:
+    def _extend(path: Path, run: float, depth: int) -> Path:
         """`path` (`_path` of a tree on a round) with one more chain, `depth` deep, of a
         drafter whose run of accepted tokens on that round was `run`."""
-        longest, wrong = path
+        longest, wrong, gain = path
         hit = run if run < depth else depth
-        return (longest if longest >= hit else hit), wrong + depth - hit
+        return (longest if longest >= hit else hit), wrong + depth - hit, gain
 
-    def _rate(self, tree: Branches, paths: Sequence[tuple[float, float]], branched: bool,
+    def _rate(self, tree: Branches, paths: Sequence[Path], branched: bool,
               verify: dict[int, float | None]) -> tuple[float, float, float] | None:
         """(tokens per second, mean committed, mean seconds) of `tree` over remembered
         rounds it replays on as `paths` (`_path` of each; `branched`: a tree round's own
@@ -171,8 +240,8 @@ class TreePlanner:
             draft += self.costs.tree_extra
         tokens = 0.0
         widths: dict[int, int] = {}
-        for longest, wrong in paths:
-            tokens += 1.0 + longest
+        for longest, wrong, gain in paths:
+            tokens += 1.0 + longest + gain
             width = 1 + int(round(longest + wrong))
             widths[width] = widths.get(width, 0) + 1
         seconds = len(paths) * draft

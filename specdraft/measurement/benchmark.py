@@ -52,6 +52,8 @@ class Sample:
     branches: int = 0
     branched: dict[str, int] = field(default_factory=dict)
     won: dict[str, int] = field(default_factory=dict)
+    runner_up_rounds: int = 0  # rounds that verified drafters' runner-up leaves ...
+    runner_up_wins: int = 0  # ... and those whose committed tokens ended on one
     # A peer engine's run (llama.cpp): other kernels decide near-ties, so its output is
     # compared as text (`identical`) instead of counted as a mismatch; `failed` says why a
     # run of it broke off.
@@ -140,7 +142,8 @@ def _engine_config(label: str, runtime: Runtime, chat: bool | None) -> Config:
                       drafter_rounds={name: use.rounds for name, use in stats.usage.items() if use.rounds},
                       tree_rounds=stats.tree_rounds, branches=stats.branches,
                       branched={name: use.branched for name, use in stats.usage.items() if use.branched},
-                      won={name: use.won for name, use in stats.usage.items() if use.won})
+                      won={name: use.won for name, use in stats.usage.items() if use.won},
+                      runner_up_rounds=stats.runner_up_rounds, runner_up_wins=stats.runner_up_wins)
 
     def forget() -> None:
         for drafter in runtime.drafters:

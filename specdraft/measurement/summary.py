@@ -41,6 +41,8 @@ class SummaryRow:
     tree_share: float | None  # rounds that verified several drafters' chains (None: plain or a peer)
     branches_per_round: float | None  # chains verified per round
     wins: dict[str, float]  # drafter -> share of the tree rounds its branch won
+    runner_up_share: float | None  # rounds that verified runner-up leaves (None: plain or a peer)
+    runner_up_wins: float | None  # of those, the share whose committed tokens ended on a leaf
     ideal_speedup: float | None
     repeat_spread: float | None  # slowest / fastest repeat of one prompt, the largest
     noisy: bool
@@ -98,10 +100,17 @@ def _row(task: str, config: str, group: list[Sample], plain_time: float) -> Summ
         tree_share=sum(s.tree_rounds for s in group) / rounds if rounds and not peer and config != PLAIN else None,
         branches_per_round=sum(s.branches for s in group) / rounds if rounds and not peer and config != PLAIN else None,
         wins=_wins(group),
+        runner_up_share=sum(s.runner_up_rounds for s in group) / rounds if rounds and not peer and config != PLAIN
+        else None,
+        runner_up_wins=_share(sum(s.runner_up_wins for s in group), sum(s.runner_up_rounds for s in group)),
         ideal_speedup=_mean([s.ideal_speedup for s in group]),
         repeat_spread=spread, noisy=spread is not None and spread > NOISY_SPREAD,
         implausible=(speedup is not None and mean_accepted is not None and rounds > 0
                      and speedup > mean_accepted * PLAUSIBLE_MARGIN))
+
+
+def _share(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
 
 
 def _mean(values: list[float | None]) -> float | None:

@@ -16,6 +16,8 @@ class DrafterUsage:
     accepted: int = 0  # of those, the ones committed
     branched: int = 0  # tree rounds it drafted a chain in (beside another drafter's)
     won: int = 0  # tree rounds whose committed tokens followed its chain furthest
+    runner_ups: int = 0  # runner-up leaves of its chains verified
+    runner_up_won: int = 0  # rounds whose committed tokens ended on one of them
 
     @property
     def acceptance(self) -> float:
@@ -47,6 +49,10 @@ class GenerationStats:
     last_tree_size: int = 0
     last_branches: int = 1
     last_winner: str | None = None
+    runner_up_rounds: int = 0  # rounds that verified runner-up leaves beside the chains
+    runner_up_leaves: int = 0  # those leaves, summed over rounds
+    runner_up_wins: int = 0  # rounds whose committed tokens ended on one
+    last_runner_ups: int = 0
     # The policy's estimates for the rounds it could estimate, so a user can see how well
     # the cost model predicts this machine: expected committed tokens and seconds.
     expected_tokens: float = 0.0
@@ -80,7 +86,9 @@ class GenerationStats:
                 self.regret_tracker.add_round(arm, gammas, self.draft_tokens)
         # (a tree round: accepted of the tree's drafted tokens)
         self.last_drafter, self.last_accepted = record.drafter, record.accepted
-        self.last_drafted = record.tree_size if record.branches and len(record.branches) > 1 else record.drafted
+        leaves = sum(n for _, n in record.runner_ups)
+        self.last_drafted = record.tree_size if record.branches and (len(record.branches) > 1 or leaves) \
+            else record.drafted
         self.last_planned = record.planned
         branches = record.branches or [(record.drafter, record.drafted, record.accepted)]
         tree_size = record.tree_size if record.branches else record.drafted
@@ -89,6 +97,7 @@ class GenerationStats:
         self.branches += len(branches)
         if len(branches) > 1:
             self.tree_rounds += 1
+        self._add_runner_ups(record, leaves)
         if record.expected_seconds:
             self.expected_tokens += record.expected_tokens
             self.expected_seconds += record.expected_seconds
@@ -102,6 +111,18 @@ class GenerationStats:
             if len(branches) > 1:
                 use.branched += 1
                 use.won += name == record.winner
+
+    def _add_runner_ups(self, record, leaves: int) -> None:
+        """A round's runner-up leaves (`leaves` in all) and whether it ended on one."""
+        self.last_runner_ups = leaves
+        if leaves:
+            self.runner_up_rounds += 1
+            self.runner_up_leaves += leaves
+            self.runner_up_wins += record.runner_up_won is not None
+        for name, n in record.runner_ups:
+            self.usage.setdefault(name, DrafterUsage()).runner_ups += n
+        if record.runner_up_won is not None:
+            self.usage.setdefault(record.runner_up_won, DrafterUsage()).runner_up_won += 1
 
     @property
     def tokens_per_round(self) -> float:
@@ -191,8 +212,12 @@ class GenerationStats:
             "tokens_per_s": round(self.tokens_per_s, 3),
             "elapsed_s": round(self.elapsed_s, 4),
             "drafters": {n: {"rounds": u.rounds, "accepted": u.accepted, "drafted": u.drafted,
-                             "branched": u.branched, "won": u.won} for n, u in self.usage.items()},
+                             "branched": u.branched, "won": u.won, "runner_ups": u.runner_ups,
+                             "runner_up_won": u.runner_up_won} for n, u in self.usage.items()},
             "tree_rounds": self.tree_rounds,
+            "runner_up_rounds": self.runner_up_rounds,
+            "runner_up_leaves": self.runner_up_leaves,
+            "runner_up_wins": self.runner_up_wins,
             "branches_per_round": round(self.branches_per_round, 4),
             "time_s": {"draft": round(self.draft_s, 4), "verify": round(self.verify_s, 4),
                        "evaluate": round(self.evaluate_s, 4), "prefill": round(self.prefill_s, 4),

@@ -33,8 +33,9 @@ def stats_panel(stats: GenerationStats, policy: str, scores: dict[str, float] | 
         f"K [bold]{stats.last_planned}[/]",
         f"accepted [bold]{stats.last_accepted}/{stats.last_drafted}[/]",
     ]
-    if stats.last_branches > 1:
-        parts.append(f"tree [bold]{stats.last_tree_size}[/] ({stats.last_branches} branches, "
+    if stats.last_branches > 1 or stats.last_runner_ups:
+        leaves = f"{stats.last_runner_ups} runner-up leaves, " if stats.last_runner_ups else ""
+        parts.append(f"tree [bold]{stats.last_tree_size}[/] ({stats.last_branches} branches, {leaves}"
                      f"won by {escape(stats.last_winner or 'none')})")
     parts += [
         f"mean accepted [bold]{stats.tokens_per_round:.2f}[/]",
@@ -44,6 +45,9 @@ def stats_panel(stats: GenerationStats, policy: str, scores: dict[str, float] | 
     parts.extend(_speed_parts(stats))
     if stats.tree_rounds:
         parts.append(f"trees {stats.tree_share:.0%} of rounds, {stats.branches_per_round:.2f} branches a round")
+    if stats.runner_up_rounds:
+        parts.append(f"runner-up leaves in {stats.runner_up_rounds / stats.rounds:.0%} of rounds, "
+                     f"won {stats.runner_up_wins / stats.runner_up_rounds:.0%}")
     if regret is not None:
         parts.append(f"regret [bold]{regret:.2f}[/] {regret_unit_phrase(stats.regret_unit, stats.regret_rounds)} "
                      f"(best {escape(str(stats.best_drafter))})")

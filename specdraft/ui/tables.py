@@ -16,7 +16,8 @@ def bench_table(rows: Sequence[dict], title: str, simulated: bool = False, versu
     """bench's summary; with `versus`, a column of each row's speed over that configuration's."""
     table = Table(title=escape(title), title_justify="left", show_lines=False)  # titles quote file names
     versus_column = (f"vs {versus}",) if versus else ()
-    trees = any(r.get("tree_share") for r in rows)  # (a column only when some round verified a tree)
+    # (a column only when some round verified a tree: several chains, or runner-up leaves)
+    trees = any(r.get("tree_share") or r.get("runner_up_share") for r in rows)
     for column in ("task", "config", "prompts", "simulated speedup" if simulated else "speedup", *versus_column,
                    "mean accepted",
                    "acceptance by position", "tok/s", "best-arm share", "regret", "mismatches", "ideal",
@@ -66,12 +67,16 @@ def _split(share: dict | None) -> str:
 
 def _trees(row: dict) -> str:
     """The share of rounds that verified a tree, chains per round, and the drafters whose
-    branch won most often (share of tree rounds)."""
-    share = row.get("tree_share")
-    if not share:
-        return "-"
-    wins = ", ".join(f"{escape(name)} {value:.0%}" for name, value in list((row.get("wins") or {}).items())[:2])
-    return f"{share:.0%} · {row.get('branches_per_round') or 0:.2f} · {wins or '-'}"
+    branch won most often (share of tree rounds); then the share of rounds with runner-up
+    leaves and how often the committed tokens ended on one."""
+    share, leaves = row.get("tree_share"), row.get("runner_up_share")
+    cells = []
+    if share:
+        wins = ", ".join(f"{escape(name)} {value:.0%}" for name, value in list((row.get("wins") or {}).items())[:2])
+        cells.append(f"{share:.0%} · {row.get('branches_per_round') or 0:.2f} · {wins or '-'}")
+    if leaves:
+        cells.append(f"leaves {leaves:.0%} · won {row.get('runner_up_wins') or 0:.0%}")
+    return "; ".join(cells) or "-"
 
 
 def _lengths(lengths: dict | None) -> str:

@@ -57,4 +57,7 @@ COMMON_OPTIONS: dict[str, OptionSpec] = {
     "tree": OptionSpec((bool,), True,
                        help='with evaluate = "all" and the goodput objective: add other drafters\' chains to the '
                             "chosen one's as a token tree, verified in one forward, when that is estimated to pay"),
+    "runner_ups": OptionSpec((bool,), True,
+                             help="with tree = true: model and head drafters' runner-up tokens (the next-ranked "
+                                  "at a drafted position) as leaves beside their chains, when estimated to pay"),
 }
