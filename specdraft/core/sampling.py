@@ -50,6 +50,14 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
+def ranked_next(scores: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """The highest-scoring token other than `token` [1] in `scores` [1, V]: a draft
+    position's runner-up. A function of the drafted token and the drafter's own scores
+    only, so under sampling it is one more deterministic draft at that node, which keeps
+    multi-draft speculative sampling exact (`core/verify.py` `verify_tree_sampling`)."""
+    return greedy_tokens(scores.index_fill(-1, token.view(-1).to(scores.device), float("-inf")))
+
+
 def argmax_one_hot(logits: torch.Tensor) -> torch.Tensor:
     """One-hot at the argmax [n, V]: greedy decoding's p (and a greedy drafter's q)."""
     wide = _wide(logits)

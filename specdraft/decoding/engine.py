@@ -131,7 +131,7 @@ class SpeculativeEngine:
                 arm, k, draft = plan.arm, plan.draft_tokens, proposals[0].draft
                 drafter = self.drafters[arm]
                 verified = self._verify_tree(state.context, proposals) \
-                    if len(proposals) > 1 or any(p.runner_ups and p.draft.runner_up is not None for p in proposals) \
+                    if len(proposals) > 1 or any(p.runner_ups and p.draft.ranking for p in proposals) \
                     else self._verify(state.next_input, draft, arm)
                 watch.lap("verify")
                 start = len(state.context)
@@ -270,16 +270,16 @@ class SpeculativeEngine:
         else:
             probs = sampling_probs(logits, self.settings.sampling)
             verdict = verify_sampling(probs, draft.tokens, draft.probs, self.generator)
-        # The round's one device-to-host read of data: accepted count, tokens, alphas and the
-        # draft's runner-ups at once. float64 holds every token id exactly.
-        ranked = [] if draft.runner_up is None else [draft.runner_up.double()]
+        # The round's one device-to-host read of data: accepted count, tokens and alphas at once.
+        # float64 holds every token id exactly.
         packed = torch.cat(
-            [verdict.n_accepted.view(1).double(), verdict.tokens.double(), verdict.alphas.double(), *ranked]
+            [verdict.n_accepted.view(1).double(), verdict.tokens.double(), verdict.alphas.double()]
         ).tolist()
         n = int(packed[0])
         tokens = [int(t) for t in packed[1 : n + 2]]
-        hits = [(arm, int(packed[2 * k + 2 + n]) == tokens[n])] if ranked and n < k else []
-        return Verified(n, tokens, packed[k + 2 : 2 * k + 2],
+        # (a drafter that ranks tokens and was wrong: is its runner-up there the target's token?)
+        hits = [(arm, int(draft.runner_up(n)) == tokens[n])] if draft.ranking and n < k else []
+        return Verified(n, tokens, packed[k + 2 :],
                          verdict.tokens.index_select(0, verdict.n_accepted.view(1)), width, {arm: verdict.alphas},
                          logits, probs, hidden, [(arm, n)], k, hits)
 

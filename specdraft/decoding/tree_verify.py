@@ -27,7 +27,7 @@ class Proposal:
     arm: int
     draft: Draft
     seconds: float  # its propose call, catch-up excluded
-    # Its draft's runner-ups (`Draft.runner_up`) at its first `runner_ups` positions are
+    # Its draft's runner-ups (`Draft.runner_ups`) at its first `runner_ups` positions are
     # verified too, each a leaf beside the chain's token there.
     runner_ups: int = 0
 
@@ -61,19 +61,19 @@ class Verified:
     runner_up_won: int | None = None  # the arm whose runner-up leaf the committed path ended on
 
 
-def runner_up_hits(proposals: Sequence[Proposal], chains: Sequence[Sequence[int]], runner_ups: Sequence[Sequence[int]],
-                   committed: Sequence[int]) -> list[tuple[int, bool]]:
-    """(arm, hit) per proposal with runner-ups that was wrong inside its draft: whether its
-    runner-up at its first wrong position is the committed token there. Under greedy that
-    is exactly whether the runner-up's leaf is (or would have been) accepted; under
+def runner_up_hits(proposals: Sequence[Proposal], chains: Sequence[Sequence[int]], committed: Sequence[int]
+                   ) -> list[tuple[int, bool]]:
+    """(arm, hit) per proposal whose draft ranks tokens and was wrong inside it: whether
+    its runner-up at its first wrong position is the committed token there. Under greedy
+    that is exactly whether the runner-up's leaf is (or would have been) accepted; under
     sampling, with the chain the node's only draft, the committed token there is drawn from
     the residual, so it is the runner-up with the probability its leaf would be accepted."""
     hits = []
-    for p, chain, ranked in zip(proposals, chains, runner_ups):
-        if ranked:
+    for p, chain in zip(proposals, chains):
+        if p.draft.ranking:
             n = matched(chain, committed)
             if n < len(chain) and n < len(committed):
-                hits.append((p.arm, ranked[n] == committed[n]))
+                hits.append((p.arm, int(p.draft.runner_up(n)) == committed[n]))
     return hits
 
 
@@ -89,7 +89,7 @@ def verify_tree(target: CachedLM, root: int, proposals: list[Proposal], padded_w
     # Runner-up leaves after every chain, so chain j is still row set j: a chain's prefix
     # then the runner-up, one-hot q (a deterministic draft; see `ranked_next`).
     leaves = [(j, chains[j][:n] + [ranked[j][n]]) for j, p in enumerate(proposals)
-              for n in range(min(p.runner_ups, len(ranked[j])))]
+              for n in range(len(ranked[j]))]
     tree = TokenTree.merge(root, chains + [leaf for _, leaf in leaves])
     rows = len(tree)
     width = padded_width(rows)
@@ -122,21 +122,21 @@ def verify_tree(target: CachedLM, root: int, proposals: list[Proposal], padded_w
                     width, known, logits.index_select(0, index),
                     None if probs is None else probs.index_select(0, index),
                     {layer: h[:rows].index_select(0, index.to(h.device)) for layer, h in hidden.items()},
-                    kept, rows - 1, runner_up_hits(proposals, chains, ranked, tokens),
+                    kept, rows - 1, runner_up_hits(proposals, chains, tokens),
                     [(proposals[j].arm, n) for j, n in sorted(Counter(j for j, _ in leaves).items())], won)
 
 
 def _read_drafts(proposals: Sequence[Proposal]) -> tuple[list[list[int]], list[list[int]]]:
-    """Every proposal's drafted tokens and runner-ups (empty where it has none), in one
-    device-to-host read."""
-    parts = [p.draft.tokens for p in proposals] + [p.draft.runner_up for p in proposals if p.draft.runner_up is not None]
-    flat = torch.cat(parts).tolist()
+    """Every proposal's drafted tokens and the runner-ups of the leaves it is given (none
+    where its draft ranks nothing), in one device-to-host read."""
+    leaves = [p.draft.runner_ups(p.runner_ups) for p in proposals]
+    flat = torch.cat([p.draft.tokens for p in proposals] + leaves).tolist()
     chains, ranked, offset = [], [], 0
     for p in proposals:
         chains.append(flat[offset : offset + p.drafted])
         offset += p.drafted
-    for p in proposals:
-        n = 0 if p.draft.runner_up is None else p.draft.runner_up.shape[0]
+    for ranks in leaves:
+        n = ranks.shape[0]
         ranked.append(flat[offset : offset + n])
         offset += n
     return chains, ranked

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
 
-from specdraft.core.sampling import SamplingParams
+from specdraft.core.sampling import SamplingParams, ranked_next
 from specdraft.learning.confidence import StopRule
 
 if TYPE_CHECKING:
@@ -46,11 +46,23 @@ class Draft:
     # A lookup's match length behind the draft (0: not a lookup, or nothing matched): how
     # sure the draft is, for a caller that calibrates acceptance by it (serving/).
     match_length: int = 0
-    # [k] long, asked for with `runner_up=True` of a kind that drafts from a distribution:
-    # at each drafted position the token the drafter ranks next (greedy: its second
-    # highest logit; sampling: the most likely token other than the one drawn), a leaf the
-    # round may verify beside the chain (EAGLE-2's top-k; see `decoding/tree_verify.py`).
-    runner_up: torch.Tensor | None = None
+    # Asked for with `runner_up=True` of a kind that drafts from a distribution: per drafted
+    # position the scores [1, V] it ranked tokens by (greedy: its logits; sampling: q), from
+    # which `runner_up` gives the token it ranks next, a leaf the round may verify beside
+    # the chain (EAGLE-2's top-k; see `decoding/tree_verify.py`). Kept as the rows the
+    # draft made anyway: a runner-up is worked out only where a round needs one.
+    ranking: tuple[torch.Tensor, ...] | None = None
+
+    def runner_up(self, position: int) -> torch.Tensor:
+        """[1] the token ranked next after the drafted one at `position` (greedy: the second
+        highest logit; sampling: the most likely token other than the one drawn)."""
+        return ranked_next(self.ranking[position], self.tokens[position : position + 1]).to(self.tokens.device)
+
+    def runner_ups(self, n: int) -> torch.Tensor:
+        """[min(n, k)] the runner-ups at the first n positions (none without a ranking)."""
+        if not self.ranking or n <= 0:
+            return self.tokens.new_empty(0)
+        return torch.cat([self.runner_up(j) for j in range(min(n, len(self.ranking)))])
 
 
 @dataclass(frozen=True)
@@ -172,9 +184,9 @@ class Drafter(ABC):
         """Propose up to k tokens continuing `context` (all committed tokens, prompt included).
         `stop`: a drafter that knows how likely its next token is to be accepted stops once
         one more token no longer pays for its time (`StopRule.worth`), and may draft past k,
-        up to `stop.horizon`, while it still does. `runner_up`: also give each position's
-        next-ranked token (`Draft.runner_up`), where the kind ranks tokens (the others
-        ignore it)."""
+        up to `stop.horizon`, while it still does. `runner_up`: also keep what each
+        position's next-ranked token can be read from (`Draft.ranking`), where the kind ranks
+        tokens (the others ignore it)."""
 
     def on_commit(self, n_accepted: int, judged: bool = True) -> None:
         """After a round this drafter drafted: `n_accepted` of its tokens were kept.

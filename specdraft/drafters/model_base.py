@@ -64,14 +64,6 @@ class TokenLM(DraftLM, Protocol):
         """Logits [n, V] at every position of `tokens`, leaving the cache alone."""
 
 
-def ranked_next(scores: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-    """The highest-scoring token other than `token` [1] in `scores` [1, V]: a draft
-    position's runner-up. A function of the drafted token and the drafter's own scores
-    only, so under sampling it is one more deterministic draft at that node, which keeps
-    multi-draft speculative sampling exact (`core/verify.py` `verify_tree_sampling`)."""
-    return greedy_tokens(scores.index_fill(-1, token.view(-1), float("-inf")))
-
-
 class ModelBackedDrafter(Drafter):
     """Drafts token by token from a network's logits, stopping early by its confidence."""
 
@@ -109,7 +101,7 @@ class ModelBackedDrafter(Drafter):
         # The learned rule may carry a draft of sure tokens past the plan's k (its horizon).
         limit = max(k, stop.horizon) if stop is not None and self.stop_below is None else k
         tokens, probs, self._confidences = [], [], []
-        seconds: list[torch.Tensor] = []  # each position's runner-up, when asked for
+        ranking: list[torch.Tensor] = []  # each position's scores, when runner-ups are asked for
         params, generator = self.ctx.params, self.ctx.generator
         survive, expected, fed = 1.0, 1.0, 0  # expected: committed tokens, bonus included
         for j in range(limit):
@@ -132,7 +124,7 @@ class ModelBackedDrafter(Drafter):
             tokens.append(token)
             probs.append(q)
             if runner_up:  # greedy's q is one-hot: the logits rank the rest
-                seconds.append(ranked_next(logits if params.greedy else q, token))
+                ranking.append(logits if params.greedy else q)
             if j < limit - 1:
                 logits = self._step(token)
                 fed += 1
@@ -141,7 +133,7 @@ class ModelBackedDrafter(Drafter):
             return self.empty_draft()
         catch_up = self._catch_up(unseen, first_forward, self.lm.clock() - started - first_forward, fed)
         return Draft(torch.cat(tokens).to(self.ctx.device), torch.cat(probs).to(self.ctx.device), catch_up,
-                     runner_up=torch.cat(seconds).to(self.ctx.device) if runner_up else None)
+                     ranking=tuple(ranking) if runner_up else None)
 
     def _catch_up(self, unseen: int, first: float, rest: float, steps: int) -> float:
         """The seconds of a draft's first forward (over `unseen` committed tokens, then `steps`
