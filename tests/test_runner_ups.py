@@ -15,11 +15,11 @@ import pytest
 import torch
 from rich.console import Console
 
-from specdraft.core.sampling import SamplingParams, ranked_next
+from specdraft.core.sampling import SamplingParams, rank_after, ranked_next
 from specdraft.core.tree import TokenTree
 from specdraft.core.verify import verify_tree_sampling
 from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
-from specdraft.decoding.tree_verify import Proposal, runner_up_hits
+from specdraft.decoding.tree_verify import Proposal, runner_up_ranks
 from specdraft.drafters import DraftContext, ModelDrafter, NgramDrafter
 from specdraft.drafters.base import Draft, Drafter
 from specdraft.learning.policies import build_policy
@@ -34,15 +34,15 @@ from tiny import VOCAB, plain_greedy, tiny_llama
 
 
 def scripted_leaves(engine: SpeculativeEngine, seed: int) -> None:
-    """On top of the engine's plans, every chain gets runner-up leaves at a random number
-    (0..3) of its first positions."""
+    """On top of the engine's plans, every chain gets 1..3 runner-up leaves at each of a
+    random number (0..3) of its first positions."""
     rng = random.Random(seed)
     choose = engine.driver.choose
 
     def with_leaves(produced, awake=None):
         plan = choose(produced, awake)
         arms = [plan.arm, *(arm for arm, _ in plan.branches)]
-        return replace(plan, runner_ups=tuple((arm, rng.randint(0, 3)) for arm in arms))
+        return replace(plan, runner_ups=tuple((arm, rng.randint(0, 3), rng.randint(1, 3)) for arm in arms))
 
     engine.driver.choose = with_leaves
 
@@ -51,6 +51,21 @@ def test_the_runner_up_is_the_next_ranked_token_other_than_the_drafted_one():
     scores = torch.tensor([[0.1, 0.7, 0.05, 0.15]])
     assert ranked_next(scores, torch.tensor([1])).tolist() == [3]
     assert ranked_next(scores, torch.tensor([3])).tolist() == [1]  # a sampled token that was not the mode
+    assert ranked_next(scores, torch.tensor([1, 3])).tolist() == [0]
+
+
+def test_a_tokens_rank_is_where_the_runner_ups_order_puts_it():
+    """`rank_after` agrees with repeated `ranked_next` (argmax's order, ties by lower id),
+    which decides the leaves: a verdict of rank r means leaves of width >= r hold the token."""
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(30):
+        scores = torch.randint(0, 4, (1, 12), generator=gen).double()  # many ties
+        drafted = int(torch.randint(0, 12, (1,), generator=gen))
+        order, excluded = [], torch.tensor([drafted])
+        for _ in range(11):
+            order.append(int(ranked_next(scores, excluded)))
+            excluded = torch.cat([excluded, torch.tensor(order[-1:])])
+        assert [rank_after(scores, drafted, token) for token in order] == list(range(1, 12))
 
 
 def test_a_model_drafter_ranks_runner_ups_only_when_asked():
@@ -60,34 +75,45 @@ def test_a_model_drafter_ranks_runner_ups_only_when_asked():
     assert small.propose(PROMPTS[0], 4).ranking is None
     small.reset()
     draft = small.propose(PROMPTS[0], 4, runner_up=True)
-    ranked = draft.runner_ups(4)
+    ranked = draft.leaf_tokens(4, 1)
     assert ranked.shape == draft.tokens.shape and bool((ranked != draft.tokens).all())
-    assert draft.runner_ups(2).tolist() == ranked[:2].tolist()
-    # the first position's runner-up is the small model's second choice after the prompt
+    assert draft.leaf_tokens(2, 1).tolist() == ranked[:2].tolist()
+    assert draft.leaf_tokens(2, 3).view(2, 3)[:, 0].tolist() == ranked[:2].tolist()
+    # the first position's runner-ups are the small model's second, third and fourth choices
     logits = tiny_llama(seed=1, layers=1)(torch.tensor([PROMPTS[0]])).logits[0, -1]
-    assert int(draft.runner_up(0)) == int(torch.topk(logits, 2).indices[1])
+    assert draft.runner_ups(0, 3).tolist() == torch.topk(logits, 4).indices[1:].tolist()
+    assert draft.rank_at(0, int(torch.topk(logits, 4).indices[3])) == 3
     assert NgramDrafter("lookup", ctx, 1, 3).propose(PROMPTS[0], 4, runner_up=True).ranking is None
     del target
 
 
 def ranked_draft(tokens, ranked):
-    """A draft of `tokens` whose drafter ranked `ranked` next at each position (None: no ranking)."""
+    """A draft of `tokens` whose drafter ranked the tokens `ranked[j]` next at position j,
+    in that order, the rest after them (None: no ranking)."""
     rows = None
     if ranked is not None:
-        rows = tuple(torch.zeros(1, VOCAB).index_fill(-1, torch.tensor([r]), 1.0).index_fill(-1, torch.tensor([t]), 2.0)
-                     for t, r in zip(tokens, ranked))
-    return Draft(torch.tensor(tokens), None, ranking=rows)
+        rows = []
+        for token, after in zip(tokens, ranked):
+            row = torch.zeros(1, VOCAB)
+            for place, t in enumerate([token, *after]):
+                row[0, t] = len(after) + 1 - place
+            rows.append(row)
+    return Draft(torch.tensor(tokens), None, ranking=tuple(rows) if rows else None)
 
 
 def test_a_runner_up_verdict_is_taken_at_the_first_wrong_position():
-    chains, ranked = [[1, 2, 3], [1, 2, 3], [7, 8], [5]], [[9, 8, 4], [9, 6, 5], None, [6]]
+    chains = [[1, 2, 3], [1, 2, 3], [7, 8], [5]]
+    ranked = [[[9], [8], [4]], [[9], [6], [5, 4]], None, [[6, 7]]]
     proposals = [Proposal(arm, ranked_draft(chain, r), 0.0) for arm, (chain, r) in enumerate(zip(chains, ranked))]
-    hits = runner_up_hits(proposals, chains, [1, 2, 4, 0])
-    # wrong at position 2: arm 0's runner-up there is the committed 4, arm 1's is not; arm 2
-    # ranks nothing; arm 3 is wrong at position 0, where its runner-up 6 is not the committed 1
-    assert hits == [(0, True), (1, False), (3, False)]
-    assert runner_up_hits(proposals[:1], chains[:1], [1, 2, 3, 9]) == []  # never wrong
-    assert proposals[0].draft.runner_ups(5).tolist() == [9, 8, 4] and proposals[2].draft.runner_ups(2).numel() == 0
+    ranks = runner_up_ranks(proposals, chains, [1, 2, 4, 0])
+    # wrong at position 2: the committed 4 is arm 0's runner-up there, arm 1's second; arm 2
+    # ranks nothing; arm 3 is wrong at position 0, where it ranks 6, 7, then every other
+    # token by id (0 first, then 1: rank 4)
+    assert ranks == [(0, 1), (1, 2), (3, 4)]
+    assert runner_up_ranks(proposals[:1], chains[:1], [1, 2, 3, 9]) == []  # never wrong
+    assert proposals[0].draft.leaf_tokens(5, 1).tolist() == [9, 8, 4]
+    assert proposals[1].draft.leaf_tokens(3, 2).tolist() == [9, 0, 6, 0, 5, 4]
+    assert proposals[2].draft.leaf_tokens(2, 1).numel() == 0
 
 
 def test_a_sampled_draft_and_its_runner_up_at_one_node_commit_tokens_distributed_as_p():
@@ -129,30 +155,31 @@ def test_runner_up_leaves_commit_what_plain_greedy_decoding_commits(static):
         for r in records:
             for name, n in r.runner_ups:
                 leaves[name] += n
+            assert r.tree_size <= sum(d for _, d, _ in r.branches) + sum(n for _, n in r.runner_ups)
             if r.runner_up_won is not None:
                 won[r.runner_up_won] += 1
                 assert r.winner == r.runner_up_won and r.runner_up_won in dict(r.runner_ups)
-            assert r.tree_size <= sum(d for _, d, _ in r.branches) + sum(n for _, n in r.runner_ups)
     assert {"small", "half", "shared", "head"} <= set(leaves) and "lookup" not in leaves
     assert all(r.winner is not None for r in records if r.runner_up_won)
 
 
 class WrongThenRanked(Drafter):
     """Drafts plain greedy decoding's next k tokens with the one at a random position
-    replaced by another, and ranks the right token there as its runner-up: wherever that
-    position has a leaf, the leaf must be the committed token."""
+    replaced by another, and ranks the right token there `rank`-th after it: wherever that
+    position has `rank` or more leaves, one of them must be the committed token."""
 
-    def __init__(self, ctx, target, seed):
+    def __init__(self, ctx, target, seed, rank=1):
         super().__init__("wrong-then-ranked", ctx)
-        self.target, self.rng, self.wrong_at = target, random.Random(seed), None
+        self.target, self.rng, self.wrong_at, self.rank = target, random.Random(seed), None, rank
 
     def propose(self, context, k, stop=None, runner_up=False):
         right = plain_greedy(self.target, list(context), k)
         self.wrong_at = self.rng.randrange(k)
         tokens = list(right)
         tokens[self.wrong_at] = (right[self.wrong_at] + 1) % VOCAB
-        ranked = [(t + 2) % VOCAB for t in tokens]
-        ranked[self.wrong_at] = right[self.wrong_at]
+        decoys = [[(t + 2 + i) % VOCAB for i in range(self.rank - 1)] for t in right]
+        ranked = [d + [(t + 9) % VOCAB] for t, d in zip(right, decoys)]
+        ranked[self.wrong_at] = decoys[self.wrong_at] + [right[self.wrong_at]]
         return ranked_draft(tokens, ranked if runner_up else None)
 
     def score(self, context, start, count, target_probs, hidden=None):
@@ -162,14 +189,16 @@ class WrongThenRanked(Drafter):
         raise NotImplementedError
 
 
-def test_a_leaf_that_holds_the_targets_token_is_committed_with_the_bonus_after_it():
+@pytest.mark.parametrize("rank, width", [(1, 1), (2, 1), (2, 2), (2, 3)])
+def test_a_leaf_that_holds_the_targets_token_is_committed_with_the_bonus_after_it(rank, width):
     target = tiny_llama(seed=0)
     ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
-    ranked = WrongThenRanked(ctx, target, seed=1)
+    ranked = WrongThenRanked(ctx, target, seed=1, rank=rank)
     engine = SpeculativeEngine(CachedLM(target), [ranked], FixedPolicy(["wrong-then-ranked"], {"draft_length": "fixed"}),
                                EngineSettings(5, 40, SamplingParams()))
     choose = engine.driver.choose
-    engine.driver.choose = lambda produced, awake=None: replace(choose(produced, awake), runner_ups=((0, 3),))
+    engine.driver.choose = lambda produced, awake=None: replace(choose(produced, awake), runner_ups=((0, 3, width),))
+    held = rank <= width
     context, won = list(PROMPTS[0]), 0
     stats = GenerationStats(["wrong-then-ranked"])
     records = []
@@ -177,14 +206,16 @@ def test_a_leaf_that_holds_the_targets_token_is_committed_with_the_bonus_after_i
         records.append(record)
         stats.add(record)
         if record.finish is None and record.drafted:
-            wrong = ranked.wrong_at
-            # the chain is right up to its wrong token; the leaf there is the target's token
-            assert record.accepted == (wrong + 1 if wrong < 3 else wrong)
-            assert (record.runner_up_won == "wrong-then-ranked") == (wrong < 3)
-            assert record.runner_ups == [("wrong-then-ranked", min(3, record.drafted))] and record.tree_size == record.drafted + min(3, record.drafted)
-            won += wrong < 3
+            wrong, leaves = ranked.wrong_at, min(3, record.drafted) * width
+            # the chain is right up to its wrong token; a leaf there holds the target's token
+            # when the drafter ranks it within the leaves' width
+            hit = wrong < 3 and held
+            assert record.accepted == (wrong + 1 if hit else wrong)
+            assert (record.runner_up_won == "wrong-then-ranked") == hit
+            assert record.runner_ups == [("wrong-then-ranked", leaves)] and record.tree_size == record.drafted + leaves
+            won += hit
         context.extend(record.tokens)
-    assert context[len(PROMPTS[0]):] == plain_greedy(target, PROMPTS[0], 40) and won >= 3
+    assert context[len(PROMPTS[0]):] == plain_greedy(target, PROMPTS[0], 40) and (won >= 3) == held
     # what the panel and bench show of it
     console = Console(width=200, record=True)
     console.print(stats_panel(stats, "fixed"))
@@ -224,11 +255,24 @@ def test_leaves_are_planned_where_the_runner_up_is_often_right_where_the_draft_i
         planner.observe([[1.0] * int(r) + [0.0] for r in runs] + [None], None)
     assert planner.branches(0, 4, 8, None) is None  # no runner-up verdicts yet
     for t in range(16):
-        planner.observe_runner_ups([(0, t % 4 != 0)])  # right 3 times in 4
+        planner.observe_runner_ups([(0, 1 if t % 4 else 9)])  # the runner-up right 3 times in 4
     planner.reset()
     branches, leaves, expected, seconds = planner.branches(0, 4, 8, None)
-    assert branches == () and leaves == ((0, 1),)  # one leaf, at the position a is wrong at
+    assert branches == () and leaves == ((0, 1, 1),)  # one leaf, at the position a is wrong at
     assert expected == pytest.approx(1 + 2 + 0.5 * 0.75)  # a's runs, then the leaf's hits
+
+
+def test_leaves_are_as_wide_as_the_ranks_the_target_takes():
+    """The target's token is a's third choice (rank 2) as often as its second: two leaves
+    at the position a is wrong at double what one adds, three add nothing more."""
+    planner = planner_with([1.0] * 16, [0.01, 0.01, 0.01, 0.0])
+    for t in range(40):
+        runs = [0.0 if t % 2 else 4.0] * 3
+        planner.observe([[1.0] * int(r) + [0.0] for r in runs] + [None], None)
+        planner.observe_runner_ups([(0, [1, 2, 7, 7][t % 4])])
+    assert planner.runner_up_rate(0, 1) == pytest.approx(0.25) and planner.runner_up_rate(0, 3) == pytest.approx(0.5)
+    branches, leaves, expected, _ = planner.branches(0, 4, 8, None)
+    assert leaves == ((0, 1, 2),) and expected == pytest.approx(1 + 2 + 0.5 * 0.5)
 
 
 def test_no_leaf_where_the_runner_up_is_rarely_right_or_a_row_costs_too_much():
@@ -237,7 +281,7 @@ def test_no_leaf_where_the_runner_up_is_rarely_right_or_a_row_costs_too_much():
         for t in range(40):
             runs = [0.0 if t % 2 else 4.0] * 3
             planner.observe([[1.0] * int(r) + [0.0] for r in runs] + [None], None)
-            planner.observe_runner_ups([(0, t % hit_every == 0)])
+            planner.observe_runner_ups([(0, 1 if t % hit_every == 0 else 5)])
         assert planner.branches(0, 4, 8, None) is None
 
 

@@ -50,12 +50,23 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-def ranked_next(scores: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-    """The highest-scoring token other than `token` [1] in `scores` [1, V]: a draft
-    position's runner-up. A function of the drafted token and the drafter's own scores
+def ranked_next(scores: torch.Tensor, excluded: torch.Tensor) -> torch.Tensor:
+    """The highest-scoring token of `scores` [1, V] not in `excluded` [n] (argmax's order:
+    the first of equal scores): after the drafted token, a draft position's runner-up, and
+    after it too the next. A function of the drafted token and the drafter's own scores
     only, so under sampling it is one more deterministic draft at that node, which keeps
     multi-draft speculative sampling exact (`core/verify.py` `verify_tree_sampling`)."""
-    return greedy_tokens(scores.index_fill(-1, token.view(-1).to(scores.device), float("-inf")))
+    return greedy_tokens(scores.index_fill(-1, excluded.view(-1).to(scores.device), float("-inf")))
+
+
+def rank_after(scores: torch.Tensor, drafted: int, token: int) -> int:
+    """Where `token` comes in `ranked_next`'s order of `scores` [1, V] after the `drafted`
+    token: 1 for the runner-up, 2 for the next, ... (`token` != `drafted`)."""
+    row = scores.view(-1)
+    score = row[token]
+    ahead = int((row > score).sum()) + int((row[:token] == score).sum())  # argmax takes the first of equals
+    drafted_ahead = bool(row[drafted] > score) or (drafted < token and bool(row[drafted] == score))
+    return ahead - drafted_ahead + 1
 
 
 def argmax_one_hot(logits: torch.Tensor) -> torch.Tensor:

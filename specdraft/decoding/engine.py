@@ -141,7 +141,7 @@ class SpeculativeEngine:
                                          verify_seconds=watch["verify"], verify_width=verified.width,
                                          silent=None if awake is None else [not a for a in awake],
                                          branch_drafts=tuple((p.arm, p.drafted, p.seconds) for p in proposals[1:]),
-                                         match_length=draft.match_length, runner_ups=tuple(verified.runner_up_hits))
+                                         match_length=draft.match_length, runner_ups=tuple(verified.runner_up_ranks))
                 evidence = self._evidence(verified, len(tokens)) if self.driver.full_information else None
                 learned = self.driver.finish_round(RoundOutcome(feedback, start, len(tokens), evidence),
                                                    last=finish is not None)
@@ -178,8 +178,8 @@ class SpeculativeEngine:
         if draft.match_length and not (plan.branches or plan.runner_ups):
             draft, plan = self._trim(arm, draft, plan)
         watch.lap("draft")
-        leaves = dict(plan.runner_ups)
-        proposals = [Proposal(arm, draft, max(0.0, watch["draft"] - draft.catch_up_seconds), leaves.get(arm, 0)),
+        leaves = {a: (n, width) for a, n, width in plan.runner_ups}
+        proposals = [Proposal(arm, draft, max(0.0, watch["draft"] - draft.catch_up_seconds), *leaves.get(arm, (0, 1))),
                      *self._branches(context, plan.branches, leaves, ranks)]
         watch.lap("draft")
         return plan, proposals
@@ -227,7 +227,7 @@ class SpeculativeEngine:
         return _Prompt(context, torch.tensor(context[-1:], dtype=torch.long, device=device),
                        self.target.clock() - started)
 
-    def _branches(self, context: list[int], branches: Sequence[tuple[int, int]], leaves: dict[int, int],
+    def _branches(self, context: list[int], branches: Sequence[tuple[int, int]], leaves: dict[int, tuple[int, int]],
                   ranks: bool) -> list[Proposal]:
         """The plan's further chains: each branch drafter proposes its depth (no early stop:
         the planner chose the depth for the tree as a whole), with the runner-up leaves
@@ -237,7 +237,7 @@ class SpeculativeEngine:
             started = self.target.clock()
             draft = self.drafters[arm].propose(context, depth, runner_up=ranks)
             out.append(Proposal(arm, draft, max(0.0, self.target.clock() - started - draft.catch_up_seconds),
-                                leaves.get(arm, 0)))
+                                *leaves.get(arm, (0, 1))))
         return out
 
     def _winner(self, verified: Verified) -> str | None:
@@ -277,11 +277,11 @@ class SpeculativeEngine:
         ).tolist()
         n = int(packed[0])
         tokens = [int(t) for t in packed[1 : n + 2]]
-        # (a drafter that ranks tokens and was wrong: is its runner-up there the target's token?)
-        hits = [(arm, int(draft.runner_up(n)) == tokens[n])] if draft.ranking and n < k else []
+        # (a drafter that ranks tokens and was wrong: where does the target's token come in its order?)
+        ranks = [(arm, draft.rank_at(n, tokens[n]))] if draft.ranking and n < k else []
         return Verified(n, tokens, packed[k + 2 :],
                          verdict.tokens.index_select(0, verdict.n_accepted.view(1)), width, {arm: verdict.alphas},
-                         logits, probs, hidden, [(arm, n)], k, hits)
+                         logits, probs, hidden, [(arm, n)], k, ranks)
 
     def _verify_tree(self, context: list[int], proposals: list[Proposal]) -> Verified:
         """One forward over the token tree of every proposal's chain (decoding/tree_verify.py)."""

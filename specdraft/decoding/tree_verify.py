@@ -27,9 +27,10 @@ class Proposal:
     arm: int
     draft: Draft
     seconds: float  # its propose call, catch-up excluded
-    # Its draft's runner-ups (`Draft.runner_ups`) at its first `runner_ups` positions are
-    # verified too, each a leaf beside the chain's token there.
+    # Its draft's `width` runner-ups (`Draft.runner_ups`) at each of its first `runner_ups`
+    # positions are verified too, each a leaf beside the chain's token there.
     runner_ups: int = 0
+    width: int = 1
 
     @property
     def drafted(self) -> int:
@@ -54,27 +55,29 @@ class Verified:
     hidden: dict[int, torch.Tensor]  # {layer: [accepted + 1 or more, H]} for the drafters scored from them
     kept: list[tuple[int, int]]  # per proposal: (arm, its drafted tokens committed), the chosen one first
     tree_size: int  # drafted tokens verified (a tree's rows less the root)
-    # Per proposal whose draft ranked a runner-up at the position where its chain was first
-    # wrong: (arm, whether that runner-up is the token committed there), verified or not.
-    runner_up_hits: list[tuple[int, bool]] = field(default_factory=list)
+    # Per proposal whose draft ranks tokens and was wrong inside it: (arm, where the token
+    # committed at its first wrong position came in its order after its drafted one: 1 =
+    # its runner-up), whether its leaves were verified or not.
+    runner_up_ranks: list[tuple[int, int]] = field(default_factory=list)
     runner_up_leaves: list[tuple[int, int]] = field(default_factory=list)  # (arm, its leaves) in the tree
     runner_up_won: int | None = None  # the arm whose runner-up leaf the committed path ended on
 
 
-def runner_up_hits(proposals: Sequence[Proposal], chains: Sequence[Sequence[int]], committed: Sequence[int]
-                   ) -> list[tuple[int, bool]]:
-    """(arm, hit) per proposal whose draft ranks tokens and was wrong inside it: whether
-    its runner-up at its first wrong position is the committed token there. Under greedy
-    that is exactly whether the runner-up's leaf is (or would have been) accepted; under
-    sampling, with the chain the node's only draft, the committed token there is drawn from
-    the residual, so it is the runner-up with the probability its leaf would be accepted."""
-    hits = []
+def runner_up_ranks(proposals: Sequence[Proposal], chains: Sequence[Sequence[int]], committed: Sequence[int]
+                    ) -> list[tuple[int, int]]:
+    """(arm, rank) per proposal whose draft ranks tokens and was wrong inside it: where
+    the token committed at its first wrong position comes in its order after the drafted
+    one (1: its runner-up). Under greedy, leaves of width w there are (or would have been)
+    accepted exactly when rank <= w; under sampling, with the chain the node's only draft,
+    the committed token is drawn from the residual, so rank <= w as often as such leaves
+    would be accepted."""
+    ranks = []
     for p, chain in zip(proposals, chains):
         if p.draft.ranking:
             n = matched(chain, committed)
             if n < len(chain) and n < len(committed):
-                hits.append((p.arm, int(p.draft.runner_up(n)) == committed[n]))
-    return hits
+                ranks.append((p.arm, p.draft.rank_at(n, committed[n])))
+    return ranks
 
 
 def verify_tree(target: CachedLM, root: int, proposals: list[Proposal], padded_width: Callable[[int], int],
@@ -88,8 +91,8 @@ def verify_tree(target: CachedLM, root: int, proposals: list[Proposal], padded_w
     chains, ranked = _read_drafts(proposals)
     # Runner-up leaves after every chain, so chain j is still row set j: a chain's prefix
     # then the runner-up, one-hot q (a deterministic draft; see `ranked_next`).
-    leaves = [(j, chains[j][:n] + [ranked[j][n]]) for j, p in enumerate(proposals)
-              for n in range(len(ranked[j]))]
+    leaves = [(j, chains[j][: i // p.width] + [token]) for j, p in enumerate(proposals)
+              for i, token in enumerate(ranked[j])]
     tree = TokenTree.merge(root, chains + [leaf for _, leaf in leaves])
     rows = len(tree)
     width = padded_width(rows)
@@ -122,14 +125,14 @@ def verify_tree(target: CachedLM, root: int, proposals: list[Proposal], padded_w
                     width, known, logits.index_select(0, index),
                     None if probs is None else probs.index_select(0, index),
                     {layer: h[:rows].index_select(0, index.to(h.device)) for layer, h in hidden.items()},
-                    kept, rows - 1, runner_up_hits(proposals, chains, tokens),
+                    kept, rows - 1, runner_up_ranks(proposals, chains, tokens),
                     [(proposals[j].arm, n) for j, n in sorted(Counter(j for j, _ in leaves).items())], won)
 
 
 def _read_drafts(proposals: Sequence[Proposal]) -> tuple[list[list[int]], list[list[int]]]:
     """Every proposal's drafted tokens and the runner-ups of the leaves it is given (none
     where its draft ranks nothing), in one device-to-host read."""
-    leaves = [p.draft.runner_ups(p.runner_ups) for p in proposals]
+    leaves = [p.draft.leaf_tokens(p.runner_ups, p.width) for p in proposals]
     flat = torch.cat([p.draft.tokens for p in proposals] + leaves).tolist()
     chains, ranked, offset = [], [], 0
     for p in proposals:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
 
-from specdraft.core.sampling import SamplingParams, ranked_next
+from specdraft.core.sampling import SamplingParams, rank_after, ranked_next
 from specdraft.learning.confidence import StopRule
 
 if TYPE_CHECKING:
@@ -48,21 +48,31 @@ class Draft:
     match_length: int = 0
     # Asked for with `runner_up=True` of a kind that drafts from a distribution: per drafted
     # position the scores [1, V] it ranked tokens by (greedy: its logits; sampling: q), from
-    # which `runner_up` gives the token it ranks next, a leaf the round may verify beside
-    # the chain (EAGLE-2's top-k; see `decoding/tree_verify.py`). Kept as the rows the
-    # draft made anyway: a runner-up is worked out only where a round needs one.
+    # which `runner_ups` gives the tokens it ranks after the drafted one, leaves the round
+    # may verify beside the chain (EAGLE-2's top-k; see `decoding/tree_verify.py`). Kept as
+    # the rows the draft made anyway: runner-ups are worked out only where a round needs them.
     ranking: tuple[torch.Tensor, ...] | None = None
 
-    def runner_up(self, position: int) -> torch.Tensor:
-        """[1] the token ranked next after the drafted one at `position` (greedy: the second
-        highest logit; sampling: the most likely token other than the one drawn)."""
-        return ranked_next(self.ranking[position], self.tokens[position : position + 1]).to(self.tokens.device)
+    def runner_ups(self, position: int, width: int = 1) -> torch.Tensor:
+        """[width] the tokens ranked after the drafted one at `position`, best first (greedy:
+        the second highest logit, then the third, ...; sampling: the most likely tokens
+        other than the one drawn)."""
+        picked = self.tokens[position : position + 1]
+        scores = self.ranking[position]
+        for _ in range(width):
+            picked = torch.cat([picked, ranked_next(scores, picked).to(picked.device)])
+        return picked[1:]
 
-    def runner_ups(self, n: int) -> torch.Tensor:
-        """[min(n, k)] the runner-ups at the first n positions (none without a ranking)."""
-        if not self.ranking or n <= 0:
+    def leaf_tokens(self, n: int, width: int) -> torch.Tensor:
+        """[min(n, k) * width] the runner-ups of the first n positions, position by position
+        (none without a ranking)."""
+        if not self.ranking or n <= 0 or width <= 0:
             return self.tokens.new_empty(0)
-        return torch.cat([self.runner_up(j) for j in range(min(n, len(self.ranking)))])
+        return torch.cat([self.runner_ups(j, width) for j in range(min(n, len(self.ranking)))])
+
+    def rank_at(self, position: int, token: int) -> int:
+        """Where `token` comes after the drafted one at `position` (1: the runner-up)."""
+        return rank_after(self.ranking[position], int(self.tokens[position]), token)
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,9 @@ class RoundFeedback:
     # The lookup match length behind the chosen drafter's draft (0: not a lookup): what the
     # planner keys a lookup's acceptance on when it trims the next drafts of that drafter.
     match_length: int = 0
-    # Per drafter of the round that gave runner-ups and was wrong inside its draft: (arm,
-    # whether its runner-up at the first wrong position was the committed token).
-    runner_ups: Sequence[tuple[int, bool]] = ()
+    # Per drafter of the round that ranks tokens and was wrong inside its draft: (arm, where
+    # the token committed at its first wrong position came in its order: 1 = its runner-up).
+    runner_ups: Sequence[tuple[int, int]] = ()
 
 
 def bd_reward(alphas: Sequence[float]) -> float:

@@ -23,6 +23,6 @@ class RoundPlan:
     # Further drafters' chains verified with the chosen one's as a token tree, (arm, depth)
     # each (learning/tree_planner.py); empty: a one-chain round.
     branches: Branches = ()
-    # (arm, n): that chain's drafter's runner-ups at its first n positions are verified as
-    # leaves beside it (a tree round even without branches).
-    runner_ups: tuple[tuple[int, int], ...] = ()
+    # (arm, n, width): that chain's drafter's `width` runner-ups at each of its first n
+    # positions are verified as leaves beside it (a tree round even without branches).
+    runner_ups: tuple[tuple[int, int, int], ...] = ()

@@ -24,13 +24,14 @@ copy the same context (two lookups) agree most of the time, so their union adds 
 the window measures how much, instead of assuming independence.
 
 Then runner-up leaves (EAGLE-2's top-k at a position): a drafter that ranks tokens (model
-and head drafters) gives, at each drafted position, its next-ranked token, and every round
-in which its draft was wrong somewhere says whether that runner-up was the committed token
-at the first wrong position (`observe_runner_ups`; free evidence: the leaf need not have
-been verified). With h_i that rate over its last `RUNNER_UP_WINDOW` verdicts, leaves at a
-chain's first n positions add n rows and, on a remembered round where the chain's run r_i
-ends before n and no chain got further, h_i of a token (several such chains: 1 - prod(1 - h)).
-Per chain of the tree, the n with the best rate is kept if it raises the rate by `GAIN`.
+and head drafters) can give, at each drafted position, the tokens it ranks after the
+drafted one, and every round in which its draft was wrong somewhere says where the
+committed token came in that order at the first wrong position (`observe_runner_ups`; free
+evidence: no leaf need have been verified). With h_i(w) the share of its last
+`RUNNER_UP_WINDOW` verdicts within the first w runner-ups, w leaves at each of a chain's
+first n positions add n * w rows and, on a remembered round where the chain's run r_i ends
+before n and no chain got further, h_i(w) of a token (several such chains: 1 - prod(1 - h)).
+Per chain of the tree, the (n, w) with the best rate is kept if it raises the rate by `GAIN`.
 
 Runs are cut at what the round committed (the positions after it were not scored), so
 deep chains are judged conservatively. Plans are cached per (chosen arm, its K, the cap,
@@ -47,7 +48,7 @@ from typing import Sequence
 from specdraft.learning.goodput import RoundCostModel
 
 Branches = tuple[tuple[int, int], ...]  # (arm, depth) of each further chain
-Leaves = tuple[tuple[int, int], ...]  # (arm, n): runner-up leaves at that chain's first n positions
+Leaves = tuple[tuple[int, int, int], ...]  # (arm, n, width): `width` runner-ups at each of its first n positions
 Path = tuple[float, float, float]  # a tree on a remembered round: (longest accepted chain, rows off it, leaf gain)
 
 
@@ -71,7 +72,8 @@ class TreePlanner:
     MIN_ROUNDS = 8  # evaluated rounds before any branch is planned
     DEPTHS = (1, 2, 3, 4, 6, 8, 12, 16)  # depths tried for a branch (up to the cap)
     RUNNER_UP_WINDOW = 64  # runner-up verdicts remembered per drafter
-    MAX_LEAVES = 8  # runner-up leaves tried per chain
+    MAX_LEAVES = 8  # positions of a chain tried for leaves ...
+    MAX_WIDTH = 3  # ... and runner-ups at each (the drafted token and these: its top 4)
 
     def __init__(self, arms: Sequence[str], plain_arms: Sequence[bool], costs: RoundCostModel,
                  runner_ups: bool = True):
@@ -80,8 +82,9 @@ class TreePlanner:
         self.plain = list(plain_arms)
         self.costs = costs
         self.runs: deque[tuple[float | None, ...]] = deque(maxlen=self.WINDOW)
-        # Per arm, its last runner-ups at the position its draft was first wrong: right or not.
-        self.runner_up_seen: list[deque[bool]] = [deque(maxlen=self.RUNNER_UP_WINDOW) for _ in self.arms]
+        # Per arm, where the committed token came in its order at its first wrong position,
+        # for its last drafts that were wrong (1: its runner-up; past MAX_WIDTH: no leaf's).
+        self.runner_up_seen: list[deque[int]] = [deque(maxlen=self.RUNNER_UP_WINDOW) for _ in self.arms]
         self._plans: dict[tuple, tuple[Branches, Leaves, float, float] | None] = {}
         self._age = 0
         self._replan = self.REPLAN
@@ -94,17 +97,17 @@ class TreePlanner:
         self.runs.append(tuple(None if g is None or (silent and silent[arm]) else run_length(g)
                                for arm, g in enumerate(gammas)))
 
-    def observe_runner_ups(self, hits: Sequence[tuple[int, bool]]) -> None:
+    def observe_runner_ups(self, ranks: Sequence[tuple[int, int]]) -> None:
         """A round's runner-up verdicts (`RoundFeedback.runner_ups`): per drafter that was
-        wrong inside its draft, whether its runner-up there was the committed token."""
-        for arm, hit in hits:
-            self.runner_up_seen[arm].append(hit)
+        wrong inside its draft, where the committed token came in its order there."""
+        for arm, rank in ranks:
+            self.runner_up_seen[arm].append(min(rank, self.MAX_WIDTH + 1))
 
-    def runner_up_rate(self, arm: int) -> float | None:
-        """How often `arm`'s runner-up is right where its draft is first wrong (None before
-        MIN_ROUNDS verdicts)."""
+    def runner_up_rate(self, arm: int, width: int = 1) -> float | None:
+        """How often one of `arm`'s first `width` runner-ups is right where its draft is
+        first wrong (None before MIN_ROUNDS verdicts)."""
         seen = self.runner_up_seen[arm]
-        return sum(seen) / len(seen) if len(seen) >= self.MIN_ROUNDS else None
+        return sum(rank <= width for rank in seen) / len(seen) if len(seen) >= self.MIN_ROUNDS else None
 
     def reset(self) -> None:
         """A prompt the policy resets at: what the window says still describes the drafters,
@@ -170,9 +173,9 @@ class TreePlanner:
 
     def _leaves(self, tree: Branches, branched: bool, verify: dict[int, float | None]
                 ) -> tuple[Leaves, tuple[float, float, float] | None]:
-        """The runner-up leaves that pay on `tree` (per chain, in order, the number of its
-        first positions given one, while that raises the estimated rate by GAIN), and the
-        rate of the tree with them."""
+        """The runner-up leaves that pay on `tree` (per chain, in order, how many of its first
+        positions get leaves and how many each, the best pair if it raises the estimated
+        rate by GAIN), and the rate of the tree with them."""
         judged = self._judged({a for a, _ in tree})
         paths = [self._path(tree, runs) for runs in judged]
         best = self._rate(tree, paths, branched, verify)
@@ -182,28 +185,29 @@ class TreePlanner:
                 continue
             pick = None
             for n in range(1, min(d, self.MAX_LEAVES) + 1):
-                trial = (*leaves, (a, n))
-                rate = self._rate(tree, [self._with_leaves(path, runs, tree, trial) for path, runs in zip(paths, judged)],
-                                  True, verify)
-                if rate is not None and rate[0] > best[0] * self.GAIN and (pick is None or rate[0] > pick[0][0]):
-                    pick = (rate, n)
+                for width in range(1, self.MAX_WIDTH + 1):
+                    trial = (*leaves, (a, n, width))
+                    rate = self._rate(tree, [self._with_leaves(path, runs, tree, trial)
+                                             for path, runs in zip(paths, judged)], True, verify)
+                    if rate is not None and rate[0] > best[0] * self.GAIN and (pick is None or rate[0] > pick[0][0]):
+                        pick = (rate, (a, n, width))
             if pick is not None:
-                best, leaves = pick[0], (*leaves, (a, pick[1]))
+                best, leaves = pick[0], (*leaves, pick[1])
         return leaves, best
 
     def _with_leaves(self, path: Path, runs: tuple[float | None, ...], tree: Branches, leaves: Leaves) -> Path:
-        """`path` with runner-up leaves: each adds its rows; where a chain's run ends inside
-        its leaves and no chain got further, its runner-up adds a token as often as it is
-        right there."""
+        """`path` with runner-up leaves: each adds its row; where a chain's run ends inside
+        its leaves and no chain got further, its leaves there add a token as often as one of
+        them is right."""
         longest, wrong, gain = path
         depth = dict(tree)
         missed, rows = 1.0, 0
-        for a, n in leaves:
+        for a, n, width in leaves:
             n = min(n, depth[a])
-            rows += n
+            rows += n * width
             run = int(runs[a])
             if run < n and run == int(longest):
-                missed *= 1.0 - self.runner_up_rate(a)
+                missed *= 1.0 - self.runner_up_rate(a, width)
         return longest, wrong + rows, gain + 1.0 - missed
 
     def _judged(self, arms: set[int]) -> list[tuple[float | None, ...]]:
