@@ -13,7 +13,9 @@ name; drafters that draft from the target's features get them after every verify
 Host and device meet at two kinds of points. Data comes back once per round, in one read
 of the packed verdict (plus one per draft token while a model drafter's early stop reads
 its confidence); a tree round reads the drafts, the argmax and the alignments, and under
-sampling once per draft its walk tries. Time is read at every stopwatch lap (the round's start, the end of each
+sampling once per draft its walk tries; a drafter that ranks tokens (while the planner may
+plan runner-up leaves) and was wrong adds the read of where the target's token comes in
+its order there. Time is read at every stopwatch lap (the round's start, the end of each
 phase) and around an evaluation, and on CUDA or MPS each of those clock reads waits for
 the device first (`stopwatch.device_clock`), so that the phase timings the cost model
 learns from are the work's, not the kernel launches'.
