@@ -180,14 +180,17 @@ class TreePlanner:
         paths = [self._path(tree, runs) for runs in judged]
         best = self._rate(tree, paths, branched, verify)
         leaves: Leaves = ()
+        depth = dict(tree)
+        # h(a, w), worked out once per plan rather than once per remembered round and trial
+        rates = {(a, w): self.runner_up_rate(a, w) for a in depth for w in range(1, self.MAX_WIDTH + 1)}
         for a, d in tree:
-            if best is None or not self.runner_ups or self.runner_up_rate(a) is None:
+            if best is None or not self.runner_ups or rates[a, 1] is None:
                 continue
             pick = None
             for n in range(1, min(d, self.MAX_LEAVES) + 1):
                 for width in range(1, self.MAX_WIDTH + 1):
                     trial = (*leaves, (a, n, width))
-                    rate = self._rate(tree, [self._with_leaves(path, runs, tree, trial)
+                    rate = self._rate(tree, [self._with_leaves(path, runs, depth, trial, rates)
                                              for path, runs in zip(paths, judged)], True, verify)
                     if rate is not None and rate[0] > best[0] * self.GAIN and (pick is None or rate[0] > pick[0][0]):
                         pick = (rate, (a, n, width))
@@ -195,19 +198,21 @@ class TreePlanner:
                 best, leaves = pick[0], (*leaves, pick[1])
         return leaves, best
 
-    def _with_leaves(self, path: Path, runs: tuple[float | None, ...], tree: Branches, leaves: Leaves) -> Path:
-        """`path` with runner-up leaves: each adds its row; where a chain's run ends inside
-        its leaves and no chain got further, its leaves there add a token as often as one of
-        them is right."""
+    @staticmethod
+    def _with_leaves(path: Path, runs: tuple[float | None, ...], depth: dict[int, int], leaves: Leaves,
+                     rates: dict[tuple[int, int], float | None]) -> Path:
+        """`path` with runner-up leaves on the tree's chains (`depth`: arm -> its chain's
+        depth): each adds its row; where a chain's run ends inside its leaves and no chain
+        got further, its leaves there add a token as often as one of them is right (`rates`:
+        `runner_up_rate` by arm and width)."""
         longest, wrong, gain = path
-        depth = dict(tree)
         missed, rows = 1.0, 0
         for a, n, width in leaves:
             n = min(n, depth[a])
             rows += n * width
             run = int(runs[a])
             if run < n and run == int(longest):
-                missed *= 1.0 - self.runner_up_rate(a, width)
+                missed *= 1.0 - rates[a, width]
         return longest, wrong + rows, gain + 1.0 - missed
 
     def _judged(self, arms: set[int]) -> list[tuple[float | None, ...]]:
