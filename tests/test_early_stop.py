@@ -135,8 +135,13 @@ def test_a_token_withheld_by_the_stop_is_judged_by_what_the_target_committed():
 
     _, drafter, _ = tiny_engine()
     drafter.reset()
+    half = drafter.calibration  # every confidence: accepted half of the time
+    half.hits, half.seen = [500.0] * half.bins, [1000.0] * half.bins
     context = [5, 9, 11, 3]
-    draft = drafter.propose(context, 4, stop=line_rule(0.1, 10.0))  # stops after one token
+    # A second token that would pay if sure (1.5 + 0.5 tokens in 1.35 s beats 1.5 in 1.1 s)
+    # but not at its calibrated chance: the drafter steps to judge it, then withholds it.
+    rule = StopRule([1.0, 1.1, 1.35], [0.0, 0.0], price=0.0)
+    draft = drafter.propose(context, 4, stop=rule)  # stops after one token
     assert draft.tokens.shape[0] == 1
     # The token the stop withheld (greedy: the drafter's argmax after its drafted token) and
     # the drafter's confidence in it, from its own model.
@@ -150,8 +155,29 @@ def test_a_token_withheld_by_the_stop_is_judged_by_what_the_target_committed():
     assert sum(drafter.calibration.seen) == before[1] + 1
     assert drafter.calibration.hits[b] == before[0][b] + 1  # the target agreed with it
     drafter.reset()
-    drafter.propose(context, 4, stop=line_rule(0.1, 10.0))
+    drafter.propose(context, 4, stop=rule)
     drafter.on_commit(0)  # rejected before the withheld token: nothing to judge
     seen = sum(drafter.calibration.seen)
     drafter.propose(context + [7], 1)
     assert sum(drafter.calibration.seen) == seen
+
+
+@pytest.mark.parametrize("per_token", [10.0, 0.9, 0.3, 0.05, 0.0])
+def test_the_stop_never_runs_a_forward_for_a_token_that_could_not_pay(per_token):
+    """A draft step computes the next token's distribution so the stop can judge it. Where
+    not even a sure token would be worth its time the step is skipped: every forward after
+    the first feeds a token that was then drafted, or the one the stop withheld."""
+    _, drafter, _ = tiny_engine()
+    steps = []
+    inner = drafter._step
+    drafter._step = lambda token: steps.append(int(token)) or inner(token)
+    for context in ([5, 9, 11, 3], [7, 7, 2]):
+        drafter.reset()
+        steps.clear()
+        draft = drafter.propose(context, 4, stop=line_rule(0.1, per_token))
+        drafted = draft.tokens.shape[0]
+        withheld = drafter._withheld is not None
+        assert len(steps) == drafted - 1 + withheld
+        if per_token == 10.0:  # a second token cannot pay at any confidence: no step at all
+            assert drafted == 1 and steps == [] and not withheld
+        drafter.on_commit(0)

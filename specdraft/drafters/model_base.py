@@ -126,6 +126,8 @@ class ModelBackedDrafter(Drafter):
             if runner_up:  # greedy's q is one-hot: the logits rank the rest
                 ranking.append(logits if params.greedy else q)
             if j < limit - 1:
+                if stop is not None and self.stop_below is None and not stop.worth(j + 1, expected, survive):
+                    break  # not even a sure next token would pay: skip the forward that would judge it
                 logits = self._step(token)
                 fed += 1
         self._end_draft(context, fed)
