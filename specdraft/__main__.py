@@ -1,5 +1,5 @@
-"""`python -m specdraft` runs the command-line interface."""
+"""`python -m specdraft` runs the command-line interface, started as the `specdraft` command is."""
 
-from specdraft.cli import main
+from specdraft.launch import main
 
 main()

@@ -48,7 +48,8 @@ LAYERS = (
     ("measurement",),  # datasets, bench, baselines, traces, replay
     ("training",),  # corpora, features, the training loop
     ("commands",),  # what each command does
-    ("cli", "__main__"),
+    ("cli",),  # the options of every command
+    ("launch", "__main__"),  # the command's start: the process's memory settings, then cli
 )
 
 
