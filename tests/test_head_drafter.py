@@ -148,3 +148,29 @@ def test_a_head_the_planner_would_not_play_is_not_scored(target, monkeypatch):
             drafting = sum(1 for r in records if r.drafter == "head" and r.drafted)
             assert len(consumed) <= 2 * drafting
         consumed.clear()
+
+
+@pytest.mark.parametrize("later_from_drafts", [False, True])
+def test_a_head_learns_its_later_draft_positions_from_its_drafts_not_its_scores(later_from_drafts):
+    """A head's score at a committed position reads the target's real features there; its
+    draft past the first token reads its own predicted ones. Scores saying every position
+    would be accepted must not keep planning deep drafts that fail at their second token."""
+    from specdraft.learning.feedback import RoundFeedback
+    from specdraft.learning.planner import RoundPlanner
+
+    planner = RoundPlanner(["head", "none"], 6, full_information=True)
+    planner.later_from_drafts = [later_from_drafts, False]
+    for _ in range(60):  # every round: the head drafts 3, its first accepted, its second not
+        planner.observe(RoundFeedback(0, 3, 1, [1.0, 0.0, 1.0], 0.1, gammas=[[1.0, 1.0, 1.0], [0.0] * 3],
+                                      draft_seconds=0.003, verify_seconds=0.05))
+    first, second = planner.acceptance.rates(0, 2)
+    assert first > 0.95  # position 1: its score is its draft's, either way
+    assert (second < 0.05) == later_from_drafts and (second > 0.95) != later_from_drafts
+    planner.observe(RoundFeedback(0, 3, 0, [0.0, 1.0, 1.0], 0.1, gammas=[[0.0, 1.0, 1.0], [0.0] * 3]))
+    assert planner.acceptance.rates(0, 2)[1] == pytest.approx(second, abs=0.02)  # position 2 never reached
+
+
+def test_the_engine_plans_heads_later_positions_from_their_drafts(target):
+    engine, drafters = engine_for(target, random_head(target), "normalhedge", evaluate="all")
+    assert [d.name for d in drafters] == ["lookup", "head"]
+    assert engine.driver.planner.later_from_drafts == [False, True]

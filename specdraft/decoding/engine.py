@@ -108,6 +108,7 @@ class SpeculativeEngine:
         self.settings = settings
         self.generator = generator
         self.driver = PolicyDriver(policy, settings.draft_tokens, settings.max_new_tokens, target.clock)
+        self.driver.planner.later_from_drafts = [not d.later_positions_scored for d in self.drafters]
         # Target layers whose hidden states some drafter is scored from: handed over by the
         # verify forward when the policy evaluates every drafter.
         self.hidden_layers = tuple(sorted({layer for d in self.drafters for layer in d.hidden_layers}))

@@ -162,6 +162,11 @@ class Drafter(ABC):
     # (autoregressive models: q depends only on the context), so the evaluator reuses it. A
     # lookup's draft is one lookup's whole span: its per-position score is a fresh lookup.
     draft_alignment_is_score: ClassVar[bool] = False
+    # False when `score` at a committed position says how the drafter's first draft token
+    # would do there but not how a draft does further on (a head drafts on from its own
+    # predicted features, a steered block steers its later tokens from its start): the
+    # planner then learns its acceptance past the first position from its own drafts only.
+    later_positions_scored: ClassVar[bool] = True
 
     def __init__(self, name: str, ctx: DraftContext):
         self.name = name

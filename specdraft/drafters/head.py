@@ -160,6 +160,7 @@ class HeadDrafter(ModelBackedDrafter):
 
     kind = "head"
     draft_alignment_is_score = False  # drafts past the first token use predicted features
+    later_positions_scored = False  # (scoring reads the target's real features at each of them)
 
     def __init__(self, name: str, ctx: DraftContext, head: DraftHead, target: torch.nn.Module,
                  stop_below: float | None = None, core: str = "auto"):

@@ -52,6 +52,7 @@ CONTEXT_CHUNK = 64
 class SteeredDrafter(CausalLMDrafter):
     kind = "steered"
     draft_alignment_is_score = False  # a block's later tokens are steered from its start
+    later_positions_scored = False  # (scoring steers each position from its own)
     lm: CachedLM
 
     def __init__(self, name: str, ctx: DraftContext, model: torch.nn.Module, steering: Steering,

@@ -219,10 +219,10 @@ class AcceptanceByPosition:
         self.hits = [[0.0] * k_max for _ in range(arms)]
         self.seen = [[0.0] * k_max for _ in range(arms)]
 
-    def observe(self, arm: int, alignment: Sequence[float]) -> None:
-        """`alignment[m - 1]`: acceptance probability of position m given the earlier ones were
-        accepted; only positions up to the first (certain) rejection are conditional ones."""
-        for m, value in enumerate(alignment[: self.k_max]):
+    def observe(self, arm: int, alignment: Sequence[float], first: int = 1) -> None:
+        """`alignment[m - first]`: acceptance probability of position m given the earlier ones
+        were accepted; only positions up to the first (certain) rejection are conditional ones."""
+        for m, value in enumerate(alignment[: max(0, self.k_max - first + 1)], start=first - 1):
             self.hits[arm][m] = self.decay * self.hits[arm][m] + value
             self.seen[arm][m] = self.decay * self.seen[arm][m] + 1
             if value == 0.0:

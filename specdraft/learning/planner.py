@@ -36,16 +36,14 @@ class RoundPlanner:
 
     `objective` ("goodput" or "acceptance") is what the policy optimises, `draft_length`
     ("goodput": the best K by the estimates; "fixed": always the cap), `full_information`
-    whether every drafter is scored each round. The cost model describes the machine and
-    is never reset; acceptance by position carries over from prompt to prompt worth
-    `carried_rounds` rounds."""
+    whether every drafter is scored each round. The cost model describes the machine and is
+    never reset; acceptance by position carries over to the next prompt worth `carried_rounds`."""
 
     REPROBE = 8  # rounds at K = 0 before a drafter (bandit feedback) drafts one token again
     MAX_PROBE_GAP = 256
     # A drafter scored by a forward of its own (a model's catch-up over every token it did not
     # draft, its prompt's prefill first) is scored only while its estimated speedup is within
-    # this share of the leader's, and in every REVISIT_PROMPTS-th prompt it sat out whole (its
-    # estimate may be stale: acceptance changes with the task).
+    # this share of the leader's, and every REVISIT_PROMPTS-th prompt it sat out (it may be stale).
     COSTLY_MARGIN = 0.9
     REVISIT_PROMPTS = 4
 
@@ -58,8 +56,7 @@ class RoundPlanner:
         self.dynamic_length = draft_length == "goodput"
         self.full_information = full_information
         self.carried_rounds = carried_rounds
-        # Its own random stream (the policy draws arms from seed): K's exploration never
-        # changes which arms a seeded policy picks.
+        # Its own random stream: K's exploration never changes which arms a seeded policy picks.
         self.rng = random.Random(None if seed is None else seed + 1)
         self.costs = RoundCostModel(len(self.arms))
         self.acceptance = AcceptanceByPosition(len(self.arms), draft_tokens)
@@ -72,6 +69,7 @@ class RoundPlanner:
         self._probe_gap = [self.REPROBE] * len(self.arms)
         self._sat_out = [0] * len(self.arms)  # whole prompts a costly arm was not scored in, in a row
         self._scored = [False] * len(self.arms)  # scored in this prompt
+        self.later_from_drafts = [False] * len(self.arms)  # see observe
 
     @classmethod
     def for_policy(cls, policy) -> "RoundPlanner":
@@ -104,7 +102,9 @@ class RoundPlanner:
 
     def observe(self, feedback: RoundFeedback) -> None:
         """A round's timings and acceptance: what every round teaches, also one that
-        full-information evaluation skipped."""
+        full-information evaluation skipped. An arm in `later_from_drafts` (a drafter whose
+        scores say how its first draft token would do, not its later ones: a head drafts on
+        from its own predicted features) learns past position 1 from its own drafts only."""
         self.costs.observe(feedback.arm, feedback.drafted, feedback.draft_seconds, feedback.verify_seconds,
                            feedback.verify_width, feedback.branch_drafts)
         self._scored[feedback.arm] = True
@@ -123,7 +123,9 @@ class RoundPlanner:
             # A drafter silent here would not have drafted: its acceptance *when it
             # drafts*, which plans K, learns nothing from this chunk.
             if self.arms[arm] != PLAIN_ARM and not (feedback.silent and feedback.silent[arm]):
-                self.acceptance.observe(arm, gammas)
+                self.acceptance.observe(arm, gammas[:1] if self.later_from_drafts[arm] else gammas)
+        if self.later_from_drafts[feedback.arm] and feedback.accepted >= 1:  # its position 2 was reached
+            self.acceptance.observe(feedback.arm, feedback.alphas[1:], first=2)
 
     def verify_width(self, tokens: int) -> int:
         """How many tokens to run a verify of `tokens` over: wider when that is cheaper."""
