@@ -98,8 +98,9 @@ class ModelBackedDrafter(Drafter):
         first_forward = self.lm.clock() - started
         self._judge_withheld(context)
         stopping = self.stop_below is not None or stop is not None
+        learned = stop is not None and self.stop_below is None  # the rule, not a fixed floor
         # The learned rule may carry a draft of sure tokens past the plan's k (its horizon).
-        limit = max(k, stop.horizon) if stop is not None and self.stop_below is None else k
+        limit = max(k, stop.horizon) if learned else k
         tokens, probs, self._confidences = [], [], []
         ranking: list[torch.Tensor] = []  # each position's scores, when runner-ups are asked for
         params, generator = self.ctx.params, self.ctx.generator
@@ -126,7 +127,7 @@ class ModelBackedDrafter(Drafter):
             if runner_up:  # greedy's q is one-hot: the logits rank the rest
                 ranking.append(logits if params.greedy else q)
             if j < limit - 1:
-                if stop is not None and self.stop_below is None and not stop.worth(j + 1, expected, survive):
+                if learned and not stop.worth(j + 1, expected, survive):
                     break  # not even a sure next token would pay: skip the forward that would judge it
                 logits = self._step(token)
                 fed += 1

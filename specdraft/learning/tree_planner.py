@@ -180,11 +180,13 @@ class TreePlanner:
         paths = [self._path(tree, runs) for runs in judged]
         best = self._rate(tree, paths, branched, verify)
         leaves: Leaves = ()
+        if best is None or not self.runner_ups:
+            return leaves, best
         depth = dict(tree)
         # h(a, w), worked out once per plan rather than once per remembered round and trial
         rates = {(a, w): self.runner_up_rate(a, w) for a in depth for w in range(1, self.MAX_WIDTH + 1)}
         for a, d in tree:
-            if best is None or not self.runner_ups or rates[a, 1] is None:
+            if rates[a, 1] is None:
                 continue
             pick = None
             for n in range(1, min(d, self.MAX_LEAVES) + 1):
