@@ -18,7 +18,8 @@ from specdraft.drafters import DraftContext, SuffixDrafter
 from specdraft.drafters.datastore import StoreError, open_store, write_store
 from specdraft.drafters.learned_store import LearnedStore
 from specdraft.drafters.options import SuffixOptions
-from specdraft.drafters.suffix_index import ContextIndex, SuffixIndex, concatenate, continue_occurrences
+from specdraft.drafters.suffix_index import (MAX_OCCURRENCES, ContextIndex, Occurrences, SuffixIndex, concatenate,
+                                             continue_occurrences)
 from specdraft.learning.policies import build_policy
 from specdraft.models.cached_lm import CachedLM
 from tiny import VOCAB, plain_greedy, tiny_llama
@@ -50,12 +51,64 @@ def test_index_finds_exactly_the_longest_match_and_every_occurrence(seed):
         found = index.longest_match(context, 32)
         length, after = brute_force(index.text.tolist(), context, depth, self_overlap=False)
         assert found.length == length
-        assert set(found.after.tolist()) == after
+        assert set(found.after) == after
         scan = ContextIndex()
         scan.sync(context)
         found = scan.longest_match(len(context), 32)
         length, after = brute_force(context, context, 32, self_overlap=True)
-        assert (found.length, set(found.after.tolist())) == (length, after)
+        assert (found.length, set(found.after)) == (length, after)
+
+
+def repeated_text(rng: random.Random, length: int, vocab: int) -> list[int]:
+    """Random tokens with chunks of themselves copied in: long matches among many candidates."""
+    text = [rng.randrange(vocab) for _ in range(length // 4)]
+    while len(text) < length:
+        start = rng.randrange(len(text))
+        text += text[start:start + rng.randrange(1, 80)]
+    return text[:length]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_long_texts_match_as_brute_force_does_however_often_asked(seed):
+    # Past the tiny cases above: ranges wide enough for every narrowing path (binary search,
+    # whole-range reads, the last few candidates read as one block), matches up to the depth,
+    # more occurrences than a source keeps, and each query asked twice (remembered ranges).
+    rng = random.Random(seed)
+    text = repeated_text(rng, 3000, rng.choice([2, 4, 30]))
+    index = SuffixIndex.from_documents([text[:1700], text[1700:]], 32)
+    scan = ContextIndex()
+    scan.sync(text)
+    for _ in range(40):
+        end = rng.randrange(2, len(text) + 1)
+        window = text[max(0, end - 32):end]
+        length, after = brute_force(index.text.tolist(), window, 32, self_overlap=False)
+        for _ in range(2):
+            found = index.longest_match(window, 32)
+            assert found.length == length
+            if len(after) <= MAX_OCCURRENCES:
+                assert set(found.after) == after
+            else:  # spread evenly over the range: a subset of the right size
+                assert len(found.after) == MAX_OCCURRENCES and set(found.after) <= after
+        for cap in (2, 3, 32):  # (capped short: every occurrence of the last two or three tokens)
+            length, after = brute_force(text[:end], text[:end], cap, self_overlap=True)
+            for _ in range(2):
+                found = scan.longest_match(end, cap)
+                assert found.length == length
+                assert found.after == sorted(after)[-MAX_OCCURRENCES:]  # the latest occurrences
+
+
+def test_a_continuation_reads_a_list_and_an_array_alike():
+    rng = random.Random(5)
+    text = repeated_text(rng, 2000, 6)
+    scan = ContextIndex()
+    scan.sync(text)
+    for end in range(50, 2000, 97):
+        found = scan.longest_match(end, 32)
+        as_array = Occurrences(found.length, np.asarray(text, dtype=np.int32), found.after, end)
+        for rank in (1, 2):
+            a = continue_occurrences([found], 10, 0.05, rank)
+            b = continue_occurrences([as_array], 10, 0.05, rank)
+            assert (a.tokens, a.chances, a.score) == (b.tokens, b.chances, b.score)
 
 
 def test_documents_never_match_across_their_boundary():

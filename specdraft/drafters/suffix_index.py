@@ -9,15 +9,23 @@ context's suffix costs O(match length x log N) token reads and does not grow wit
 beyond that logarithm. The positions in the final range are where the match ends; what
 followed each of them is read forward from the text.
 
-`ContextIndex` answers the same question for the current prompt and output, which change
-every round, by a vectorised backward scan (the context is short: a few thousand tokens).
+`ContextIndex` answers the same question for the current prompt and output, which grow
+every round: the positions of each token and of each token pair are kept as the context
+grows, so a lookup starts from the few places where the context's last two tokens occurred
+and extends those backwards, one comparison per candidate and token.
 
 Both return `Occurrences`: the matched length and the positions just after each occurrence
 (capped, evenly spread over the range so frequent continuations stay frequent).
+
+A lookup runs on the host in every round (and at every committed position when drafters are
+scored), so it keeps to plain Python on short lists and to a few whole-array operations on long
+ones: each numpy call costs about a microsecond however little it does, which a token-at-a-time
+loop of them multiplies by the match length.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -25,13 +33,16 @@ import numpy as np
 
 SEPARATOR = -1
 MAX_OCCURRENCES = 256  # positions kept per source: enough to rank continuations
+FEW_CANDIDATES = 32  # a range this small is narrowed to the end in one block read
+MEMO_LEVELS = 3  # narrowing steps whose ranges an index remembers
 
 
 @dataclass(frozen=True)
 class Occurrences:
     length: int  # tokens matched (0: none)
-    text: np.ndarray  # int32 text the positions index
-    after: np.ndarray  # int64 positions just past each occurrence (the next token's index)
+    text: Sequence[int]  # the text the positions index (an int32 array, or the context's list)
+    after: list[int]  # positions just past each occurrence (the next token's index), ascending
+    end: int  # the text's visible length: a continuation stops there
 
 
 def build_order(text: np.ndarray, depth: int) -> np.ndarray:
@@ -65,6 +76,10 @@ class SuffixIndex:
         self.text = text
         self.order = order
         self.depth = depth
+        # The ranges of the first MEMO_LEVELS narrowing steps, by the tokens they matched:
+        # those steps search the widest ranges, and contexts keep ending in the same tokens.
+        self._ranges: dict[tuple[int, ...], tuple[int, int]] = {}
+        self._spread: dict[tuple[int, int], list[int]] = {}
 
     @classmethod
     def from_documents(cls, documents: Sequence[Sequence[int]], depth: int) -> "SuffixIndex":
@@ -84,16 +99,52 @@ class SuffixIndex:
         length = 0
         limit = min(max_match, self.depth, len(context))
         while length < limit and hi > lo:
+            if hi - lo <= FEW_CANDIDATES and length:
+                lo, hi, length = self._extend_all(lo, hi, length, context, limit)
+                break
             token = int(context[len(context) - 1 - length])
-            new_lo, new_hi = self._narrow(lo, hi, length, token)
+            if length < MEMO_LEVELS:
+                matched = tuple(int(t) for t in context[len(context) - 1 - length:])
+                found = self._ranges.get(matched)
+                if found is None:
+                    found = self._ranges[matched] = self._narrow(lo, hi, length, token)
+                new_lo, new_hi = found
+            else:
+                new_lo, new_hi = self._narrow(lo, hi, length, token)
             if new_hi <= new_lo:
                 break
             lo, hi, length = new_lo, new_hi, length + 1
         if length == 0:
-            return Occurrences(0, self.text, np.empty(0, dtype=np.int64))
+            return Occurrences(0, self.text, [], len(self.text))
+        return Occurrences(length, self.text, self._after(lo, hi), len(self.text))
+
+    def _after(self, lo: int, hi: int) -> list[int]:
+        """The positions after the occurrences in [lo, hi) of the order (at most
+        MAX_OCCURRENCES, evenly spread); a wide range's are remembered, like its bounds."""
+        wide = hi - lo > FEW_CANDIDATES
+        if wide and (lo, hi) in self._spread:
+            return self._spread[lo, hi]
         ends = self.order[lo:hi] if hi - lo <= MAX_OCCURRENCES else \
             self.order[np.linspace(lo, hi - 1, MAX_OCCURRENCES).astype(np.int64)]
-        return Occurrences(length, self.text, np.asarray(ends, dtype=np.int64) + 1)
+        after = (np.asarray(ends, dtype=np.int64) + 1).tolist()
+        if wide:
+            self._spread[lo, hi] = after
+        return after
+
+    def _extend_all(self, lo: int, hi: int, length: int, context: Sequence[int], limit: int) -> tuple[int, int, int]:
+        """The narrowing of [lo, hi) (matching `length` tokens) run to the end over its few
+        candidates in plain Python, a token at a time, dropping those that part from the
+        context. What is left is a contiguous run of the order (the candidates that share the
+        longest prefix of the context read backwards), the range the narrowing ends in."""
+        text, n = self.text, len(context)
+        first, positions = lo, self.order[lo:hi].tolist()
+        while length < limit:
+            want = context[n - 1 - length]
+            kept = [(i, p) for i, p in enumerate(positions) if p >= length and text.item(p - length) == want]
+            if not kept:
+                break
+            first, positions, length = first + kept[0][0], [p for _, p in kept], length + 1
+        return first, first + len(positions), length
 
     def _key(self, i: int, offset: int) -> int:
         position = int(self.order[i]) - offset
@@ -126,38 +177,54 @@ class ContextIndex:
     """The current prompt and output, grown in place as rounds commit tokens."""
 
     def __init__(self) -> None:
-        self.text = np.full(1024, SEPARATOR, dtype=np.int32)
-        self.length = 0
+        self.tokens: list[int] = []
+        self.at: dict[int, list[int]] = {}  # token -> its positions, ascending
+        self.pair_at: dict[int, list[int]] = {}  # (token before << 32 | token) -> the latter's positions
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
 
     def sync(self, context: Sequence[int]) -> None:
         """Catch up with `context` (the committed tokens); a shorter one starts over."""
         n = len(context)
-        if n < self.length:
-            self.length = 0
-        if n > len(self.text):
-            grown = np.full(max(n, 2 * len(self.text)), SEPARATOR, dtype=np.int32)
-            grown[:self.length] = self.text[:self.length]
-            self.text = grown
-        if n > self.length:
-            self.text[self.length:n] = np.asarray(context[self.length:n], dtype=np.int32)
-            self.length = n
+        if n < len(self.tokens):
+            self.__init__()
+        tokens, at, pair_at = self.tokens, self.at, self.pair_at
+        for i in range(len(tokens), n):
+            token = int(context[i])
+            tokens.append(token)
+            at.setdefault(token, []).append(i)
+            if i:
+                pair_at.setdefault(tokens[i - 1] << 32 | token, []).append(i)
 
     def longest_match(self, length: int, max_match: int) -> Occurrences:
         """The longest suffix of text[:length] that also occurs earlier in it."""
-        text = self.text
-        if length < 2:
-            return Occurrences(0, text, np.empty(0, dtype=np.int64))
-        ends = np.flatnonzero(text[:length - 1] == text[length - 1])
-        matched = 1 if len(ends) else 0
-        while len(ends) and matched < max_match:
-            behind = ends - matched
-            keep = ends[(behind >= 0) & (text[np.maximum(behind, 0)] == text[length - 1 - matched])]
-            if not len(keep):
+        text = self.tokens
+        if length < 2 or max_match < 1:
+            return Occurrences(0, text, [], length)
+        last = text[length - 1]
+        ends = _before(self.at.get(last, ()), length - 1)
+        if not ends:
+            return Occurrences(0, text, [], length)
+        matched = 1
+        if max_match > 1:
+            paired = _before(self.pair_at.get(text[length - 2] << 32 | last, ()), length - 1)
+            if paired:
+                ends, matched = paired, 2
+        while matched < max_match:
+            want = text[length - 1 - matched]
+            keep = [e for e in ends if e >= matched and text[e - matched] == want]
+            if not keep:
                 break
             ends, matched = keep, matched + 1
-        if len(ends) > MAX_OCCURRENCES:  # the latest occurrences: recent text predicts best
-            ends = ends[-MAX_OCCURRENCES:]
-        return Occurrences(matched, text[:length], ends + 1)
+        # the latest occurrences (recent text predicts best)
+        return Occurrences(matched, text, [e + 1 for e in ends[-MAX_OCCURRENCES:]], length)
+
+
+def _before(positions: Sequence[int], end: int) -> list[int]:
+    """The ascending `positions` below `end`."""
+    return list(positions[:bisect_left(positions, end)]) if positions else []
 
 
 def concatenate(documents: Sequence[Sequence[int]]) -> np.ndarray:
@@ -181,9 +248,6 @@ class Continuation:
     score: float
 
 
-FEW = 64  # occurrences counted in Python rather than with np.unique
-
-
 def continue_occurrences(sources: Sequence[Occurrences], max_tokens: int, min_prob: float,
                          first_rank: int = 1) -> Continuation:
     """Follow the occurrences forward, most frequent next token first (SuffixDecoding's
@@ -191,28 +255,23 @@ def continue_occurrences(sources: Sequence[Occurrences], max_tokens: int, min_pr
     draft stops when the product of the chosen tokens' frequencies falls below min_prob.
     `first_rank` r > 1 starts from the r-th most frequent next token instead (nothing where
     fewer than r tokens followed), the way SuffixDecoding's tree holds other continuations."""
-    live = [(s.text, s.after) for s in sources if len(s.after)]
+    live = [(s.text, s.end, s.after) for s in sources if s.after]
     tokens: list[int] = []
     chances: list[float] = []
     chance, cautious, score = 1.0, 1.0, 0.0
     while live and len(tokens) < max_tokens:
         counts: dict[int, int] = {}
         nexts = []
-        for text, after in live:
-            inside = after[after < len(text)]
-            following = text[inside]
-            nexts.append((text, inside, following))
-            if len(following) <= FEW:  # np.unique's fixed cost dwarfs a few tokens' count
-                local: dict[int, int] = {}
-                for value in following.tolist():
-                    if value != SEPARATOR:
-                        local[value] = local.get(value, 0) + 1
-                for value in sorted(local):  # np.unique's order: ties break as they did
-                    counts[value] = counts.get(value, 0) + local[value]
-            else:
-                values, freq = np.unique(following[following != SEPARATOR], return_counts=True)
-                for value, count in zip(values.tolist(), freq.tolist()):
-                    counts[value] = counts.get(value, 0) + count
+        for text, end, after in live:
+            inside = [a for a in after if a < end]
+            following = _read(text, inside)
+            nexts.append((text, end, inside, following))
+            local: dict[int, int] = {}
+            for value in following:
+                if value != SEPARATOR:
+                    local[value] = local.get(value, 0) + 1
+            for value in sorted(local):  # each source's tokens in ascending order: ties break the same way
+                counts[value] = counts.get(value, 0) + local[value]
         total = sum(counts.values())
         if not total:
             break
@@ -230,6 +289,14 @@ def continue_occurrences(sources: Sequence[Occurrences], max_tokens: int, min_pr
         score += cautious
         tokens.append(best)
         chances.append(chance)
-        live = [(text, inside[following == best] + 1) for text, inside, following in nexts]
-        live = [(text, after) for text, after in live if len(after)]
+        live = [(text, end, [a + 1 for a, value in zip(inside, following) if value == best])
+                for text, end, inside, following in nexts]
+        live = [source for source in live if source[2]]
     return Continuation(tokens, chances, score)
+
+
+def _read(text: Sequence[int], positions: list[int]) -> list[int]:
+    """text[p] for each of `positions`, as Python ints (one gather from an array)."""
+    if isinstance(text, np.ndarray):
+        return text[positions].tolist() if positions else []
+    return [text[p] for p in positions]

@@ -131,6 +131,7 @@ static inline __attribute__((always_inline)) void block4(
         for (int g = 0; g < G; g++) {
             const int xg = g % xgroups;
             const uint8_t *group = codes + ((size_t)b * G + g) * 256 + h * 32;
+            if (h == 0) prefetch_codes(group, 4); /* (the second half reads the lines the first brought) */
             __m256i lo[4], hi[4];
             for (int k = 0; k < 4; k++) {
                 const __m256i raw = _mm256_loadu_si256((const __m256i *)(group + k * 64));
@@ -179,6 +180,7 @@ static inline __attribute__((always_inline)) void block8(
         for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
         for (int g = 0; g < G; g++) {
             const int8_t *group = codes + ((size_t)b * G + g) * 512 + h * 32;
+            if (h == 0) prefetch_codes(group, 8);
             const __m256 s = _mm256_loadu_ps(scale + ((size_t)b * G + g) * BLOCK + h * 8);
             for (int r = 0; r < rows; r++) {
                 const size_t m = m0 + r;

@@ -61,6 +61,23 @@ int attention_block(const float *qkv, int n, int start, int H, int KVH, int D, c
                     float *keys, float *values, int capacity, float scale, const int *parents, float *out,
                     int threads);
 
+/* A weight's codes stream through once per forward, far more bytes than the caches hold and
+ * none of them read again soon, so each group asks for the group PREFETCH_AHEAD bytes further
+ * on (in the same stream: a thread walks its blocks in order) non-temporally: it arrives in
+ * time for the multiply, without pushing out what the rest of the round keeps warm (the
+ * KV cache, the activations, the host's own code and data). Prefetching never faults, so
+ * reading past a weight's end is harmless. */
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 2048
+#endif
+#ifndef PREFETCH_HINT
+#define PREFETCH_HINT _MM_HINT_NTA
+#endif
+
+static inline __attribute__((always_inline)) void prefetch_codes(const void *group, int lines) {
+    for (int k = 0; k < lines; k++) _mm_prefetch((const char *)group + PREFETCH_AHEAD + 64 * k, PREFETCH_HINT);
+}
+
 /* The columns of one block that exist (the last block of a weight may be partial). */
 static inline int block_columns(int b, int N) {
     return N - b * BLOCK < BLOCK ? N - b * BLOCK : BLOCK;

@@ -36,6 +36,7 @@ static VNNI INLINE void block4_vnni(const uint8_t *codes, const float *scale, co
     for (int g = 0; g < G; g++) {
         const int xg = g % xgroups;
         const uint8_t *group = codes + ((size_t)b * G + g) * 256;
+        prefetch_codes(group, 4);
         __m512i lo[4], hi[4];
         for (int k = 0; k < 4; k++) {
             const __m512i raw = _mm512_loadu_si512((const void *)(group + k * 64));
@@ -82,6 +83,7 @@ static VNNI INLINE void block8_vnni(const int8_t *codes, const float *scale, int
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int g = 0; g < G; g++) {
         const int8_t *group = codes + ((size_t)b * G + g) * 512;
+        prefetch_codes(group, 8);
         __m512i shifted[8]; /* w + 128, read unsigned */
         for (int k = 0; k < 8; k++)
             shifted[k] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(group + k * 64)), flip);
