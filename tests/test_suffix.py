@@ -18,6 +18,7 @@ from specdraft.drafters import DraftContext, SuffixDrafter
 from specdraft.drafters.datastore import StoreError, open_store, write_store
 from specdraft.drafters.learned_store import LearnedStore
 from specdraft.drafters.options import SuffixOptions
+from specdraft.drafters import suffix_index
 from specdraft.drafters.suffix_index import (MAX_OCCURRENCES, ContextIndex, Occurrences, SuffixIndex, concatenate,
                                              continue_occurrences)
 from specdraft.learning.policies import build_policy
@@ -95,6 +96,20 @@ def test_long_texts_match_as_brute_force_does_however_often_asked(seed):
                 found = scan.longest_match(end, cap)
                 assert found.length == length
                 assert found.after == sorted(after)[-MAX_OCCURRENCES:]  # the latest occurrences
+
+
+def test_an_index_remembers_a_bounded_number_of_ranges_and_answers_the_same(monkeypatch):
+    monkeypatch.setattr(suffix_index, "MEMO_RANGES", 5)
+    monkeypatch.setattr(suffix_index, "MEMO_SPREADS", 3)
+    rng = random.Random(7)
+    text = repeated_text(rng, 3000, 30)
+    index = SuffixIndex.from_documents([text], 32)
+    for end in range(40, 3000, 41):
+        window = text[end - 32:end]
+        length, after = brute_force(index.text.tolist(), window, 32, self_overlap=False)
+        found = index.longest_match(window, 32)
+        assert found.length == length and set(found.after) <= after
+        assert len(index._ranges) <= 5 and len(index._spread) <= 3
 
 
 def test_a_continuation_reads_a_list_and_an_array_alike():

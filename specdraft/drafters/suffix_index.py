@@ -33,8 +33,11 @@ import numpy as np
 
 SEPARATOR = -1
 MAX_OCCURRENCES = 256  # positions kept per source: enough to rank continuations
-FEW_CANDIDATES = 32  # a range this small is narrowed to the end in one block read
-MEMO_LEVELS = 3  # narrowing steps whose ranges an index remembers
+FEW_CANDIDATES = 32  # a range this small is narrowed to the end in plain Python
+MEMO_LEVELS = 3  # narrowing steps whose ranges an index remembers ...
+# ... up to this many ranges and wide ranges' occurrence lists (then it starts over: the
+# index of a long-lived process's store stays within a few MB)
+MEMO_RANGES, MEMO_SPREADS = 1 << 14, 1 << 10
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class SuffixIndex:
         self.depth = depth
         # The ranges of the first MEMO_LEVELS narrowing steps, by the tokens they matched:
         # those steps search the widest ranges, and contexts keep ending in the same tokens.
+        # And a wide range's spread of occurrences (read-only lists, shared by the lookups).
         self._ranges: dict[tuple[int, ...], tuple[int, int]] = {}
         self._spread: dict[tuple[int, int], list[int]] = {}
 
@@ -107,7 +111,7 @@ class SuffixIndex:
                 matched = tuple(int(t) for t in context[len(context) - 1 - length:])
                 found = self._ranges.get(matched)
                 if found is None:
-                    found = self._ranges[matched] = self._narrow(lo, hi, length, token)
+                    found = _remembered(self._ranges, MEMO_RANGES, matched, self._narrow(lo, hi, length, token))
                 new_lo, new_hi = found
             else:
                 new_lo, new_hi = self._narrow(lo, hi, length, token)
@@ -127,9 +131,7 @@ class SuffixIndex:
         ends = self.order[lo:hi] if hi - lo <= MAX_OCCURRENCES else \
             self.order[np.linspace(lo, hi - 1, MAX_OCCURRENCES).astype(np.int64)]
         after = (np.asarray(ends, dtype=np.int64) + 1).tolist()
-        if wide:
-            self._spread[lo, hi] = after
-        return after
+        return _remembered(self._spread, MEMO_SPREADS, (lo, hi), after) if wide else after
 
     def _extend_all(self, lo: int, hi: int, length: int, context: Sequence[int], limit: int) -> tuple[int, int, int]:
         """The narrowing of [lo, hi) (matching `length` tokens) run to the end over its few
@@ -189,7 +191,7 @@ class ContextIndex:
         """Catch up with `context` (the committed tokens); a shorter one starts over."""
         n = len(context)
         if n < len(self.tokens):
-            self.__init__()
+            self.tokens, self.at, self.pair_at = [], {}, {}
         tokens, at, pair_at = self.tokens, self.at, self.pair_at
         for i in range(len(tokens), n):
             token = int(context[i])
@@ -220,6 +222,14 @@ class ContextIndex:
             ends, matched = keep, matched + 1
         # the latest occurrences (recent text predicts best)
         return Occurrences(matched, text, [e + 1 for e in ends[-MAX_OCCURRENCES:]], length)
+
+
+def _remembered(memo: dict, limit: int, key, value):
+    """memo[key] = value, the memo emptied first when it holds `limit`; returns value."""
+    if len(memo) >= limit:
+        memo.clear()
+    memo[key] = value
+    return value
 
 
 def _before(positions: Sequence[int], end: int) -> list[int]:
