@@ -183,10 +183,6 @@ class ContextIndex:
         self.at: dict[int, list[int]] = {}  # token -> its positions, ascending
         self.pair_at: dict[int, list[int]] = {}  # (token before << 32 | token) -> the latter's positions
 
-    @property
-    def length(self) -> int:
-        return len(self.tokens)
-
     def sync(self, context: Sequence[int]) -> None:
         """Catch up with `context` (the committed tokens); a shorter one starts over."""
         n = len(context)

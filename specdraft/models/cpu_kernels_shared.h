@@ -63,10 +63,10 @@ int attention_block(const float *qkv, int n, int start, int H, int KVH, int D, c
 
 /* A weight's codes stream through once per forward, far more bytes than the caches hold and
  * none of them read again soon, so each group asks for the group PREFETCH_AHEAD bytes further
- * on (in the same stream: a thread walks its blocks in order) non-temporally: it arrives in
- * time for the multiply, without pushing out what the rest of the round keeps warm (the
- * KV cache, the activations, the host's own code and data). Prefetching never faults, so
- * reading past a weight's end is harmless. */
+ * on (in the same stream: a thread walks its blocks in order), so that it arrives in time for
+ * the multiply; non-temporally, since nothing reads it again this forward (whole runs were
+ * faster with that hint than with an ordinary prefetch). Prefetching never faults, so reading
+ * past a weight's end is harmless. Both macros may be set with -D to try other values. */
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 2048
 #endif
