@@ -3,8 +3,9 @@ against another revision's, interleaved in one process (the same model, the same
 the order shuffled per repeat): what a kernel change did, free of the drift between runs.
 
 The other revision's sources (`git show REV:specdraft/models/...`) are compiled as
-`models/native.py` compiles this checkout's; only the C library differs between the two columns, the
-Python around it is this checkout's. A prompt prefill is timed as a forward of its width at
+`models/native.py` compiles this checkout's; only the C library differs between the two columns
+(the decoder layers' call and the output head's block product alike), the Python around it is
+this checkout's. A prompt prefill is timed as a forward of its width at
 context 0.
 
     python benchmarks/kernel_revisions.py --pool profiles/demo.toml --against 3c556b9 \
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from specdraft.models import native, native_layers
+from specdraft.models import block_linear, native, native_layers
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.loading import load_model
 from specdraft.profile import load_profile
@@ -71,7 +72,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for start, width in cases:
                 for name in random.sample(list(libraries), len(libraries)):
-                    native_layers.library = lambda chosen=libraries[name]: chosen
+                    native_layers.library = block_linear.library = lambda chosen=libraries[name]: chosen
                     ids = (torch.arange(width) * 7 % 40000 + 100).view(1, -1)
                     reps = 1 if width > 16 else 10
                     forward(ids, start, 1)

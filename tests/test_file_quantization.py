@@ -285,15 +285,34 @@ def test_int8_rows_fall_back_exactly_where_codes_cannot_be_read():
     assert np.abs(rows.dense() - weight).max() <= np.abs(weight).max(axis=1).max() / 127.0
 
 
-@pytest.mark.parametrize("type_name", ["Q4_1", "Q5_1", "Q8_0"])
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_a_tied_embedding_reads_the_heads_rows_exactly(type_name):
     from specdraft.models.quantized_embedding import TiedEmbedding
 
-    weight = (np.random.default_rng(6).standard_normal((40, 64)) * 0.1).astype(np.float32)
-    terms = block_terms(type_name, quantize(weight, GGMLQuantizationType[type_name]), (40, 64))
+    rows, cols = 45, 512  # the last block of 16 rows padded
+    if type_name.endswith("_K"):
+        data = _random_blocks(type_name, rows, cols, seed=7)
+    else:
+        weight = (np.random.default_rng(6).standard_normal((rows, cols)) * 0.1).astype(np.float32)
+        data = quantize(weight, GGMLQuantizationType[type_name])
+    terms = block_terms(type_name, data, (rows, cols))
     embedding = TiedEmbedding(BlockLinear.of(terms))
-    ids = torch.tensor([[3, 39, 0, 3]])
-    np.testing.assert_array_equal(embedding(ids)[0].numpy(), terms.dense()[[3, 39, 0, 3]].astype(np.float32))
+    ids = torch.tensor([[3, 44, 0, 3, 16, 31, 32]])
+    np.testing.assert_array_equal(embedding(ids)[0].numpy(), _float32_rows(terms)[ids[0].numpy()])
+    np.testing.assert_array_equal(embedding.weight.numpy(), _float32_rows(terms))
+
+
+def _float32_rows(weights) -> np.ndarray:
+    """The kernels' weights in float32 as they define them: code x scale (+ offset), each
+    step rounded, a weight of several 4-bit terms summed over them in order from 0 (the
+    file's exact value where there is one term)."""
+    if isinstance(weights, Int8Codes):
+        return weights.codes.astype(np.float32) * np.repeat(weights.scales.astype(np.float32), 32, axis=1)
+    total = np.zeros(weights.shape, dtype=np.float32)
+    for codes, scales, offsets in zip(weights.codes, weights.scales, weights.offsets):
+        total += codes.astype(np.float32) * np.repeat(scales.astype(np.float32), 32, axis=1) \
+            + np.repeat(offsets.astype(np.float32), 32, axis=1)
+    return total
 
 
 def test_a_draft_head_over_the_quantized_target_keeps_plain_decoding(qtarget):

@@ -76,7 +76,6 @@ class BlockLinear(nn.Module):
         self.register_buffer("scales", scales.float().contiguous())
         self.register_buffer("offsets", offsets.float().contiguous() if offsets is not None else torch.zeros(0))
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
-        self._matmul = library().block_matmul
         self._pointers()
 
     @classmethod
@@ -109,7 +108,8 @@ class BlockLinear(nn.Module):
             return self.forward(x.float().contiguous()).to(x.dtype)
         rows = x.numel() // self.in_features
         out = torch.empty(*x.shape[:-1], self.out_features)  # [..., N]
-        status = self._matmul(x.data_ptr(), rows, self.in_features, self._codes, self._scales, self._offsets,
+        # (looked up per call, not kept: a benchmark swaps the library to time another build's)
+        status = library().block_matmul(x.data_ptr(), rows, self.in_features, self._codes, self._scales, self._offsets,
                               self.bits, self.out_features, self.groups, out.data_ptr(), torch.get_num_threads())
         if status:
             raise MemoryError("the block kernel could not allocate its scratch memory")

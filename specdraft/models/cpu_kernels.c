@@ -180,7 +180,6 @@ static inline __attribute__((always_inline)) void block8(
         for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
         for (int g = 0; g < G; g++) {
             const int8_t *group = codes + ((size_t)b * G + g) * 512 + h * 32;
-            if (h == 0) prefetch_codes(group, 8);
             const __m256 s = _mm256_loadu_ps(scale + ((size_t)b * G + g) * BLOCK + h * 8);
             for (int r = 0; r < rows; r++) {
                 const size_t m = m0 + r;

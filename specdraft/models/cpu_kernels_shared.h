@@ -62,11 +62,13 @@ int attention_block(const float *qkv, int n, int start, int H, int KVH, int D, c
                     int threads);
 
 /* A weight's codes stream through once per forward, far more bytes than the caches hold and
- * none of them read again soon, so each group asks for the group PREFETCH_AHEAD bytes further
- * on (in the same stream: a thread walks its blocks in order), so that it arrives in time for
- * the multiply; non-temporally, since nothing reads it again this forward (whole runs were
- * faster with that hint than with an ordinary prefetch). Prefetching never faults, so reading
- * past a weight's end is harmless. Both macros may be set with -D to try other values. */
+ * none of them read again soon, so each group of a 4-bit product asks for the group
+ * PREFETCH_AHEAD bytes further on (in the same stream: a thread walks its blocks in order), so
+ * that it arrives in time for the multiply; non-temporally, since nothing reads it again this
+ * forward (whole runs were faster with that hint than with an ordinary prefetch). The 8-bit
+ * products do not: with the same prefetch, whole runs whose output head is 8-bit were slower
+ * than without it. Prefetching never faults, so reading past a weight's end is harmless. Both
+ * macros may be set with -D to try other values. */
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 2048
 #endif

@@ -83,7 +83,6 @@ static VNNI INLINE void block8_vnni(const int8_t *codes, const float *scale, int
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int g = 0; g < G; g++) {
         const int8_t *group = codes + ((size_t)b * G + g) * 512;
-        prefetch_codes(group, 8);
         __m512i shifted[8]; /* w + 128, read unsigned */
         for (int k = 0; k < 8; k++)
             shifted[k] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(group + k * 64)), flip);
