@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from heads import HEAD_POOL, PROMPTS, engine_for
 from specdraft.cli import app
-from specdraft.core.sampling import SamplingParams, distributions
+from specdraft.core.sampling import SamplingParams, distributions, greedy_tokens
 from specdraft.drafters import DraftContext
 from specdraft.drafters.head_model import Readout
 from specdraft.models.cached_lm import CachedLM
@@ -82,6 +82,26 @@ def test_the_draft_vocabulary_maps_back_to_target_ids_exactly(target):
         pass
     drafted = drafters[1].propose(PROMPTS[0] + [3, 9], 4)
     assert set(drafted.tokens.tolist()) <= set(ids.tolist())
+
+
+def test_a_greedy_head_drafts_the_argmax_over_the_target_vocabulary_without_building_q(target):
+    """A step's logits stay over the draft vocabulary: the drafted token is still the argmax
+    of the widened logits, q is built only where feedback reads it (soft feedback)."""
+    ids = list(range(VOCAB - 1, 0, -3))  # a draft vocabulary in another order than the target's
+    engine, drafters = engine_for(target, random_head(target, ids), "fixed", draft_length="fixed")
+    context = PROMPTS[1] + [t for r in engine.generate(PROMPTS[1]) for t in r.tokens]
+    head = drafters[1]
+    draft = head.propose(context, 4)
+    head.on_commit(0)
+    assert draft.probs is None and len(draft.tokens) == 4
+    head._greedy = lambda logits: greedy_tokens(head._wide(logits))  # the argmax over the target's ids
+    assert torch.equal(head.propose(context, 4).tokens, draft.tokens)
+    head.on_commit(0)
+    head.ctx = DraftContext(SamplingParams(soft_feedback=True), None, torch.device("cpu"), VOCAB)
+    soft = head.propose(context, 4)
+    assert torch.equal(soft.tokens, draft.tokens) and soft.probs.shape == (4, VOCAB)
+    assert torch.equal(soft.probs.argmax(-1), draft.tokens)
+    torch.testing.assert_close(soft.probs.sum(-1), torch.ones(4, dtype=soft.probs.dtype))
 
 
 def test_a_head_times_its_own_forward_for_traces(target):

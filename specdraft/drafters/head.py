@@ -205,14 +205,23 @@ class HeadDrafter(ModelBackedDrafter):
             return self.empty_draft()
         return super().propose(context, k, stop, runner_up)
 
+    # A draft step's logits stay over the draft vocabulary: greedy drafting takes the argmax
+    # and the confidence there (the target's other tokens have q = 0), and widens them to the
+    # target's vocabulary only where q or a ranking is asked for.
     def _start_draft(self, context: Sequence[int]) -> torch.Tensor:
         cache = self.head_cache
         if cache.length >= len(context):
             cache.crop(len(context) - 1)
-        return cache.widen(cache.consume(context, len(context), keep=1))
+        return cache.consume(context, len(context), keep=1)
 
     def _step(self, token: torch.Tensor) -> torch.Tensor:
-        return self.head_cache.widen(self.head_cache.step(token))
+        return self.head_cache.step(token)
+
+    def _greedy(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.head_cache.readout.vocab_ids[greedy_tokens(logits).to(logits.device)]
+
+    def _wide(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.head_cache.widen(logits)
 
     def _keep(self, n_accepted: int) -> None:
         # Draft pairs were built on predicted features: recompute them from the real ones.
@@ -252,10 +261,10 @@ class HeadDrafter(ModelBackedDrafter):
             for j in range(k):
                 if logits is None:
                     break
-                token = greedy_tokens(logits)
+                token = self._greedy(logits)
                 proposal.append(int(token))
                 if t + j < n:
-                    q = distributions(logits, self.ctx.params).to(probs.device)
+                    q = distributions(self._wide(logits), self.ctx.params).to(probs.device)
                     span.append(float(overlap(probs[t + j : t + j + 1], q)))
                 if j < k - 1:
                     logits = self._step(token)

@@ -103,11 +103,11 @@ class ModelBackedDrafter(Drafter):
         limit = max(k, stop.horizon) if learned else k
         tokens, probs, self._confidences = [], [], []
         ranking: list[torch.Tensor] = []  # each position's scores, when runner-ups are asked for
-        params, generator = self.ctx.params, self.ctx.generator
+        params = self.ctx.params
+        one_hot = params.greedy and not params.soft_feedback  # q not built (`_pick`)
         survive, expected, fed = 1.0, 1.0, 0  # expected: committed tokens, bonus included
         for j in range(limit):
-            q = distributions(logits, params)
-            token = greedy_tokens(logits) if params.greedy else sample(q, generator)  # [1]
+            token, q = self._pick(logits, one_hot)
             if stopping:
                 confidence = self._confidence(logits, q)
                 acceptance = self.calibration.acceptance(confidence)
@@ -123,9 +123,10 @@ class ModelBackedDrafter(Drafter):
                 expected += survive
                 self._confidences.append(confidence)
             tokens.append(token)
-            probs.append(q)
+            if q is not None:
+                probs.append(q)
             if runner_up:  # greedy's q is one-hot: the logits rank the rest
-                ranking.append(logits if params.greedy else q)
+                ranking.append(self._wide(logits) if params.greedy else q)
             if j < limit - 1:
                 if learned and not stop.worth(j + 1, expected, survive):
                     break  # not even a sure next token would pay: skip the forward that would judge it
@@ -135,8 +136,18 @@ class ModelBackedDrafter(Drafter):
         if not tokens:
             return self.empty_draft()
         catch_up = self._catch_up(unseen, first_forward, self.lm.clock() - started - first_forward, fed)
-        return Draft(torch.cat(tokens).to(self.ctx.device), torch.cat(probs).to(self.ctx.device), catch_up,
-                     ranking=tuple(ranking) if runner_up else None)
+        return Draft(torch.cat(tokens).to(self.ctx.device), None if one_hot else torch.cat(probs).to(self.ctx.device),
+                     catch_up, ranking=tuple(ranking) if runner_up else None)
+
+    def _pick(self, logits: torch.Tensor, one_hot: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The drafted token [1] and q [1, V]; q None where it is the argmax's one-hot, which
+        nothing reads under exact greedy feedback: the draft then says so with probs None,
+        as a lookup's does, and no row of the vocabulary's width is built per token."""
+        params = self.ctx.params
+        if one_hot:
+            return self._greedy(logits), None
+        q = distributions(self._wide(logits), params)
+        return (self._greedy(logits) if params.greedy else sample(q, self.ctx.generator)), q
 
     def _catch_up(self, unseen: int, first: float, rest: float, steps: int) -> float:
         """The seconds of a draft's first forward (over `unseen` committed tokens, then `steps`
@@ -152,20 +163,30 @@ class ModelBackedDrafter(Drafter):
             return first * (unseen - 1) / unseen
         return max(0.0, first - self._step_seconds)
 
-    def _confidence(self, logits: torch.Tensor, q: torch.Tensor) -> float:
+    def _confidence(self, logits: torch.Tensor, q: torch.Tensor | None) -> float:
         """The drafter's top probability for its next token (one host read per drafted token,
         paid only while early stopping is on): its temperature-1 softmax under greedy
-        decoding, where q is one-hot."""
+        decoding, where q is one-hot (or not built)."""
         top = torch.softmax(logits.float(), dim=-1).max() if self.ctx.params.greedy else q.max()
         return float(top)
 
+    def _greedy(self, logits: torch.Tensor) -> torch.Tensor:
+        """The drafted token [1] under greedy decoding: the argmax of the step's logits."""
+        return greedy_tokens(logits)
+
+    def _wide(self, logits: torch.Tensor) -> torch.Tensor:
+        """The step's logits over the target's whole vocabulary [1, V] (what `_start_draft` and
+        `_step` give, unless a kind drafts over a vocabulary of its own)."""
+        return logits
+
     @abstractmethod
     def _start_draft(self, context: Sequence[int]) -> torch.Tensor:
-        """Catch up on the committed tokens not yet seen; the last position's logits [1, V]."""
+        """Catch up on the committed tokens not yet seen; the last position's logits ([1, V],
+        or the kind's own vocabulary that `_wide` widens and `_greedy` maps)."""
 
     @abstractmethod
     def _step(self, token: torch.Tensor) -> torch.Tensor:
-        """Feed a drafted token [1]; the logits after it [1, V]."""
+        """Feed a drafted token [1]; the logits after it, as `_start_draft` gives them."""
 
     def _end_draft(self, context: Sequence[int], fed: int) -> None:
         self._drafted_from, self._fed_drafts = len(context), fed
