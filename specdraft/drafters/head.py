@@ -218,7 +218,7 @@ class HeadDrafter(ModelBackedDrafter):
         return self.head_cache.step(token)
 
     def _greedy(self, logits: torch.Tensor) -> torch.Tensor:
-        return self.head_cache.readout.vocab_ids[greedy_tokens(logits).to(logits.device)]
+        return self.head_cache.readout.vocab_ids[greedy_tokens(logits)]
 
     def _wide(self, logits: torch.Tensor) -> torch.Tensor:
         return self.head_cache.widen(logits)
