@@ -83,8 +83,8 @@ def test_the_unrolled_loss_over_ragged_masks_is_the_dense_weighted_one():
     weight = torch.cat([learned[:, 2:], learned[:, -1:]], dim=1).float()
     positions = torch.arange(15).expand(3, -1)
     dense = torch.zeros(())
-    for depth, suffix in enumerate(("", "@2", "@3"), start=1):
-        predicted = head(embeddings, inputs, positions)
+    for (depth, suffix), predicted in zip(enumerate(("", "@2", "@3"), start=1),
+                                          objective.depth_predictions(embeddings, inputs, positions, 3)):
         log_q = F.log_softmax(readout.small(predicted).float(), dim=-1)
         count = weight.sum().clamp_min(1.0)
         kl = ((log_p.exp() * (log_p - log_q)).sum(-1) * weight).sum() / count
@@ -94,9 +94,48 @@ def test_the_unrolled_loss_over_ragged_masks_is_the_dense_weighted_one():
         assert metrics["kl" + suffix] == pytest.approx(float(kl.detach()), rel=1e-5)
         assert metrics["top1" + suffix] == pytest.approx(float(top1), rel=1e-6)
         assert counts[suffix] == float(weight.sum())
-        inputs, embeddings, goal, log_p = predicted[:, :-1], embeddings[:, 1:], goal[:, 1:], log_p[:, 1:]
-        positions, weight = positions[:, 1:], weight[:, 1:]
+        goal, log_p, weight = goal[:, 1:], log_p[:, 1:], weight[:, 1:]
     assert float(loss.detach()) == pytest.approx(float(dense.detach()), rel=1e-5)
+
+
+def test_each_unrolled_depth_predicts_what_the_head_computes_when_it_drafts_that_token():
+    """EAGLE-3's training-time test: the a-th drafted token after the committed text at
+    p - a + 1 is predicted from the head's cache of the real pairs up to there and its own
+    a - 1 drafted steps since; training's depth a at position p must compute exactly that
+    (not attend to its own predictions at every earlier position)."""
+    import copy
+
+    from specdraft.drafters.head import HeadCache
+
+    target = tiny_llama(seed=0, layers=2, scale=6.0).float()
+    tokens = np.random.default_rng(6).integers(3, VOCAB, size=(1, 14)).astype(np.int32)
+    objective = head_objective(target, tokens, None, unroll=3)
+    tokens_t, features, _ = objective.batch(np.arange(1))
+    head = objective.head.eval()
+    with torch.no_grad():
+        embeddings = objective.embed(tokens_t[:, 1:]).float()
+        depths = objective.depth_predictions(embeddings, head.fused(features[:, :-1]), torch.arange(13).view(1, -1), 3)
+    assert [d.shape[1] for d in depths] == [13, 12, 11]
+    drafting = HeadCache(copy.deepcopy(head), target, VOCAB)
+    context = tokens[0].tolist()
+    for depth, predicted in enumerate(depths, start=1):
+        for p in range(depth - 1, 13):
+            drafting.reset()
+            drafting.observe(0, features[0])
+            drafting.consume(context, p - depth + 3, 1)  # the real pairs at positions 0 .. p - depth + 1
+            for b in range(2, depth + 1):  # drafted steps at p - depth + 2 .. p, fed the text's tokens
+                drafting.step(torch.tensor(context[p - depth + b + 1]))
+            torch.testing.assert_close(drafting.last[0, -1], predicted[0, p - depth + 1], rtol=1e-4, atol=1e-4)
+
+
+def test_the_drafting_mask_is_causal_for_one_depth_and_diagonal_beyond():
+    from specdraft.training.head import drafting_mask
+
+    assert torch.equal(drafting_mask([4], torch.device("cpu"))[0, 0], torch.ones(4, 4, dtype=torch.bool).tril())
+    mask = drafting_mask([3, 2], torch.device("cpu"))[0, 0].int()
+    # depth 2 at positions 1, 2: the real pairs up to the position before, and itself
+    assert mask[3].tolist() == [1, 0, 0, 1, 0] and mask[4].tolist() == [1, 1, 0, 0, 1]
+    assert mask[:3, 3:].sum() == 0  # depth 1 never reads a drafted step
 
 
 def test_the_draft_vocabulary_is_the_most_frequent_tokens_plus_the_required_ones():

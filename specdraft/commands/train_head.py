@@ -105,7 +105,8 @@ def _train(opts: TrainHeadOptions, objective: HeadObjective, corpus: Corpus, low
     out, head, bf16 = Path(opts.out), objective.head, objective.settings.bf16
     steps = planned_steps(opts, corpus, DEFAULT_EPOCHS)
     identity = {"vocab": int(head.vocab_ids.numel()), "unroll": opts.unroll, "loss": "answer tokens",
-                "fuse_layers": list(lower), "bf16": bf16}
+                "fuse_layers": list(lower), "bf16": bf16,
+                "later_steps_attend": "as drafted"}  # a checkpoint from before the training-time test is not resumed
 
     def save(step: int, metrics: dict[str, float]) -> None:
         save_head(out, head, {"steps": step, "of_steps": steps, "tokens": int(corpus.tokens.size),

@@ -171,11 +171,13 @@ class DraftHead(nn.Module):
         return self.fuse(torch.cat([lower.flatten(-2), features[..., -h:]], dim=-1))
 
     def forward(self, embeddings: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor,
-                cache: Any = None) -> torch.Tensor:
+                cache: Any = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """embeddings, features: [B, T, H] (token x_{t+1}, g_t: `fused` target features or
-        the head's own prediction); returns the predicted f_{t+1} [B, T, H]."""
+        the head's own prediction); returns the predicted f_{t+1} [B, T, H]. Causal over the
+        T positions unless `attention_mask` ([1, 1, T, T] bool, True: attend) says otherwise."""
         out = self.body(inputs_embeds=self.inputs(embeddings, features), position_ids=position_ids,
-                        use_cache=cache is not None, **{cache_keyword(self.body): cache})
+                        attention_mask=attention_mask, use_cache=cache is not None,
+                        **{cache_keyword(self.body): cache})
         return out.last_hidden_state
 
     def inputs(self, embeddings: torch.Tensor, features: torch.Tensor) -> torch.Tensor:

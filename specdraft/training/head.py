@@ -5,8 +5,10 @@ pull of the predicted feature toward the real one (EAGLE: the regression keeps t
 prediction usable as the next step's input). Input features get a little noise, and with
 `unroll = n` the head also learns draft steps 2..n from its own predictions (EAGLE-3's
 training-time test), so it tolerates its own slightly-wrong features when it drafts
-several tokens. Only tokens a drafter will draft count: the prompts of chat exchanges are
-left out of the loss (the answer mask of the feature set), as `train steer` does.
+several tokens: step a at position p attends to the real pairs up to p - a + 1 and to its
+own steps since, as its cache holds them when it drafts (`drafting_mask`). Only tokens a
+drafter will draft count: the prompts of chat exchanges are left out of the loss (the
+answer mask of the feature set), as `train steer` does.
 """
 
 from __future__ import annotations
@@ -99,10 +101,7 @@ class HeadObjective:
             column = torch.arange(length - 1, device=tokens.device).expand_as(learned_pairs)
         positions = torch.arange(length - 1, device=tokens.device).expand(tokens.shape[0], -1)
         loss, metrics, counts = torch.zeros((), device=tokens.device), {}, {}
-        for depth in range(1, unroll + 1):
-            if goal.shape[1] == 0:
-                break
-            predicted = self.head(embeddings, inputs, positions)
+        for depth, predicted in enumerate(self.depth_predictions(embeddings, inputs, positions, unroll), start=1):
             chosen = learned_pairs[:, depth - 1 :]
             p_rows = log_p if depth == 1 else log_p[column[learned_pairs] >= depth - 1]
             counted = predicted[chosen]
@@ -115,10 +114,29 @@ class HeadObjective:
             metrics["kl" + suffix] = float(kl.detach())
             metrics["top1" + suffix] = float((log_q.argmax(-1) == p_rows.argmax(-1)).float().sum() / count)
             counts[suffix] = float(chosen.sum())
-            # The next depth: each pair's feature is the prediction made one position earlier.
-            inputs, embeddings, goal = predicted[:, :-1], embeddings[:, 1:], goal[:, 1:]
-            positions = positions[:, 1:]
+            goal = goal[:, 1:]
         return loss, metrics, counts
+
+    def depth_predictions(self, embeddings: torch.Tensor, inputs: torch.Tensor, positions: torch.Tensor,
+                          unroll: int) -> list[torch.Tensor]:
+        """The head's predicted features at draft depths 1..unroll, [B, T - d + 1, H] each:
+        depth 1 from the pairs (g_t, x_{t+1}) at positions t, depth d + 1 from depth d's
+        prediction one position earlier and the next token. Each depth attends to the keys
+        of every depth before it (kept in a cache, as drafting keeps them) through
+        `drafting_mask`: what the head's cache holds when it drafts that token, not its own
+        predictions at earlier positions."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.head.layer_config) if unroll > 1 else None
+        lengths: list[int] = []
+        out: list[torch.Tensor] = []
+        while len(out) < unroll and inputs.shape[1] > 0:
+            lengths.append(inputs.shape[1])
+            mask = None if len(lengths) == 1 else drafting_mask(lengths, embeddings.device)[..., -lengths[-1]:, :]
+            predicted = self.head(embeddings, inputs, positions, cache, attention_mask=mask)
+            out.append(predicted)
+            inputs, embeddings, positions = predicted[:, :-1], embeddings[:, 1:], positions[:, 1:]
+        return out
 
     def step(self, step: int) -> tuple[torch.Tensor, dict[str, float]]:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.settings.bf16):
@@ -141,6 +159,24 @@ class HeadObjective:
                 counts[depth] += weights.get(depth, 0.0)
         self.head.train()
         return {name + depth: total / max(1.0, counts[depth]) for (name, depth), total in sums.items()}
+
+
+def drafting_mask(lengths: list[int], device: torch.device) -> torch.Tensor:
+    """Attention over the streams of draft depths 1..d laid end to end ([1, 1, S, S] bool,
+    True: attend), as the head attends when it drafts (EAGLE-3's training-time test).
+    Stream a's element i is the pair at position p = i + a - 1, fed the real feature at depth
+    1 and the head's own prediction from depth a - 1 beyond it. Drafting the a-th token
+    after the committed text at p, the head's cache holds the real pairs up to p - a + 1
+    and the drafted steps since: so a query (a, p) reads depth 1's keys at positions
+    <= p - a + 1 and depth b's key (1 < b <= a) at exactly p - a + b, and nothing else.
+    A causal mask over the one stream (depth 1) is the special case a = 1."""
+    stream = torch.cat([torch.full((n,), a, dtype=torch.long) for a, n in enumerate(lengths, start=1)])
+    position = torch.cat([torch.arange(n) + a - 1 for a, n in enumerate(lengths, start=1)])
+    qa, qp = stream[:, None], position[:, None]
+    kb, kq = stream[None, :], position[None, :]
+    real = (kb == 1) & (kq <= qp - qa + 1)
+    drafted = (kb > 1) & (kb <= qa) & (kq == qp - qa + kb)
+    return (real | drafted)[None, None].to(device)
 
 
 def new_head(target: torch.nn.Module, vocab_ids: torch.Tensor, lower_layers: tuple[int, ...] = ()) -> DraftHead:
