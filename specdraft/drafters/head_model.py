@@ -174,7 +174,8 @@ class DraftHead(nn.Module):
                 cache: Any = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """embeddings, features: [B, T, H] (token x_{t+1}, g_t: `fused` target features or
         the head's own prediction); returns the predicted f_{t+1} [B, T, H]. Causal over the
-        T positions unless `attention_mask` ([1, 1, T, T] bool, True: attend) says otherwise."""
+        cached and the T new positions unless `attention_mask` ([1, 1, T, cached + T] bool,
+        True: attend) says otherwise."""
         out = self.body(inputs_embeds=self.inputs(embeddings, features), position_ids=position_ids,
                         attention_mask=attention_mask, use_cache=cache is not None,
                         **{cache_keyword(self.body): cache})
