@@ -44,7 +44,12 @@ def build_revision(revision: str, folder: Path):
                 sources.append(folder / path.name)
     target = folder / "kernels.so"
     native._build(native.c_compiler(), target, sources)  # as the package builds its own
-    library = native._declared(ctypes.CDLL(str(target)))
+    loaded = ctypes.CDLL(str(target))
+    theirs, ours = native.interface_of(loaded), native.interface_of(native.library())
+    if theirs != ours:  # this checkout's Python would call it with other arguments
+        raise SystemExit(f"{revision}'s kernels take other arguments (interface {theirs}, this checkout's "
+                         f"{ours}): compare revisions of the same interface")
+    library = native._declared(loaded)
     library.kernel_isa(native.kernel_isa())
     return library
 

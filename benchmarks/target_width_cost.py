@@ -1,5 +1,7 @@
 """The target's forward at each verify width, in several formats interleaved on the same
-tokens: the GGUF file's own quantization (`gguf`: the lean forward on specdraft's kernels),
+tokens: the GGUF file's own quantization (`gguf`: the lean forward on specdraft's kernels;
+`gguf-f32-scales`: the same with its block scales held as float32, as before they were kept
+as the file's float16),
 dequantized into float32 (`float32`: packed for oneDNN), into bfloat16 as specdraft runs it
 (`bfloat16`: its weights on the block kernels, float32 arithmetic) and as torch runs it
 (`bfloat16-torch`: oneDNN's bfloat16 products through transformers, what `dtype =
@@ -10,7 +12,7 @@ chains from the root, as a round of three drafters gives, then its first chain k
 a tree round's verify costs against a chain's.
 
     python benchmarks/target_width_cost.py --pool profiles/demo.toml --widths 1,2,3,4,5,6,7,8,9,10,11 \
-        --positions 2000 [--formats gguf,float32,bfloat16,bfloat16-torch] [--tree]
+        --positions 2000 [--formats gguf,gguf-f32-scales,float32,bfloat16,bfloat16-torch] [--tree]
 """
 
 from __future__ import annotations
@@ -24,19 +26,28 @@ import torch
 from forward_timing import interleaved_costs  # benchmarks/, the folder the script runs from
 from specdraft.profile import load_profile
 from specdraft.models.cached_lm import CachedLM
+from specdraft.models import block_linear
 from specdraft.models.block_linear import runs_on_file_quantization
 from specdraft.models.file_quantization import weight_bytes
+from specdraft.models.lean_decoder import LeanDecoder
 from specdraft.models.loading import load_model
 from specdraft.models.packed_linear import pack_linears, packing_problem
 
 
 def load(profile, form: str):
     """The target in `form` (module docstring) and whether it runs the lean forward."""
-    dtype = {"gguf": "auto", "float32": "float32"}.get(form, "bfloat16")
-    spec = dataclasses.replace(profile.target, quantization="gguf" if form == "gguf" else "none",
+    on_file = form.startswith("gguf")
+    dtype = "auto" if on_file else {"float32": "float32"}.get(form, "bfloat16")
+    spec = dataclasses.replace(profile.target, quantization="gguf" if on_file else "none",
                                dtype="float32" if form == "bfloat16-torch" else dtype)
     began = time.perf_counter()
-    target = load_model(spec, str(profile.file), "target")
+    block_linear.HALF_SCALES = form != "gguf-f32-scales"
+    try:
+        target = load_model(spec, str(profile.file), "target")
+        if on_file:  # the fused projections are built here, under the same setting
+            LeanDecoder(target.model)
+    finally:
+        block_linear.HALF_SCALES = True
     if form == "bfloat16-torch":
         target.model.to(torch.bfloat16)
     seconds = time.perf_counter() - began
@@ -97,7 +108,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=200, help="tokens cached before each timed forward")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--positions", type=int, default=2000, help="positions checked for invariance (0: skip)")
-    parser.add_argument("--formats", default="gguf,float32", help="gguf, float32, bfloat16, bfloat16-torch")
+    parser.add_argument("--formats", default="gguf,float32", help="gguf, gguf-f32-scales, float32, bfloat16, bfloat16-torch")
     parser.add_argument("--tree", action="store_true", help="also time a token tree's verify at each size")
     args = parser.parse_args()
     profile = load_profile(args.pool)

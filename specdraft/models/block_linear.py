@@ -21,6 +21,9 @@ from specdraft.models.gguf_blocks import GROUP, Int4Terms, Int8Codes, int8_group
 from specdraft.models.native import library
 
 BLOCK = 16  # output columns per weight block (cpu_kernels_shared.h)
+# Whether layers built from now on keep exact float16 scales as float16 (`compact_scales`);
+# benchmarks/target_width_cost.py turns it off to time the float32 scales beside them.
+HALF_SCALES = True
 
 
 def kernel_layout(terms: Int4Terms) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -55,6 +58,21 @@ def to_blocks(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor |
         None if spread[1] is None else spread[1].contiguous()
 
 
+def compact_scales(scales: torch.Tensor, offsets: torch.Tensor | None) -> tuple:
+    """A weight's scales and offsets as the kernels read them: float16 where every one of
+    both is a float16 exactly (a GGUF file's own block scales, as Q4_0, Q4_1, Q5_* and Q8_0
+    keep them), so each step streams fewer bytes for the same products; else float32. A
+    float16 pair is returned as it is (a fused weight's parts share it)."""
+    both = [scales] if offsets is None else [scales, offsets]
+    if all(t.dtype == torch.float16 for t in both) and HALF_SCALES:
+        return scales.contiguous(), None if offsets is None else offsets.contiguous()
+    wide = [t.float().contiguous() for t in both]
+    narrow = [t.to(torch.float16) for t in wide]
+    if HALF_SCALES and all(torch.equal(n.float(), w) for n, w in zip(narrow, wide)):  # (inf, nan: never equal)
+        wide = [n.contiguous() for n in narrow]
+    return wide[0], None if offsets is None else wide[1]
+
+
 class BlockLinear(nn.Module):
     """y = x W^T + b on the block kernels: W a sum of `terms` 4-bit group weights over x
     (`bits` = 4), int8 codes with a scale per group (`bits` = 8, no offsets), or bfloat16 /
@@ -73,8 +91,9 @@ class BlockLinear(nn.Module):
             self.in_features = scales.shape[1] // BLOCK // terms * GROUP
         self.out_features, self.terms = out_features, terms
         self.register_buffer("codes", codes.contiguous())
-        self.register_buffer("scales", scales.float().contiguous())
-        self.register_buffer("offsets", offsets.float().contiguous() if offsets is not None else torch.zeros(0))
+        scales, offsets = compact_scales(scales, offsets)
+        self.register_buffer("scales", scales)
+        self.register_buffer("offsets", offsets if offsets is not None else torch.zeros(0))
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
         self._pointers()
 
@@ -110,7 +129,8 @@ class BlockLinear(nn.Module):
         out = torch.empty(*x.shape[:-1], self.out_features)  # [..., N]
         # (looked up per call, not kept: a benchmark swaps the library to time another build's)
         status = library().block_matmul(x.data_ptr(), rows, self.in_features, self._codes, self._scales, self._offsets,
-                              self.bits, self.out_features, self.groups, out.data_ptr(), torch.get_num_threads())
+                                        int(self.half_scales), self.bits, self.out_features, self.groups,
+                                        out.data_ptr(), torch.get_num_threads())
         if status:
             raise MemoryError("the block kernel could not allocate its scratch memory")
         if self.bias is not None:
@@ -132,6 +152,7 @@ class BlockLinear(nn.Module):
         if self.bits in (16, 32):  # float weights: their dtype says which (a cast may have changed it)
             self.bits = {torch.bfloat16: 16, torch.float32: 32}[self.codes.dtype]
         self.groups = self.scales.shape[1] // BLOCK if self.bits in (4, 8) else self.in_features // GROUP
+        self.half_scales = self.bits in (4, 8) and self.scales.dtype == torch.float16
         self._codes, self._scales, self._offsets = (self.codes.data_ptr(), self.scales.data_ptr(),
                                                     self.offsets.data_ptr())
 

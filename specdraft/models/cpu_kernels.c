@@ -21,10 +21,15 @@
 #define ROWS 4      /* rows an AVX2 call takes at once: the block's codes are expanded once for them */
 #define VNNI_ROWS 8 /* the same for the VNNI products (cpu_kernels_vnni.c): 32 registers hold more */
 
-void block4_vnni_any(const uint8_t *codes, const float *scale, const float *offset, int G, int xgroups,
+void block4_vnni_any(const uint8_t *codes, const void *scale, const void *offset, int half, int G, int xgroups,
                      const Activations *a, int m0, int rows, int b, int N, float *y, int ldy);
-void block8_vnni_any(const int8_t *codes, const float *scale, int G, const Activations *a, int m0, int rows,
+void block8_vnni_any(const int8_t *codes, const void *scale, int half, int G, const Activations *a, int m0, int rows,
                      int b, int N, float *y, int ldy);
+
+/* The version of the functions' signatures (models/native.py declares them): a benchmark that
+ * loads another revision's build beside this one's compares only builds of the same version.
+ * 2: the block products take `half` (float16 scales); a build without this function is 1. */
+int kernel_interface(void) { return 2; }
 
 static int use_vnni = -1; /* -1: not decided yet */
 
@@ -118,11 +123,17 @@ static inline __attribute__((always_inline)) void store8(const __m256 *acc, int 
     }
 }
 
+/* Eight columns' scales (or offsets) from `at`: float32, or float16 widened exactly. */
+static inline __attribute__((always_inline)) __m256 scales8(const void *p, size_t at, const int half) {
+    if (half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + at)));
+    return _mm256_loadu_ps((const float *)p + at);
+}
+
 /* Rows m0 .. m0 + rows - 1 of 4-bit weight block b, eight columns (one half) at a time. The
  * 16 products of a column and a group add up in int16 (at most 16 x 15 x 127) before one madd. */
 static inline __attribute__((always_inline)) void block4(
-        const uint8_t *codes, const float *scale, const float *offset, int G, int xgroups, const Activations *a,
-        int m0, const int rows, int b, int N, float *y, int ldy) {
+        const uint8_t *codes, const void *scale, const void *offset, const int half, int G, int xgroups,
+        const Activations *a, int m0, const int rows, int b, int N, float *y, int ldy) {
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     const int K = xgroups * GROUP;
     for (int h = 0; h < 2 && b * BLOCK + h * 8 < N; h++) {
@@ -139,7 +150,7 @@ static inline __attribute__((always_inline)) void block4(
                 hi[k] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
             }
             const size_t at = ((size_t)b * G + g) * BLOCK + h * 8;
-            const __m256 s = _mm256_loadu_ps(scale + at), o = _mm256_loadu_ps(offset + at);
+            const __m256 s = scales8(scale, at, half), o = scales8(offset, at, half);
             for (int r = 0; r < rows; r++) {
                 const size_t m = m0 + r;
                 const int8_t *q = a->qx + m * K + xg * GROUP;
@@ -159,20 +170,26 @@ static inline __attribute__((always_inline)) void block4(
     }
 }
 
-static void block4_any(const uint8_t *codes, const float *scale, const float *offset, int G, int xgroups,
-                       const Activations *a, int m0, int rows, int b, int N, float *y, int ldy) {
-    switch (rows) {
-    case 1: block4(codes, scale, offset, G, xgroups, a, m0, 1, b, N, y, ldy); break;
-    case 2: block4(codes, scale, offset, G, xgroups, a, m0, 2, b, N, y, ldy); break;
-    case 3: block4(codes, scale, offset, G, xgroups, a, m0, 3, b, N, y, ldy); break;
-    default: block4(codes, scale, offset, G, xgroups, a, m0, 4, b, N, y, ldy); break;
+/* One specialisation per row count and scale width, so each loop is unrolled for its case. */
+#define ROW_CASES(call, half)                                                                               \
+    switch (rows) {                                                                                         \
+    case 1: call(half, 1); break;                                                                           \
+    case 2: call(half, 2); break;                                                                           \
+    case 3: call(half, 3); break;                                                                           \
+    default: call(half, 4); break;                                                                          \
     }
+
+static void block4_any(const uint8_t *codes, const void *scale, const void *offset, int half, int G, int xgroups,
+                       const Activations *a, int m0, int rows, int b, int N, float *y, int ldy) {
+#define BLOCK4(h, r) block4(codes, scale, offset, h, G, xgroups, a, m0, r, b, N, y, ldy)
+    if (half) ROW_CASES(BLOCK4, 1) else ROW_CASES(BLOCK4, 0)
+#undef BLOCK4
 }
 
 /* The same for int8 codes: maddubs takes |w| and sign(q, w) (each pair at most 2 x 128 x 127). */
 static inline __attribute__((always_inline)) void block8(
-        const int8_t *codes, const float *scale, int G, const Activations *a, int m0, const int rows, int b, int N,
-        float *y, int ldy) {
+        const int8_t *codes, const void *scale, const int half, int G, const Activations *a, int m0, const int rows,
+        int b, int N, float *y, int ldy) {
     const __m256i ones = _mm256_set1_epi16(1);
     const int K = G * GROUP;
     for (int h = 0; h < 2 && b * BLOCK + h * 8 < N; h++) {
@@ -180,7 +197,7 @@ static inline __attribute__((always_inline)) void block8(
         for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
         for (int g = 0; g < G; g++) {
             const int8_t *group = codes + ((size_t)b * G + g) * 512 + h * 32;
-            const __m256 s = _mm256_loadu_ps(scale + ((size_t)b * G + g) * BLOCK + h * 8);
+            const __m256 s = scales8(scale, ((size_t)b * G + g) * BLOCK + h * 8, half);
             for (int r = 0; r < rows; r++) {
                 const size_t m = m0 + r;
                 const int8_t *q = a->qx + m * K + (size_t)g * GROUP;
@@ -198,14 +215,11 @@ static inline __attribute__((always_inline)) void block8(
     }
 }
 
-static void block8_any(const int8_t *codes, const float *scale, int G, const Activations *a, int m0, int rows,
-                       int b, int N, float *y, int ldy) {
-    switch (rows) {
-    case 1: block8(codes, scale, G, a, m0, 1, b, N, y, ldy); break;
-    case 2: block8(codes, scale, G, a, m0, 2, b, N, y, ldy); break;
-    case 3: block8(codes, scale, G, a, m0, 3, b, N, y, ldy); break;
-    default: block8(codes, scale, G, a, m0, 4, b, N, y, ldy); break;
-    }
+static void block8_any(const int8_t *codes, const void *scale, int half, int G, const Activations *a, int m0,
+                       int rows, int b, int N, float *y, int ldy) {
+#define BLOCK8(h, r) block8(codes, scale, h, G, a, m0, r, b, N, y, ldy)
+    if (half) ROW_CASES(BLOCK8, 1) else ROW_CASES(BLOCK8, 0)
+#undef BLOCK8
 }
 
 /* Eight float weights of a block's row k (bits 16: bfloat16, widened exactly; 32: float32). */
@@ -255,8 +269,8 @@ static void block_float_any(const void *w, int bits, int K, const float *x, int 
  * block layout: `bits` 4 (`groups` groups per column, K / 32 per term, with offsets) or 8
  * (K / 32 groups, no offsets). Weight blocks are split evenly between threads; rows go in
  * tiles that share each block's expanded codes. */
-void block_products(const Activations *a, int M, int K, const void *codes, const float *scale, const float *offset,
-                    int bits, int N, int groups, float *y, int ldy, int threads) {
+void block_products(const Activations *a, int M, int K, const void *codes, const void *scale, const void *offset,
+                    int half, int bits, int N, int groups, float *y, int ldy, int threads) {
     const int blocks = (N + BLOCK - 1) / BLOCK, vnni = kernel_isa(-1);
     const int tile = FLOAT_WEIGHTS(bits) ? FLOAT_ROWS : vnni ? VNNI_ROWS : ROWS;
     #pragma omp parallel for num_threads(threads) schedule(static)
@@ -266,23 +280,24 @@ void block_products(const Activations *a, int M, int K, const void *codes, const
             if (FLOAT_WEIGHTS(bits))
                 block_float_any(codes, bits, K, a->x, m0, rows, b, N, y, ldy);
             else if (bits == 8)
-                (vnni ? block8_vnni_any : block8_any)((const int8_t *)codes, scale, K / GROUP, a, m0, rows, b, N, y,
-                                                      ldy);
+                (vnni ? block8_vnni_any : block8_any)((const int8_t *)codes, scale, half, K / GROUP, a, m0, rows, b,
+                                                      N, y, ldy);
             else
-                (vnni ? block4_vnni_any : block4_any)((const uint8_t *)codes, scale, offset, groups, K / GROUP, a, m0,
-                                                      rows, b, N, y, ldy);
+                (vnni ? block4_vnni_any : block4_any)((const uint8_t *)codes, scale, offset, half, groups, K / GROUP,
+                                                      a, m0, rows, b, N, y, ldy);
         }
 }
 
 /* x [M, K] float32 -> y [M, N] float32 for a weight in the block layout (`block_products`:
  * 4-bit codes with offsets, 8-bit codes whose `offset` is not read, or bfloat16 / float32
- * weights, `bits` 16 / 32, that read neither). Returns 0, or -1 when scratch memory cannot
+ * weights, `bits` 16 / 32, that read neither; `half`: the scales and offsets are float16).
+ * Returns 0, or -1 when scratch memory cannot
  * be had. */
-int block_matmul(const float *x, int M, int K, const void *codes, const float *scale, const float *offset,
+int block_matmul(const float *x, int M, int K, const void *codes, const void *scale, const void *offset, int half,
                  int bits, int N, int groups, float *y, int threads) {
     Activations a;
     if (prepare_activations(x, M, K, !FLOAT_WEIGHTS(bits), &a)) return -1;
-    block_products(&a, M, K, codes, scale, offset, bits, N, groups, y, N, threads);
+    block_products(&a, M, K, codes, scale, offset, half, bits, N, groups, y, N, threads);
     free_activations(&a);
     return 0;
 }

@@ -26,8 +26,14 @@ static VNNI INLINE void store16(const __m512 *acc, int rows, int m0, int b, int 
     for (int r = 0; r < rows; r++) _mm512_mask_storeu_ps(y + (size_t)(m0 + r) * ldy + b * BLOCK, lanes, acc[r]);
 }
 
-static VNNI INLINE void block4_vnni(const uint8_t *codes, const float *scale, const float *offset, int G,
-                                    int xgroups, const Activations *a, int m0, const int rows, int b, int N,
+/* Sixteen columns' scales (or offsets) from `at`: float32, or float16 widened exactly. */
+static VNNI INLINE __m512 scales16(const void *p, size_t at, const int half) {
+    if (half) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + at)));
+    return _mm512_loadu_ps((const float *)p + at);
+}
+
+static VNNI INLINE void block4_vnni(const uint8_t *codes, const void *scale, const void *offset, const int half,
+                                    int G, int xgroups, const Activations *a, int m0, const int rows, int b, int N,
                                     float *y, int ldy) {
     const __m512i low = _mm512_set1_epi8(0x0F);
     const int K = xgroups * GROUP;
@@ -44,7 +50,7 @@ static VNNI INLINE void block4_vnni(const uint8_t *codes, const float *scale, co
             hi[k] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
         }
         const size_t at = ((size_t)b * G + g) * BLOCK;
-        const __m512 s = _mm512_loadu_ps(scale + at), o = _mm512_loadu_ps(offset + at);
+        const __m512 s = scales16(scale, at, half), o = scales16(offset, at, half);
         for (int r = 0; r < rows; r++) {
             const size_t m = m0 + r;
             const int8_t *q = a->qx + m * K + xg * GROUP;
@@ -61,22 +67,28 @@ static VNNI INLINE void block4_vnni(const uint8_t *codes, const float *scale, co
     store16(acc, rows, m0, b, N, y, ldy);
 }
 
-VNNI void block4_vnni_any(const uint8_t *codes, const float *scale, const float *offset, int G, int xgroups,
-                          const Activations *a, int m0, int rows, int b, int N, float *y, int ldy) {
-    switch (rows) {
-    case 1: block4_vnni(codes, scale, offset, G, xgroups, a, m0, 1, b, N, y, ldy); break;
-    case 2: block4_vnni(codes, scale, offset, G, xgroups, a, m0, 2, b, N, y, ldy); break;
-    case 3: block4_vnni(codes, scale, offset, G, xgroups, a, m0, 3, b, N, y, ldy); break;
-    case 4: block4_vnni(codes, scale, offset, G, xgroups, a, m0, 4, b, N, y, ldy); break;
-    case 5: block4_vnni(codes, scale, offset, G, xgroups, a, m0, 5, b, N, y, ldy); break;
-    case 6: block4_vnni(codes, scale, offset, G, xgroups, a, m0, 6, b, N, y, ldy); break;
-    case 7: block4_vnni(codes, scale, offset, G, xgroups, a, m0, 7, b, N, y, ldy); break;
-    default: block4_vnni(codes, scale, offset, G, xgroups, a, m0, 8, b, N, y, ldy); break;
+/* One specialisation per row count and scale width, so each loop is unrolled for its case. */
+#define ROW_CASES(call, half)                                                                               \
+    switch (rows) {                                                                                         \
+    case 1: call(half, 1); break;                                                                           \
+    case 2: call(half, 2); break;                                                                           \
+    case 3: call(half, 3); break;                                                                           \
+    case 4: call(half, 4); break;                                                                           \
+    case 5: call(half, 5); break;                                                                           \
+    case 6: call(half, 6); break;                                                                           \
+    case 7: call(half, 7); break;                                                                           \
+    default: call(half, 8); break;                                                                          \
     }
+
+VNNI void block4_vnni_any(const uint8_t *codes, const void *scale, const void *offset, int half, int G, int xgroups,
+                          const Activations *a, int m0, int rows, int b, int N, float *y, int ldy) {
+#define BLOCK4(h, r) block4_vnni(codes, scale, offset, h, G, xgroups, a, m0, r, b, N, y, ldy)
+    if (half) ROW_CASES(BLOCK4, 1) else ROW_CASES(BLOCK4, 0)
+#undef BLOCK4
 }
 
-static VNNI INLINE void block8_vnni(const int8_t *codes, const float *scale, int G, const Activations *a, int m0,
-                                    const int rows, int b, int N, float *y, int ldy) {
+static VNNI INLINE void block8_vnni(const int8_t *codes, const void *scale, const int half, int G,
+                                    const Activations *a, int m0, const int rows, int b, int N, float *y, int ldy) {
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     const int K = G * GROUP;
     __m512 acc[VNNI_ROWS];
@@ -86,7 +98,7 @@ static VNNI INLINE void block8_vnni(const int8_t *codes, const float *scale, int
         __m512i shifted[8]; /* w + 128, read unsigned */
         for (int k = 0; k < 8; k++)
             shifted[k] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(group + k * 64)), flip);
-        const __m512 s = _mm512_loadu_ps(scale + ((size_t)b * G + g) * BLOCK);
+        const __m512 s = scales16(scale, ((size_t)b * G + g) * BLOCK, half);
         for (int r = 0; r < rows; r++) {
             const size_t m = m0 + r;
             const int8_t *q = a->qx + m * K + (size_t)g * GROUP;
@@ -101,16 +113,9 @@ static VNNI INLINE void block8_vnni(const int8_t *codes, const float *scale, int
     store16(acc, rows, m0, b, N, y, ldy);
 }
 
-VNNI void block8_vnni_any(const int8_t *codes, const float *scale, int G, const Activations *a, int m0, int rows,
-                          int b, int N, float *y, int ldy) {
-    switch (rows) {
-    case 1: block8_vnni(codes, scale, G, a, m0, 1, b, N, y, ldy); break;
-    case 2: block8_vnni(codes, scale, G, a, m0, 2, b, N, y, ldy); break;
-    case 3: block8_vnni(codes, scale, G, a, m0, 3, b, N, y, ldy); break;
-    case 4: block8_vnni(codes, scale, G, a, m0, 4, b, N, y, ldy); break;
-    case 5: block8_vnni(codes, scale, G, a, m0, 5, b, N, y, ldy); break;
-    case 6: block8_vnni(codes, scale, G, a, m0, 6, b, N, y, ldy); break;
-    case 7: block8_vnni(codes, scale, G, a, m0, 7, b, N, y, ldy); break;
-    default: block8_vnni(codes, scale, G, a, m0, 8, b, N, y, ldy); break;
-    }
+VNNI void block8_vnni_any(const int8_t *codes, const void *scale, int half, int G, const Activations *a, int m0,
+                          int rows, int b, int N, float *y, int ldy) {
+#define BLOCK8(h, r) block8_vnni(codes, scale, h, G, a, m0, r, b, N, y, ldy)
+    if (half) ROW_CASES(BLOCK8, 1) else ROW_CASES(BLOCK8, 0)
+#undef BLOCK8
 }

@@ -92,16 +92,23 @@ def _build(compiler: str, target: Path, sources: Sequence[Path] = SOURCES) -> No
     os.replace(partial, target)  # atomic: a concurrent process sees the whole file or none
 
 
+def interface_of(loaded: ctypes.CDLL) -> int:
+    """The signatures' version of a build (cpu_kernels.c `kernel_interface`; 1 before it)."""
+    return int(loaded.kernel_interface()) if hasattr(loaded, "kernel_interface") else 1
+
+
 def _declared(loaded: ctypes.CDLL) -> ctypes.CDLL:
     """The kernels' C signatures, so ctypes passes each argument as the C side reads it."""
     pointer, integer = ctypes.c_void_p, ctypes.c_int
+    loaded.kernel_interface.restype = integer
+    loaded.kernel_interface.argtypes = []
     loaded.kernel_isa.restype = integer
     loaded.kernel_isa.argtypes = [integer]
     loaded.vnni_supported.restype = integer
     loaded.vnni_supported.argtypes = []
     loaded.block_matmul.restype = integer
     loaded.block_matmul.argtypes = [pointer, integer, integer, pointer, pointer, pointer, integer, integer, integer,
-                                    pointer, integer]
+                                    integer, pointer, integer]
     loaded.causal_attention.restype = integer
     loaded.causal_attention.argtypes = [pointer, pointer, pointer, integer, integer, integer, integer, integer,
                                         integer, ctypes.c_float, pointer, pointer, integer]
