@@ -78,5 +78,25 @@ def test_a_build_says_which_signatures_it_has_so_benchmarks_never_mix_two():
 
     from specdraft.models.native import interface_of, library
 
-    assert interface_of(library()) == 2  # the products take float16 scales
+    assert interface_of(library()) == 3  # float16 scales (2), rows looked up in C (3)
     assert interface_of(ctypes.CDLL(ctypes.util.find_library("m"))) == 1  # a build from before the version
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+@pytest.mark.parametrize("half", [True, False])
+def test_rows_looked_up_in_c_are_the_tensor_formulas_floats(type_name, half):
+    """A tied embedding's lookup: code x scale (+ offset), terms added, as the tensors do it."""
+    terms = _terms(type_name, 83, 544, seed=2)
+    layer = BlockLinear.of(terms) if half else _with_float32_scales(terms)
+    ids = torch.tensor([0, 82, 17, 17, 64, 5])  # the partial last block, a repeat
+    grouped, scales, offsets = layer._row_layout(ids)
+    if layer.bits == 8:
+        expected = (grouped.float() * scales[..., None]).view(len(ids), 544)
+    else:
+        codes = torch.cat([grouped & 0x0F, grouped >> 4], dim=-1).float()
+        expected = (codes * scales[..., None] + offsets[..., None]).view(len(ids), layer.terms, 544).sum(1)
+    got = layer.rows(ids)
+    assert got.dtype == torch.float32 and torch.equal(got, expected)
+    assert torch.equal(layer.rows(ids[:1]), expected[:1])
+    with pytest.raises(IndexError, match="0 .. 82"):
+        layer.rows(torch.tensor([3, 83]))

@@ -28,8 +28,9 @@ void block8_vnni_any(const int8_t *codes, const void *scale, int half, int G, co
 
 /* The version of the functions' signatures (models/native.py declares them): a benchmark that
  * loads another revision's build beside this one's compares only builds of the same version.
- * 2: the block products take `half` (float16 scales); a build without this function is 1. */
-int kernel_interface(void) { return 2; }
+ * 2: the block products take `half` (float16 scales); 3: block_rows; a build without this
+ * function is 1. */
+int kernel_interface(void) { return 3; }
 
 static int use_vnni = -1; /* -1: not decided yet */
 
@@ -299,6 +300,50 @@ int block_matmul(const float *x, int M, int K, const void *codes, const void *sc
     if (prepare_activations(x, M, K, !FLOAT_WEIGHTS(bits), &a)) return -1;
     block_products(&a, M, K, codes, scale, offset, half, bits, N, groups, y, N, threads);
     free_activations(&a);
+    return 0;
+}
+
+/* One scale or offset of a weight held as float32 or (`half`) float16, widened exactly. */
+static inline float scale_at(const void *p, size_t at, int half) {
+    if (!half) return ((const float *)p)[at];
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(((const uint16_t *)p)[at])));
+}
+
+/* Rows `ids` [n] of a 4-bit (`terms` 1 or 2) or 8-bit weight of N output rows in the block
+ * layout, dequantized into out [n, K]: per group code x scale (+ offset), a 4-bit weight's
+ * terms added in order. The same floats as BlockLinear.rows' tensor arithmetic (one rounding
+ * per product and per sum: the build does not contract them into fused multiply-adds), for
+ * an embedding tied to the head, looked up every step. Returns 0, or -1 for an id outside
+ * 0 .. N - 1 (nothing is written for it). */
+int block_rows(const void *codes, const void *scale, const void *offset, int half, int bits, int N, int groups,
+               int terms, const int64_t *ids, int n, float *out) {
+    const int per_term = groups / terms, K = per_term * GROUP;
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= N) return -1;
+    for (int i = 0; i < n; i++) {
+        const int b = (int)(ids[i] / BLOCK), c = (int)(ids[i] % BLOCK);
+        float *row = out + (size_t)i * K;
+        for (int g = 0; g < groups; g++) {
+            const size_t at = ((size_t)b * groups + g) * BLOCK + c;
+            const float s = scale_at(scale, at, half);
+            float value[GROUP];
+            if (bits == 8) {
+                const int8_t *group = (const int8_t *)codes + ((size_t)b * groups + g) * 512 + 4 * c;
+                for (int j = 0; j < GROUP; j++) value[j] = (float)group[64 * (j / 4) + j % 4] * s;
+            } else {
+                const uint8_t *group = (const uint8_t *)codes + ((size_t)b * groups + g) * 256 + 4 * c;
+                const float o = scale_at(offset, at, half);
+                for (int j = 0; j < 16; j++) {
+                    const uint8_t byte = group[64 * (j / 4) + j % 4];
+                    const float low = (float)(byte & 0x0F) * s, high = (float)(byte >> 4) * s;
+                    value[j] = low + o;
+                    value[j + 16] = high + o;
+                }
+            }
+            float *into = row + (size_t)(g % per_term) * GROUP;
+            for (int j = 0; j < GROUP; j++) into[j] = g < per_term ? value[j] : into[j] + value[j];
+        }
+    }
     return 0;
 }
 

@@ -109,6 +109,9 @@ def _declared(loaded: ctypes.CDLL) -> ctypes.CDLL:
     loaded.block_matmul.restype = integer
     loaded.block_matmul.argtypes = [pointer, integer, integer, pointer, pointer, pointer, integer, integer, integer,
                                     integer, pointer, integer]
+    loaded.block_rows.restype = integer
+    loaded.block_rows.argtypes = [pointer, pointer, pointer, integer, integer, integer, integer, integer, pointer,
+                                  integer, pointer]
     loaded.causal_attention.restype = integer
     loaded.causal_attention.argtypes = [pointer, pointer, pointer, integer, integer, integer, integer, integer,
                                         integer, ctypes.c_float, pointer, pointer, integer]
