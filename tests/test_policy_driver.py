@@ -190,7 +190,7 @@ def test_a_costly_drafter_the_planner_would_not_play_is_not_scored_and_revisited
     assert driver.scored_now() == [True, False, True]
     # Asleep for the choice as well: a learner keeping its old regret would still play it.
     assert all(driver.choose(0).arm != 1 for _ in range(50))
-    assert planner.costly_skips([False, False, False]) == [False] * 3
+    assert not planner.evaluation_skips([False, False, False])[1]  # not costly: the ceiling rule alone
     regret = driver.policy.weights_state[1]
     sat_out = []
     for _ in range(2 * planner.REVISIT_PROMPTS + 2):

@@ -159,9 +159,12 @@ class PolicyDriver:
 
     def _choosable(self, awake: Sequence[bool] | None) -> Sequence[bool] | None:
         if self.policy.full_information and not self.policy.scores_every_arm:
-            # A costly drafter the planner leaves out of evaluation is asleep for the choice
-            # too, and so is one whose hidden states this batch does not collect.
-            sits_out = [c or u for c, u in zip(self.planner.costly_skips(self._costly()), self._unscorable())]
+            # A costly drafter this batch leaves out of evaluation is asleep for the choice
+            # too, and so is one whose hidden states this batch does not collect (the batch's
+            # decision, not the planner's afresh: weighing every arm's draft lengths each
+            # round cost more host time than the rounds it would change).
+            skipped, costly = self.batch_skips(), self._costly() or [False] * len(self.policy.arms)
+            sits_out = [(c and s) or u for c, s, u in zip(costly, skipped, self._unscorable())]
             if any(sits_out):
                 before = awake if awake is not None else [True] * len(sits_out)
                 awake = [a and not s for a, s in zip(before, sits_out)]

@@ -256,7 +256,7 @@ class RoundPlanner:
         ceiling is below the leading arm's estimated speedup cannot be the fastest choice
         whatever its acceptance, until the leader's estimate falls to its ceiling (this
         spares drafters whose every token costs about a target forward); and a `costly` one
-        sits out as `costly_skips` says. Whatever it says, an arm a round drafted with is
+        sits out as `_costly_skips` says. Whatever it says, an arm a round drafted with is
         scored on that round (the driver)."""
         if not self.goodput or not self.dynamic_length:
             return [False] * len(self.arms)
@@ -268,23 +268,17 @@ class RoundPlanner:
             out.append(sits_out or (ceiling is not None and ceiling < leader))
         return out
 
-    def costly_skips(self, costly: Sequence[bool] | None) -> list[bool]:
+    def _costly_skips(self, costly: Sequence[bool] | None, values: list[float | None], leader: float,
+                      rows: list[list[float | None]]) -> list[bool]:
         """Per arm: a `costly` drafter (scored by a forward of its own over every token it
         did not draft, its prompt's prefill first) the planner would not play now: measured,
         not being revisited (every REVISIT_PROMPTS-th prompt it sat out whole: acceptance
         changes with the task), and either not worth drafting at all (its best K is 0: it
         adds nothing to the plain arm) or estimated below COSTLY_MARGIN of the leader's
-        speedup. Scoring it would cost its forwards every round for evidence that changes no
-        choice; the driver also leaves it out of the policy's choice (asleep), since a
-        learner that keeps a sleeping arm's old regret may still favour it."""
-        if not self.goodput or not self.dynamic_length or not any(costly or ()):
-            return [False] * len(self.arms)  # (nothing to estimate: a hot path, once a round)
-        rows = self._seconds_rows()
-        return self._costly_skips(costly, *self._values(rows), rows)
-
-    def _costly_skips(self, costly: Sequence[bool] | None, values: list[float | None], leader: float,
-                      rows: list[list[float | None]]) -> list[bool]:
-        """`costly_skips` from the arms' known values and the leader's (`_values`)."""
+        speedup (`values`, `leader`: `_values`). Scoring it would cost its forwards every
+        round for evidence that changes no choice; the driver also leaves it out of the
+        policy's choice (asleep), since a learner that keeps a sleeping arm's old regret may
+        still favour it."""
         if not any(costly or ()):
             return [False] * len(self.arms)
         out = []
