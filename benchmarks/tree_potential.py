@@ -4,22 +4,30 @@ Per prompt of a `specdraft trace` file, rounds are replayed along the traced tra
 drafter alone commits its accepted run + 1 a round; a tree of several commits the longest of
 their runs + 1 (the target follows its argmax down the merged tree). Each round costs a verify
 at its width (1 + the tokens drafted; no shared prefix merged, so a tree's width is an upper
-bound) plus a one-token forward of the drafter per token it drafted (the trace's costs), in
-units of the target's one-token step.
+bound) plus a one-token forward of the drafter per token it drafted (the trace's costs, each
+drafter's scaled by `--draft-cost NAME=X`), in units of the target's one-token step.
 Draft lengths are capped at each of `--caps`; no planning (every drafter drafts what it would
 at every round), so this bounds what the merged chains add, not what a planner would reach.
+A drafter's run past its first token is the trace's (teacher-forced for a head: its later
+tokens read the target's real features, so a head's runs are optimistic).
 
     specdraft trace --pool profiles/demo.toml --data benchmarks/data/stream-f.jsonl --out trace.jsonl -n 64
     python benchmarks/tree_potential.py trace.jsonl --widths 1,1.00,1.17,1.46,1.49,1.57,1.63,1.82,1.84,2.01,2.04
 
 `--widths`: the verify cost at widths 1, 2, .. as multiples of width 1 (e.g. a column of
 README's width table; extended linearly past the last); default the trace's own line.
+`--search`: instead, per task (the prompt id's prefix before "-") and over all prompts, the
+best single drafter at its best cap against the best tree of two or more drafters, each at a
+cap of its own (1, 2, 3, 4 or 6): the most a static tree could give over one drafter.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+
+SEARCH_CAPS = (1, 2, 3, 4, 6)
 
 
 def width_cost(ratios: list[float]):
@@ -30,11 +38,52 @@ def width_cost(ratios: list[float]):
     return cost
 
 
+def replay(prompts: list[dict], members: list[tuple[str, int]], cost, per_token: dict[str, float]) -> tuple:
+    """(committed tokens, seconds in target steps, rounds, verified rows) of a tree of
+    `members` ((drafter, cap) each) replayed on `prompts`."""
+    tokens = seconds = rounds = widths = 0.0
+    for prompt in prompts:
+        lanes = prompt["drafters"]
+        position = 0
+        while position < len(prompt["tokens"]):
+            runs = [min(lanes[m]["run"][position], cap) for m, cap in members]
+            drafted = [min(lanes[m]["drafted"][position], cap) for m, cap in members]
+            width = 1 + sum(drafted)
+            position += max(runs) + 1
+            tokens += max(runs) + 1
+            seconds += cost(width) + sum(per_token[m] * d for (m, _), d in zip(members, drafted))
+            rounds += 1
+            widths += width
+    return tokens, seconds, rounds, widths
+
+
+def search(prompts: list[dict], names: list[str], cost, per_token: dict[str, float]) -> None:
+    tasks = sorted({p.get("id", "").split("-")[0] for p in prompts})
+    for task in [None, *tasks] if len(tasks) > 1 else [None]:
+        chosen = [p for p in prompts if task is None or p.get("id", "").split("-")[0] == task]
+
+        def rate(members):
+            tokens, seconds, _, _ = replay(chosen, members, cost, per_token)
+            return tokens / seconds
+
+        single = max((rate([(m, c)]), m, c) for m in names for c in range(1, 9))
+        trees = ([(m, c) for m, c in zip(group, caps)] for size in range(2, len(names) + 1)
+                 for group in itertools.combinations(names, size)
+                 for caps in itertools.product(SEARCH_CAPS, repeat=size))
+        best = max((rate(members), members) for members in trees)
+        print(f"{task or 'all'}: best single {single[1]} (cap {single[2]}) est. speedup {single[0]:.3f}; "
+              f"best tree {' + '.join(f'{m} (cap {c})' for m, c in best[1])} {best[0]:.3f} "
+              f"({best[0] / single[0]:.3f}x the single)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trace")
     parser.add_argument("--widths", help="verify cost at widths 1, 2, .. as multiples of width 1")
     parser.add_argument("--caps", default="2,4,6,10", help="draft-length caps to replay")
+    parser.add_argument("--draft-cost", action="append", default=[], metavar="NAME=X",
+                        help="scale drafter NAME's traced draft cost by X (repeatable)")
+    parser.add_argument("--search", action="store_true", help="best single drafter against best static tree")
     args = parser.parse_args()
     lines = [json.loads(line) for line in open(args.trace)]
     header, prompts = lines[0], lines[1:]
@@ -45,28 +94,20 @@ def main() -> None:
     else:
         cost = width_cost([(target["fixed"] + w * target["per_token"]) / step for w in range(1, 3)])
     names = [name for name in header["drafters"] if name != "none"]
+    scale = {name: float(x) for name, x in (item.split("=", 1) for item in args.draft_cost)}
     # A drafter drafts one token a forward: each costs its whole one-token forward.
-    per_token = {name: (header["costs"][name]["fixed"] + header["costs"][name]["per_token"]) / step
-                 for name in names}
+    per_token = {name: scale.get(name, 1.0) * (header["costs"][name]["fixed"] + header["costs"][name]["per_token"])
+                 / step for name in names}
+    if args.search:
+        search(prompts, names, cost, per_token)
+        return
     configs = {name: [name] for name in names}
     for size in range(2, len(names) + 1):
         configs[" + ".join(names[:size])] = names[:size]
     for cap in (int(c) for c in args.caps.split(",")):
         print(f"draft length cap {cap}")
         for label, members in configs.items():
-            tokens = seconds = rounds = widths = 0.0
-            for prompt in prompts:
-                lanes = prompt["drafters"]
-                position = 0
-                while position < len(prompt["tokens"]):
-                    runs = [min(lanes[m]["run"][position], cap) for m in members]
-                    drafted = [min(lanes[m]["drafted"][position], cap) for m in members]
-                    width = 1 + sum(drafted)
-                    position += max(runs) + 1
-                    tokens += max(runs) + 1
-                    seconds += cost(width) + sum(per_token[m] * d for m, d in zip(members, drafted))
-                    rounds += 1
-                    widths += width
+            tokens, seconds, rounds, widths = replay(prompts, [(m, cap) for m in members], cost, per_token)
             print(f"  {label:40s} committed/round {tokens / rounds:.2f}  width {widths / rounds:5.1f}  "
                   f"est. speedup over plain {tokens / seconds:.2f}")
 
