@@ -24,7 +24,8 @@ def interleaved_costs(configs: dict[str, tuple], widths: list[int],
     seconds: dict = {}
     with torch.inference_mode():
         for lm in {id(config[0]): config[0] for config in configs.values()}.values():
-            lm.feed(tokens[:context])
+            if context:  # (context 0: each forward is a prompt's prefill)
+                lm.feed(tokens[:context])
         for repeat in range(repeats + 1):
             for width in widths:
                 for name, (lm, switch, *feed) in configs.items():  # the same block back to back

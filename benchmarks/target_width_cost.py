@@ -108,7 +108,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=200, help="tokens cached before each timed forward")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--positions", type=int, default=2000, help="positions checked for invariance (0: skip)")
-    parser.add_argument("--formats", default="gguf,float32", help="gguf, gguf-f32-scales, float32, bfloat16, bfloat16-torch")
+    parser.add_argument("--formats", default="gguf,float32",
+                        help="gguf, gguf-f32-scales, float32, bfloat16, bfloat16-torch")
     parser.add_argument("--tree", action="store_true", help="also time a token tree's verify at each size")
     args = parser.parse_args()
     profile = load_profile(args.pool)
@@ -121,11 +122,12 @@ def main() -> None:
     if args.tree:
         configs |= {f"{name} tree": (lm, None, feed_tree) for name, (lm, _) in list(configs.items())}
     costs = interleaved_costs(configs, widths, args.context, args.repeats, vocab)
-    print(f"\nforward ms by width (median of {args.repeats}, after {args.context} cached tokens); x = / width 1 "
-          "(of the chain)")
+    base = min(widths)  # (1 unless the widths leave it out)
+    print(f"\nforward ms by width (median of {args.repeats}, after {args.context} cached tokens); x = / width "
+          f"{base} (of the chain)")
     print("width  " + "  ".join(f"{name:>16s}" for name in configs))
     for width in widths:
-        cells = [f"{costs[(name, width)] * 1e3:8.2f} ({costs[(name, width)] / costs[(name.split()[0], 1)]:4.2f}x)"
+        cells = [f"{costs[(name, width)] * 1e3:8.2f} ({costs[(name, width)] / costs[(name.split()[0], base)]:4.2f}x)"
                  for name in configs]
         print(f"{width:5d}  " + "  ".join(f"{cell:>16s}" for cell in cells))
     if args.positions:
