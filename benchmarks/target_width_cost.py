@@ -29,7 +29,7 @@ from specdraft.models.cached_lm import CachedLM
 from specdraft.models import block_linear
 from specdraft.models.block_linear import runs_on_file_quantization
 from specdraft.models.file_quantization import weight_bytes
-from specdraft.models.lean_decoder import LeanDecoder
+from specdraft.models.lean_decoder import LeanDecoder, lean_problem
 from specdraft.models.loading import load_model
 from specdraft.models.packed_linear import pack_linears, packing_problem
 
@@ -44,8 +44,8 @@ def load(profile, form: str):
     block_linear.HALF_SCALES = form != "gguf-f32-scales"
     try:
         target = load_model(spec, str(profile.file), "target")
-        if on_file:  # the fused projections are built here, under the same setting
-            LeanDecoder(target.model)
+        if runs_on_file_quantization(target.model) and lean_problem(target.model) is None:
+            LeanDecoder(target.model)  # its fused projections are built here, under the same setting
     finally:
         block_linear.HALF_SCALES = True
     if form == "bfloat16-torch":

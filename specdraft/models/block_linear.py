@@ -166,20 +166,15 @@ class BlockLinear(nn.Module):
         tied embedding looks its rows up here instead of keeping a second copy)."""
         if self.bits in (16, 32):
             return self.codes.view(self.codes.shape[0], self.in_features, BLOCK)[ids // BLOCK, :, ids % BLOCK].float()
-        if self.terms <= 2 and ids.device.type == "cpu":  # the same floats in one C call (a step's embedding)
-            wanted = ids.to(torch.int64).contiguous()
-            out = torch.empty(len(wanted), self.in_features)
-            if library().block_rows(self._codes, self._scales, self._offsets, int(self.half_scales), self.bits,
-                                    self.out_features, self.groups, self.terms, wanted.data_ptr(), len(wanted),
-                                    out.data_ptr()):
-                raise IndexError(f"row ids outside 0 .. {self.out_features - 1}")
-            return out
-        grouped, scales, offsets = self._row_layout(ids)
-        if self.bits == 8:
-            return (grouped.float() * scales[..., None]).view(len(ids), self.in_features)
-        codes = torch.cat([grouped & 0x0F, grouped >> 4], dim=-1).float()  # [n, G, 32]
-        values = codes * scales[..., None] + offsets[..., None]
-        return values.view(len(ids), self.terms, self.in_features).sum(1)
+        # code x scale (+ offset) per group, the terms added in order, in one C call (a step's
+        # embedding: a dozen tensor operations cost several times the lookup)
+        wanted = ids.to("cpu", torch.int64).contiguous()
+        out = torch.empty(len(wanted), self.in_features)
+        if library().block_rows(self._codes, self._scales, self._offsets, int(self.half_scales), self.bits,
+                                self.out_features, self.groups, self.terms, wanted.data_ptr(), len(wanted),
+                                out.data_ptr()):
+            raise IndexError(f"row ids outside 0 .. {self.out_features - 1}")
+        return out
 
     def subset(self, ids: torch.Tensor) -> "BlockLinear":
         """A layer of output rows `ids` [n] of this one, their codes as they are (the same

@@ -309,11 +309,11 @@ static inline float scale_at(const void *p, size_t at, int half) {
     return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(((const uint16_t *)p)[at])));
 }
 
-/* Rows `ids` [n] of a 4-bit (`terms` 1 or 2) or 8-bit weight of N output rows in the block
+/* Rows `ids` [n] of a 4-bit (`terms` terms) or 8-bit weight of N output rows in the block
  * layout, dequantized into out [n, K]: per group code x scale (+ offset), a 4-bit weight's
- * terms added in order. The same floats as BlockLinear.rows' tensor arithmetic (one rounding
- * per product and per sum: the build does not contract them into fused multiply-adds), for
- * an embedding tied to the head, looked up every step. Returns 0, or -1 for an id outside
+ * terms added in order, one rounding per product and per sum (the build does not contract
+ * them into fused multiply-adds): BlockLinear.rows, for an embedding tied to the head,
+ * looked up every step. Returns 0, or -1 for an id outside
  * 0 .. N - 1 (nothing is written for it). */
 int block_rows(const void *codes, const void *scale, const void *offset, int half, int bits, int N, int groups,
                int terms, const int64_t *ids, int n, float *out) {
