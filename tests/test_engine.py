@@ -356,20 +356,27 @@ def test_batched_evaluation_gives_the_same_gammas_as_per_round(target, pool, upd
 
 def test_a_lookup_scored_on_the_committed_tokens_gets_what_the_targets_distribution_gives(target, monkeypatch):
     """Under greedy decoding a token-id drafter is scored against the committed tokens (no
-    one-hot distribution built): on every evaluated batch its gammas must equal, exactly,
-    what the target's distributions give."""
+    one-hot distribution built), and so is the plain arm (0 everywhere): on every
+    evaluated batch their gammas must equal, exactly, what the target's distributions
+    give, and no distribution is built for them."""
+    import specdraft.decoding.evaluation as evaluation
     from specdraft.decoding.evaluation import PoolEvaluator
 
     ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), VOCAB)
     pool = [NgramDrafter("lookup", ctx, 1, 3), NgramDrafter("bigram", ctx, 2, 2), PlainDecoding(ctx)]
-    scored, evaluate = [], PoolEvaluator.__call__
+    scored, evaluate, built = [], PoolEvaluator.__call__, []
+    build = evaluation.distributions
+    monkeypatch.setattr(evaluation, "distributions", lambda *a: built.append(1) or build(*a))
 
     def both_ways(self, rounds, skip=()):
-        assert self.by_tokens == [True, True, False]
+        assert self.by_tokens == [True, True, True]
         by_tokens = evaluate(self, rounds, skip)
+        assert not built  # nothing in this pool needs the target's distributions
         self.by_tokens = [False] * len(pool)  # (lookups keep no state that scoring changes)
         assert evaluate(self, rounds, skip) == by_tokens
-        self.by_tokens = [True, True, False]
+        assert built
+        built.clear()
+        self.by_tokens = [True, True, True]
         scored.extend(g for gammas in by_tokens for g in gammas[:2] if g is not None)
         return by_tokens
 

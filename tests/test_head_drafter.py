@@ -4,6 +4,8 @@ timing, the handed-over features, and a head a profile names that is missing."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -41,9 +43,27 @@ def test_full_information_scores_equal_a_fresh_draft_at_each_position(target, pa
     """What the evaluator scores the head with at a committed position is the first-token
     alignment of a draft made from scratch there (trajectory_scores recomputes it), also
     for a head that reads lower target layers (handed over with the verify)."""
+    gammas, fresh = scores_and_fresh_drafts(target, random_head(target, list(range(40)), lower_layers=lower), params)
+    assert len(gammas) == len(fresh) > 10
+    assert gammas == pytest.approx(fresh, abs=1e-9)
+
+
+def test_greedy_scores_of_a_head_right_at_some_positions_equal_a_fresh_draft_there(target):
+    """Under greedy decoding a head is scored by whether its greedy token is the committed
+    one (no distribution built): a head whose vocabulary is the token the target commits
+    most (never twice in a row here) is right there and wrong elsewhere, so a score read
+    off the wrong position shows."""
+    (common, count), = Counter(plain_greedy(target, PROMPTS[2], 32)).most_common(1)
+    gammas, fresh = scores_and_fresh_drafts(target, random_head(target, [common]), SamplingParams())
+    assert sum(fresh) >= 3
+    assert gammas == fresh
+
+
+def scores_and_fresh_drafts(target, head, params: SamplingParams) -> tuple[list[float], list[float]]:
+    """The evaluator's scores of `head` over a generation of PROMPTS[2] (lookup drafting),
+    and the first-token alignment of a draft made from scratch at each position."""
     generator = torch.Generator().manual_seed(0)
-    engine, drafters = engine_for(target, random_head(target, list(range(40)), lower_layers=lower), "fixed",
-                                  params=params,
+    engine, drafters = engine_for(target, head, "fixed", params=params,
                                   drafter="lookup", evaluate="all", update_every=1,
                                   reset="never")  # "prompt" would leave the prompt's last round unscored
     engine.generator = generator
@@ -56,9 +76,7 @@ def test_full_information_scores_equal_a_fresh_draft_at_each_position(target, pa
             gammas.extend(g[1])
         context.extend(record.tokens)
     p = distributions(CachedLM(target).uncached_logits(context)[len(prompt) - 1 : -1], params)
-    fresh = drafters[1].trajectory_scores(context, len(prompt), p, 3).alpha
-    assert len(gammas) == len(fresh) > 10
-    assert gammas == pytest.approx(fresh, abs=1e-9)
+    return gammas, drafters[1].trajectory_scores(context, len(prompt), p, 3).alpha
 
 
 def test_the_draft_vocabulary_maps_back_to_target_ids_exactly(target):

@@ -51,8 +51,10 @@ class PoolEvaluator:
         self.costly = [drafter.scored_by_own_forward for drafter in drafters]
         self.from_hidden = [bool(drafter.hidden_layers) for drafter in drafters]
         # Greedy one-hot p: 1 - TV(p, q) of a token-id drafter is 1[its token == committed].
-        self.by_tokens = [params.greedy and not params.soft_feedback and drafter.token_ids_only
-                          for drafter in drafters]
+        # The plain arm proposes nothing (its gammas are 0 under any decoding): scored from
+        # the distributions, it alone would make every greedy evaluation build them.
+        self.by_tokens = [drafter.kind == "none" or (params.greedy and not params.soft_feedback
+                                                     and drafter.token_ids_only) for drafter in drafters]
 
     def __call__(self, rounds: Sequence[RoundOutcome], skip: Sequence[bool] = ()) -> list[Gammas]:
         batch = _Batch(rounds, self.params)

@@ -235,10 +235,19 @@ class HeadDrafter(ModelBackedDrafter):
         upto = start + count - 1
         scorable = min(count, upto - max(1, cache.length))  # position 1 has no pair before it
         gammas = target_probs.new_zeros(count)
-        if scorable > 0:
-            logits = cache.widen(cache.consume(context, upto, keep=scorable))
-            q = distributions(logits, self.ctx.params).to(target_probs.device)
-            gammas[count - scorable:] = overlap(target_probs[count - scorable:], q)
+        if scorable <= 0:
+            return gammas
+        logits = cache.consume(context, upto, keep=scorable)
+        params = self.ctx.params
+        if params.greedy and not params.soft_feedback:
+            # One-hot p and q: gamma is whether the token the head would draft is the one
+            # committed (the target's argmax), without widening its logits to the target's
+            # vocabulary and building both distributions there.
+            committed = torch.tensor(context[start + count - scorable : start + count], device=logits.device)
+            gammas[count - scorable:] = (self._greedy(logits) == committed).to(gammas.device, gammas.dtype)
+            return gammas
+        q = distributions(cache.widen(logits), params).to(target_probs.device)
+        gammas[count - scorable:] = overlap(target_probs[count - scorable:], q)
         return gammas
 
     @torch.inference_mode()
