@@ -1,7 +1,7 @@
 """The target's forward at each verify width, in several formats interleaved on the same
 tokens: the GGUF file's own quantization (`gguf`: the lean forward on specdraft's kernels;
 `gguf-f32-scales`: the same with its block scales held as float32, as before they were kept
-as the file's float16),
+in their compact forms, models/scale_forms.py),
 dequantized into float32 (`float32`: packed for oneDNN), into bfloat16 as specdraft runs it
 (`bfloat16`: its weights on the block kernels, float32 arithmetic) and as torch runs it
 (`bfloat16-torch`: oneDNN's bfloat16 products through transformers, what `dtype =

@@ -19,10 +19,12 @@ from torch import nn
 
 from specdraft.models.gguf_blocks import GROUP, Int4Terms, Int8Codes, int8_groups
 from specdraft.models.native import library
+from specdraft.models.scale_forms import FLOAT32, compact, decoded, form_of
 
 BLOCK = 16  # output columns per weight block (cpu_kernels_shared.h)
-# Whether layers built from now on keep exact float16 scales as float16 (`compact_scales`);
-# benchmarks/target_width_cost.py turns it off to time the float32 scales beside them.
+_GROUP_BYTES = {4: 256, 8: 512}  # a group's codes in one block, by bits
+# Whether layers built from now on keep their scales in the smallest exact form
+# (scale_forms.compact); benchmarks/target_width_cost.py turns it off to time float32 scales.
 HALF_SCALES = True
 
 
@@ -58,21 +60,6 @@ def to_blocks(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor |
         None if spread[1] is None else spread[1].contiguous()
 
 
-def compact_scales(scales: torch.Tensor, offsets: torch.Tensor | None) -> tuple:
-    """A weight's scales and offsets as the kernels read them: float16 where every one of
-    both is a float16 exactly (a GGUF file's own block scales, as Q4_0, Q4_1, Q5_* and Q8_0
-    keep them), so each step streams fewer bytes for the same products; else float32. A
-    float16 pair is returned as it is (a fused weight's parts share it)."""
-    both = [scales] if offsets is None else [scales, offsets]
-    if all(t.dtype == torch.float16 for t in both) and HALF_SCALES:
-        return scales.contiguous(), None if offsets is None else offsets.contiguous()
-    wide = [t.float().contiguous() for t in both]
-    narrow = [t.to(torch.float16) for t in wide]
-    if HALF_SCALES and all(torch.equal(n.float(), w) for n, w in zip(narrow, wide)):  # (inf, nan: never equal)
-        wide = [n.contiguous() for n in narrow]
-    return wide[0], None if offsets is None else wide[1]
-
-
 class BlockLinear(nn.Module):
     """y = x W^T + b on the block kernels: W a sum of `terms` 4-bit group weights over x
     (`bits` = 4), int8 codes with a scale per group (`bits` = 8, no offsets), or bfloat16 /
@@ -88,10 +75,11 @@ class BlockLinear(nn.Module):
             self.in_features = float_inputs
         else:
             self.bits = 4 if offsets is not None else 8
-            self.in_features = scales.shape[1] // BLOCK // terms * GROUP
+            self.in_features = codes.shape[1] // _GROUP_BYTES[self.bits] // terms * GROUP
         self.out_features, self.terms = out_features, terms
         self.register_buffer("codes", codes.contiguous())
-        scales, offsets = compact_scales(scales, offsets)
+        if self.bits in (4, 8):
+            scales, offsets = compact(scales, offsets, terms, HALF_SCALES)
         self.register_buffer("scales", scales)
         self.register_buffer("offsets", offsets if offsets is not None else torch.zeros(0))
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
@@ -129,7 +117,7 @@ class BlockLinear(nn.Module):
         out = torch.empty(*x.shape[:-1], self.out_features)  # [..., N]
         # (looked up per call, not kept: a benchmark swaps the library to time another build's)
         status = library().block_matmul(x.data_ptr(), rows, self.in_features, self._codes, self._scales, self._offsets,
-                                        int(self.half_scales), self.bits, self.out_features, self.groups,
+                                        self.scale_form, self.bits, self.out_features, self.groups,
                                         out.data_ptr(), torch.get_num_threads())
         if status:
             raise MemoryError("the block kernel could not allocate its scratch memory")
@@ -151,8 +139,9 @@ class BlockLinear(nn.Module):
         """The buffers' addresses, read once (a step calls this layer a hundred times)."""
         if self.bits in (16, 32):  # float weights: their dtype says which (a cast may have changed it)
             self.bits = {torch.bfloat16: 16, torch.float32: 32}[self.codes.dtype]
-        self.groups = self.scales.shape[1] // BLOCK if self.bits in (4, 8) else self.in_features // GROUP
-        self.half_scales = self.bits in (4, 8) and self.scales.dtype == torch.float16
+        self.groups = self.codes.shape[1] // _GROUP_BYTES[self.bits] if self.bits in (4, 8) \
+            else self.in_features // GROUP
+        self.scale_form = form_of(self.scales) if self.bits in (4, 8) else FLOAT32
         self._codes, self._scales, self._offsets = (self.codes.data_ptr(), self.scales.data_ptr(),
                                                     self.offsets.data_ptr())
 
@@ -170,7 +159,7 @@ class BlockLinear(nn.Module):
         # embedding: a dozen tensor operations cost several times the lookup)
         wanted = ids.to("cpu", torch.int64).contiguous()
         out = torch.empty(len(wanted), self.in_features)
-        if library().block_rows(self._codes, self._scales, self._offsets, int(self.half_scales), self.bits,
+        if library().block_rows(self._codes, self._scales, self._offsets, self.scale_form, self.bits,
                                 self.out_features, self.groups, self.terms, wanted.data_ptr(), len(wanted),
                                 out.data_ptr()):
             raise IndexError(f"row ids outside 0 .. {self.out_features - 1}")
@@ -190,8 +179,8 @@ class BlockLinear(nn.Module):
         block, lane = ids // BLOCK, ids % BLOCK
         blocks, groups = self.codes.shape[0], self.groups
 
-        def per_group(t: torch.Tensor) -> torch.Tensor:  # [n, G] of a [NB, G * 16] buffer
-            return t.view(blocks, groups, BLOCK)[block, :, lane]
+        def per_group(t: torch.Tensor) -> torch.Tensor:  # [n, G] of a [NB, G * 16] buffer, in float32
+            return decoded(t).view(blocks, groups, BLOCK)[block, :, lane]
 
         chunks = 8 if self.bits == 8 else 4
         grouped = self.codes.view(blocks, groups, chunks, BLOCK, 4)[block, :, :, lane, :].reshape(len(ids), groups, -1)

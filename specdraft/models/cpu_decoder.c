@@ -11,11 +11,11 @@
 #include "cpu_kernels_shared.h"
 
 /* A weight in the block layout (block_linear.BlockLinear): `bits` 4 (offsets), 8, or 16 / 32
- * (bfloat16 / float32 weights, no scales); `half`: its scales and offsets are float16. */
+ * (bfloat16 / float32 weights, no scales); `form`: how its scales and offsets are held (cpu_kernels_shared.h). */
 typedef struct {
     const void *codes, *scale, *offset; /* offset NULL for 8 bits */
     const float *bias;                  /* NULL when none */
-    int N, groups, bits, half;
+    int N, groups, bits, form;
 } Matrix;
 
 #define MAX_PARTS 3 /* a projection stored as up to three matrices side by side (q, k, v) */
@@ -46,7 +46,7 @@ static int project(const float *x, int n, int K, const Matrix *parts, int count,
     int column = 0;
     for (int p = 0; p < count; p++) {
         const Matrix *w = &parts[p];
-        block_products(&a, n, K, w->codes, w->scale, w->offset, w->half, w->bits, w->N, w->groups, y + column, width,
+        block_products(&a, n, K, w->codes, w->scale, w->offset, w->form, w->bits, w->N, w->groups, y + column, width,
                        threads);
         if (w->bias)
             for (int r = 0; r < n; r++)

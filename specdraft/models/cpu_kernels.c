@@ -21,16 +21,16 @@
 #define ROWS 4      /* rows an AVX2 call takes at once: the block's codes are expanded once for them */
 #define VNNI_ROWS 8 /* the same for the VNNI products (cpu_kernels_vnni.c): 32 registers hold more */
 
-void block4_vnni_any(const uint8_t *codes, const void *scale, const void *offset, int half, int G, int xgroups,
+void block4_vnni_any(const uint8_t *codes, const void *scale, const void *offset, int form, int G, int xgroups,
                      const Activations *a, int m0, int rows, int b, int N, float *y, int ldy);
-void block8_vnni_any(const int8_t *codes, const void *scale, int half, int G, const Activations *a, int m0, int rows,
+void block8_vnni_any(const int8_t *codes, const void *scale, int form, int G, const Activations *a, int m0, int rows,
                      int b, int N, float *y, int ldy);
 
 /* The version of the functions' signatures (models/native.py declares them): a benchmark that
  * loads another revision's build beside this one's compares only builds of the same version.
- * 2: the block products take `half` (float16 scales); 3: block_rows; a build without this
- * function is 1. */
-int kernel_interface(void) { return 3; }
+ * 2: the block products take `half` (float16 scales); 3: block_rows; 4: `half` became `form`
+ * (SCALES_FACTORED added); a build without this function is 1. */
+int kernel_interface(void) { return 4; }
 
 static int use_vnni = -1; /* -1: not decided yet */
 
@@ -124,22 +124,38 @@ static inline __attribute__((always_inline)) void store8(const __m256 *acc, int 
     }
 }
 
-/* Eight columns' scales (or offsets) from `at`: float32, or float16 widened exactly. */
-static inline __attribute__((always_inline)) __m256 scales8(const void *p, size_t at, const int half) {
-    if (half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + at)));
+/* Eight columns' scales (or offsets), columns 8h .. 8h + 7 of block b's group g (G groups):
+ * float32, or float16 widened exactly. */
+static inline __attribute__((always_inline)) __m256 scales8(const void *p, int b, int G, int g, int h,
+                                                            const int form) {
+    const size_t at = ((size_t)b * G + g) * BLOCK + h * 8;
+    if (form == SCALES_FLOAT16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + at)));
     return _mm256_loadu_ps((const float *)p + at);
+}
+
+/* The factored form (cpu_kernels_shared.h), the same eight columns: the d's of the super-block
+ * holding group g, widened, and group g's values, its factors times those d's (exact). */
+static inline __attribute__((always_inline)) __m256 supers8(const void *p, int b, int G, int g, int h) {
+    const uint16_t *supers = (const uint16_t *)((const uint8_t *)p + (size_t)b * G * FACTORED_BYTES + (size_t)G * BLOCK);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(supers + (g / SUPER_GROUPS) * BLOCK + h * 8)));
+}
+
+static inline __attribute__((always_inline)) __m256 factored8(const void *p, int b, int G, int g, int h, __m256 d) {
+    const uint8_t *factors = (const uint8_t *)p + (size_t)b * G * FACTORED_BYTES + (size_t)g * BLOCK + h * 8;
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)factors))), d);
 }
 
 /* Rows m0 .. m0 + rows - 1 of 4-bit weight block b, eight columns (one half) at a time. The
  * 16 products of a column and a group add up in int16 (at most 16 x 15 x 127) before one madd. */
 static inline __attribute__((always_inline)) void block4(
-        const uint8_t *codes, const void *scale, const void *offset, const int half, int G, int xgroups,
+        const uint8_t *codes, const void *scale, const void *offset, const int form, int G, int xgroups,
         const Activations *a, int m0, const int rows, int b, int N, float *y, int ldy) {
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     const int K = xgroups * GROUP;
     for (int h = 0; h < 2 && b * BLOCK + h * 8 < N; h++) {
         __m256 acc[ROWS];
         for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
+        __m256 ds = _mm256_setzero_ps(), dm = ds; /* factored form: the super-block's d's, read once per 8 groups */
         for (int g = 0; g < G; g++) {
             const int xg = g % xgroups;
             const uint8_t *group = codes + ((size_t)b * G + g) * 256 + h * 32;
@@ -150,8 +166,10 @@ static inline __attribute__((always_inline)) void block4(
                 lo[k] = _mm256_and_si256(raw, low);
                 hi[k] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
             }
-            const size_t at = ((size_t)b * G + g) * BLOCK + h * 8;
-            const __m256 s = scales8(scale, at, half), o = scales8(offset, at, half);
+            if (form == SCALES_FACTORED && g % SUPER_GROUPS == 0)
+                ds = supers8(scale, b, G, g, h), dm = supers8(offset, b, G, g, h);
+            const __m256 s = form == SCALES_FACTORED ? factored8(scale, b, G, g, h, ds) : scales8(scale, b, G, g, h, form);
+            const __m256 o = form == SCALES_FACTORED ? factored8(offset, b, G, g, h, dm) : scales8(offset, b, G, g, h, form);
             for (int r = 0; r < rows; r++) {
                 const size_t m = m0 + r;
                 const int8_t *q = a->qx + m * K + xg * GROUP;
@@ -171,25 +189,25 @@ static inline __attribute__((always_inline)) void block4(
     }
 }
 
-/* One specialisation per row count and scale width, so each loop is unrolled for its case. */
-#define ROW_CASES(call, half)                                                                               \
+/* One specialisation per row count and scale form, so each loop is unrolled for its case. */
+#define ROW_CASES(call, form)                                                                               \
     switch (rows) {                                                                                         \
-    case 1: call(half, 1); break;                                                                           \
-    case 2: call(half, 2); break;                                                                           \
-    case 3: call(half, 3); break;                                                                           \
-    default: call(half, 4); break;                                                                          \
+    case 1: call(form, 1); break;                                                                           \
+    case 2: call(form, 2); break;                                                                           \
+    case 3: call(form, 3); break;                                                                           \
+    default: call(form, 4); break;                                                                          \
     }
 
-static void block4_any(const uint8_t *codes, const void *scale, const void *offset, int half, int G, int xgroups,
+static void block4_any(const uint8_t *codes, const void *scale, const void *offset, int form, int G, int xgroups,
                        const Activations *a, int m0, int rows, int b, int N, float *y, int ldy) {
-#define BLOCK4(h, r) block4(codes, scale, offset, h, G, xgroups, a, m0, r, b, N, y, ldy)
-    if (half) ROW_CASES(BLOCK4, 1) else ROW_CASES(BLOCK4, 0)
+#define BLOCK4(f, r) block4(codes, scale, offset, f, G, xgroups, a, m0, r, b, N, y, ldy)
+    FORM_CASES(form, ROW_CASES, BLOCK4)
 #undef BLOCK4
 }
 
 /* The same for int8 codes: maddubs takes |w| and sign(q, w) (each pair at most 2 x 128 x 127). */
 static inline __attribute__((always_inline)) void block8(
-        const int8_t *codes, const void *scale, const int half, int G, const Activations *a, int m0, const int rows,
+        const int8_t *codes, const void *scale, const int form, int G, const Activations *a, int m0, const int rows,
         int b, int N, float *y, int ldy) {
     const __m256i ones = _mm256_set1_epi16(1);
     const int K = G * GROUP;
@@ -198,7 +216,7 @@ static inline __attribute__((always_inline)) void block8(
         for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
         for (int g = 0; g < G; g++) {
             const int8_t *group = codes + ((size_t)b * G + g) * 512 + h * 32;
-            const __m256 s = scales8(scale, ((size_t)b * G + g) * BLOCK + h * 8, half);
+            const __m256 s = scales8(scale, b, G, g, h, form);
             for (int r = 0; r < rows; r++) {
                 const size_t m = m0 + r;
                 const int8_t *q = a->qx + m * K + (size_t)g * GROUP;
@@ -216,10 +234,10 @@ static inline __attribute__((always_inline)) void block8(
     }
 }
 
-static void block8_any(const int8_t *codes, const void *scale, int half, int G, const Activations *a, int m0,
+static void block8_any(const int8_t *codes, const void *scale, int form, int G, const Activations *a, int m0,
                        int rows, int b, int N, float *y, int ldy) {
-#define BLOCK8(h, r) block8(codes, scale, h, G, a, m0, r, b, N, y, ldy)
-    if (half) ROW_CASES(BLOCK8, 1) else ROW_CASES(BLOCK8, 0)
+#define BLOCK8(f, r) block8(codes, scale, f, G, a, m0, r, b, N, y, ldy)
+    if (form == SCALES_FLOAT16) ROW_CASES(BLOCK8, SCALES_FLOAT16) else ROW_CASES(BLOCK8, SCALES_FLOAT32)
 #undef BLOCK8
 }
 
@@ -271,7 +289,7 @@ static void block_float_any(const void *w, int bits, int K, const float *x, int 
  * (K / 32 groups, no offsets). Weight blocks are split evenly between threads; rows go in
  * tiles that share each block's expanded codes. */
 void block_products(const Activations *a, int M, int K, const void *codes, const void *scale, const void *offset,
-                    int half, int bits, int N, int groups, float *y, int ldy, int threads) {
+                    int form, int bits, int N, int groups, float *y, int ldy, int threads) {
     const int blocks = (N + BLOCK - 1) / BLOCK, vnni = kernel_isa(-1);
     const int tile = FLOAT_WEIGHTS(bits) ? FLOAT_ROWS : vnni ? VNNI_ROWS : ROWS;
     #pragma omp parallel for num_threads(threads) schedule(static)
@@ -281,32 +299,41 @@ void block_products(const Activations *a, int M, int K, const void *codes, const
             if (FLOAT_WEIGHTS(bits))
                 block_float_any(codes, bits, K, a->x, m0, rows, b, N, y, ldy);
             else if (bits == 8)
-                (vnni ? block8_vnni_any : block8_any)((const int8_t *)codes, scale, half, K / GROUP, a, m0, rows, b,
+                (vnni ? block8_vnni_any : block8_any)((const int8_t *)codes, scale, form, K / GROUP, a, m0, rows, b,
                                                       N, y, ldy);
             else
-                (vnni ? block4_vnni_any : block4_any)((const uint8_t *)codes, scale, offset, half, groups, K / GROUP,
+                (vnni ? block4_vnni_any : block4_any)((const uint8_t *)codes, scale, offset, form, groups, K / GROUP,
                                                       a, m0, rows, b, N, y, ldy);
         }
 }
 
 /* x [M, K] float32 -> y [M, N] float32 for a weight in the block layout (`block_products`:
  * 4-bit codes with offsets, 8-bit codes whose `offset` is not read, or bfloat16 / float32
- * weights, `bits` 16 / 32, that read neither; `half`: the scales and offsets are float16).
+ * weights, `bits` 16 / 32, that read neither; `form`: how the scales and offsets are held,
+ * cpu_kernels_shared.h).
  * Returns 0, or -1 when scratch memory cannot
  * be had. */
-int block_matmul(const float *x, int M, int K, const void *codes, const void *scale, const void *offset, int half,
+int block_matmul(const float *x, int M, int K, const void *codes, const void *scale, const void *offset, int form,
                  int bits, int N, int groups, float *y, int threads) {
     Activations a;
     if (prepare_activations(x, M, K, !FLOAT_WEIGHTS(bits), &a)) return -1;
-    block_products(&a, M, K, codes, scale, offset, half, bits, N, groups, y, N, threads);
+    block_products(&a, M, K, codes, scale, offset, form, bits, N, groups, y, N, threads);
     free_activations(&a);
     return 0;
 }
 
-/* One scale or offset of a weight held as float32 or (`half`) float16, widened exactly. */
-static inline float scale_at(const void *p, size_t at, int half) {
-    if (!half) return ((const float *)p)[at];
-    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(((const uint16_t *)p)[at])));
+static inline float widened(uint16_t half) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(half))); }
+
+/* Column c's scale or offset of block b's group g (G groups), in any form, widened exactly. */
+static inline float scale_at(const void *p, int b, int G, int g, int c, int form) {
+    const size_t at = ((size_t)b * G + g) * BLOCK + c;
+    if (form == SCALES_FLOAT16) return widened(((const uint16_t *)p)[at]);
+    if (form == SCALES_FACTORED) {
+        const uint8_t *block = (const uint8_t *)p + (size_t)b * G * FACTORED_BYTES;
+        const uint16_t *supers = (const uint16_t *)(block + (size_t)G * BLOCK);
+        return (float)block[(size_t)g * BLOCK + c] * widened(supers[(g / SUPER_GROUPS) * BLOCK + c]);
+    }
+    return ((const float *)p)[at];
 }
 
 /* Rows `ids` [n] of a 4-bit (`terms` terms) or 8-bit weight of N output rows in the block
@@ -315,7 +342,7 @@ static inline float scale_at(const void *p, size_t at, int half) {
  * them into fused multiply-adds): BlockLinear.rows, for an embedding tied to the head,
  * looked up every step. Returns 0, or -1 for an id outside
  * 0 .. N - 1 (nothing is written for it). */
-int block_rows(const void *codes, const void *scale, const void *offset, int half, int bits, int N, int groups,
+int block_rows(const void *codes, const void *scale, const void *offset, int form, int bits, int N, int groups,
                int terms, const int64_t *ids, int n, float *out) {
     const int per_term = groups / terms, K = per_term * GROUP;
     for (int i = 0; i < n; i++)
@@ -324,15 +351,14 @@ int block_rows(const void *codes, const void *scale, const void *offset, int hal
         const int b = (int)(ids[i] / BLOCK), c = (int)(ids[i] % BLOCK);
         float *row = out + (size_t)i * K;
         for (int g = 0; g < groups; g++) {
-            const size_t at = ((size_t)b * groups + g) * BLOCK + c;
-            const float s = scale_at(scale, at, half);
+            const float s = scale_at(scale, b, groups, g, c, form);
             float value[GROUP];
             if (bits == 8) {
                 const int8_t *group = (const int8_t *)codes + ((size_t)b * groups + g) * 512 + 4 * c;
                 for (int j = 0; j < GROUP; j++) value[j] = (float)group[64 * (j / 4) + j % 4] * s;
             } else {
                 const uint8_t *group = (const uint8_t *)codes + ((size_t)b * groups + g) * 256 + 4 * c;
-                const float o = scale_at(offset, at, half);
+                const float o = scale_at(offset, b, groups, g, c, form);
                 for (int j = 0; j < 16; j++) {
                     const uint8_t byte = group[64 * (j / 4) + j % 4];
                     const float low = (float)(byte & 0x0F) * s, high = (float)(byte >> 4) * s;

@@ -8,9 +8,14 @@
  * the block, bytes 4k .. 4k + 3 of that column's 16-byte group (byte j: code j in the low
  * nibble, code j + 16 in the high one) at + 64 k + 4 c. For an 8-bit weight the group is 512
  * bytes, eight chunks of 64, chunk k holding codes 4k .. 4k + 3 of each column. Scales and
- * offsets of block b, group g, column c are at (b G + g) 16 + c, float32 or, where every one
- * of a weight's is a float16 exactly (the file's own scales mostly are), float16 (`half`): a
- * sixth fewer bytes a step for a 4-bit weight, widened exactly in the product. A vector lane is then one
+ * offsets come in one of three forms (`form`, models/scale_forms.py), the same numbers each:
+ * SCALES_FLOAT32, block b's group g column c at (b G + g) 16 + c; SCALES_FLOAT16 at the same
+ * place, where every one of a weight's is a float16 exactly (the file's own scales mostly are),
+ * widened exactly; SCALES_FACTORED (4-bit weights only, G a multiple of SUPER_GROUPS in every
+ * term: K-quants, whose scales d x sc mostly are not float16), block b's FACTORED_BYTES x G bytes
+ * holding first a uint8 factor per group and column at g 16 + c, then a float16 d per super-block
+ * of SUPER_GROUPS groups and column at G 16 + 2 ((g / SUPER_GROUPS) 16 + c): the value is factor x
+ * d in float32, exact (at most 8 + 11 significant bits). A vector lane is then one
  * column: a 4-byte dot product of its codes with four activation bytes (broadcast) adds into
  * that column's lane, so one group's integer sum per column is ready without any shuffle, and
  * the float work (convert, scale, add) is one vector operation for 8 or 16 columns.
@@ -33,6 +38,20 @@
 #define GROUP 32
 #define BLOCK 16 /* output columns of one weight block */
 
+#define SCALES_FLOAT32 0
+#define SCALES_FLOAT16 1
+#define SCALES_FACTORED 2
+#define SUPER_GROUPS 8    /* groups sharing one d in the factored form */
+#define FACTORED_BYTES 20 /* per group and block in the factored form: 16 factors, 16 / 8 float16 d's */
+
+/* One specialisation of a product per scale form (and, inside, per row count: `cases`). */
+#define FORM_CASES(form, cases, call)                                                                       \
+    switch (form) {                                                                                         \
+    case SCALES_FLOAT16: cases(call, SCALES_FLOAT16); break;                                                \
+    case SCALES_FACTORED: cases(call, SCALES_FACTORED); break;                                              \
+    default: cases(call, SCALES_FLOAT32); break;                                                            \
+    }
+
 /* The activations of a product: the float rows x [M, K] (what float weights meet) and, for
  * weights in 4- or 8-bit groups, the rows quantized per group of 32: int8 codes qx (-127..127),
  * scale dx, code sum sx and ax = dx * sx (the offsets' weight); NULL when not quantized. */
@@ -54,7 +73,7 @@ typedef struct {
 int prepare_activations(const float *x, int M, int K, int quantize, Activations *a);
 void free_activations(Activations *a);
 void block_products(const Activations *a, int M, int K, const void *codes, const void *scale, const void *offset,
-                    int half, int bits, int N, int groups, float *y, int ldy, int threads);
+                    int form, int bits, int N, int groups, float *y, int ldy, int threads);
 void rms_norm_rows(const float *x, const float *weight, int rows, int dim, float eps, float *out);
 void add_rms_norm_rows(float *x, const float *delta, const float *weight, int rows, int dim, float eps, float *out);
 void swiglu_rows(const float *gate_up, int rows, int inner, float *out);

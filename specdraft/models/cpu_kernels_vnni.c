@@ -26,19 +26,34 @@ static VNNI INLINE void store16(const __m512 *acc, int rows, int m0, int b, int 
     for (int r = 0; r < rows; r++) _mm512_mask_storeu_ps(y + (size_t)(m0 + r) * ldy + b * BLOCK, lanes, acc[r]);
 }
 
-/* Sixteen columns' scales (or offsets) from `at`: float32, or float16 widened exactly. */
-static VNNI INLINE __m512 scales16(const void *p, size_t at, const int half) {
-    if (half) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + at)));
+/* Block b's sixteen columns' scales (or offsets) of group g (G groups), float32 or float16
+ * widened exactly. */
+static VNNI INLINE __m512 scales16(const void *p, int b, int G, int g, const int form) {
+    const size_t at = ((size_t)b * G + g) * BLOCK;
+    if (form == SCALES_FLOAT16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + at)));
     return _mm512_loadu_ps((const float *)p + at);
 }
 
-static VNNI INLINE void block4_vnni(const uint8_t *codes, const void *scale, const void *offset, const int half,
+/* The factored form (cpu_kernels_shared.h): the d's of block b's super-block holding group g,
+ * widened, and group g's values, its factors times those d's (exact). */
+static VNNI INLINE __m512 supers16(const void *p, int b, int G, int g) {
+    const uint16_t *supers = (const uint16_t *)((const uint8_t *)p + (size_t)b * G * FACTORED_BYTES + (size_t)G * BLOCK);
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(supers + (g / SUPER_GROUPS) * BLOCK)));
+}
+
+static VNNI INLINE __m512 factored16(const void *p, int b, int G, int g, __m512 d) {
+    const uint8_t *factors = (const uint8_t *)p + (size_t)b * G * FACTORED_BYTES + (size_t)g * BLOCK;
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)factors))), d);
+}
+
+static VNNI INLINE void block4_vnni(const uint8_t *codes, const void *scale, const void *offset, const int form,
                                     int G, int xgroups, const Activations *a, int m0, const int rows, int b, int N,
                                     float *y, int ldy) {
     const __m512i low = _mm512_set1_epi8(0x0F);
     const int K = xgroups * GROUP;
     __m512 acc[VNNI_ROWS];
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    __m512 ds = _mm512_setzero_ps(), dm = ds; /* factored form: the super-block's d's, read once per 8 groups */
     for (int g = 0; g < G; g++) {
         const int xg = g % xgroups;
         const uint8_t *group = codes + ((size_t)b * G + g) * 256;
@@ -49,8 +64,9 @@ static VNNI INLINE void block4_vnni(const uint8_t *codes, const void *scale, con
             lo[k] = _mm512_and_si512(raw, low);
             hi[k] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
         }
-        const size_t at = ((size_t)b * G + g) * BLOCK;
-        const __m512 s = scales16(scale, at, half), o = scales16(offset, at, half);
+        if (form == SCALES_FACTORED && g % SUPER_GROUPS == 0) ds = supers16(scale, b, G, g), dm = supers16(offset, b, G, g);
+        const __m512 s = form == SCALES_FACTORED ? factored16(scale, b, G, g, ds) : scales16(scale, b, G, g, form);
+        const __m512 o = form == SCALES_FACTORED ? factored16(offset, b, G, g, dm) : scales16(offset, b, G, g, form);
         for (int r = 0; r < rows; r++) {
             const size_t m = m0 + r;
             const int8_t *q = a->qx + m * K + xg * GROUP;
@@ -67,27 +83,27 @@ static VNNI INLINE void block4_vnni(const uint8_t *codes, const void *scale, con
     store16(acc, rows, m0, b, N, y, ldy);
 }
 
-/* One specialisation per row count and scale width, so each loop is unrolled for its case. */
-#define ROW_CASES(call, half)                                                                               \
+/* One specialisation per row count and scale form, so each loop is unrolled for its case. */
+#define ROW_CASES(call, form)                                                                               \
     switch (rows) {                                                                                         \
-    case 1: call(half, 1); break;                                                                           \
-    case 2: call(half, 2); break;                                                                           \
-    case 3: call(half, 3); break;                                                                           \
-    case 4: call(half, 4); break;                                                                           \
-    case 5: call(half, 5); break;                                                                           \
-    case 6: call(half, 6); break;                                                                           \
-    case 7: call(half, 7); break;                                                                           \
-    default: call(half, 8); break;                                                                          \
+    case 1: call(form, 1); break;                                                                           \
+    case 2: call(form, 2); break;                                                                           \
+    case 3: call(form, 3); break;                                                                           \
+    case 4: call(form, 4); break;                                                                           \
+    case 5: call(form, 5); break;                                                                           \
+    case 6: call(form, 6); break;                                                                           \
+    case 7: call(form, 7); break;                                                                           \
+    default: call(form, 8); break;                                                                          \
     }
 
-VNNI void block4_vnni_any(const uint8_t *codes, const void *scale, const void *offset, int half, int G, int xgroups,
+VNNI void block4_vnni_any(const uint8_t *codes, const void *scale, const void *offset, int form, int G, int xgroups,
                           const Activations *a, int m0, int rows, int b, int N, float *y, int ldy) {
-#define BLOCK4(h, r) block4_vnni(codes, scale, offset, h, G, xgroups, a, m0, r, b, N, y, ldy)
-    if (half) ROW_CASES(BLOCK4, 1) else ROW_CASES(BLOCK4, 0)
+#define BLOCK4(f, r) block4_vnni(codes, scale, offset, f, G, xgroups, a, m0, r, b, N, y, ldy)
+    FORM_CASES(form, ROW_CASES, BLOCK4)
 #undef BLOCK4
 }
 
-static VNNI INLINE void block8_vnni(const int8_t *codes, const void *scale, const int half, int G,
+static VNNI INLINE void block8_vnni(const int8_t *codes, const void *scale, const int form, int G,
                                     const Activations *a, int m0, const int rows, int b, int N, float *y, int ldy) {
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     const int K = G * GROUP;
@@ -98,7 +114,7 @@ static VNNI INLINE void block8_vnni(const int8_t *codes, const void *scale, cons
         __m512i shifted[8]; /* w + 128, read unsigned */
         for (int k = 0; k < 8; k++)
             shifted[k] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(group + k * 64)), flip);
-        const __m512 s = scales16(scale, ((size_t)b * G + g) * BLOCK, half);
+        const __m512 s = scales16(scale, b, G, g, form);
         for (int r = 0; r < rows; r++) {
             const size_t m = m0 + r;
             const int8_t *q = a->qx + m * K + (size_t)g * GROUP;
@@ -113,9 +129,9 @@ static VNNI INLINE void block8_vnni(const int8_t *codes, const void *scale, cons
     store16(acc, rows, m0, b, N, y, ldy);
 }
 
-VNNI void block8_vnni_any(const int8_t *codes, const void *scale, int half, int G, const Activations *a, int m0,
+VNNI void block8_vnni_any(const int8_t *codes, const void *scale, int form, int G, const Activations *a, int m0,
                           int rows, int b, int N, float *y, int ldy) {
-#define BLOCK8(h, r) block8_vnni(codes, scale, h, G, a, m0, r, b, N, y, ldy)
-    if (half) ROW_CASES(BLOCK8, 1) else ROW_CASES(BLOCK8, 0)
+#define BLOCK8(f, r) block8_vnni(codes, scale, f, G, a, m0, r, b, N, y, ldy)
+    if (form == SCALES_FLOAT16) ROW_CASES(BLOCK8, SCALES_FLOAT16) else ROW_CASES(BLOCK8, SCALES_FLOAT32)
 #undef BLOCK8
 }

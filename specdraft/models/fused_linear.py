@@ -32,10 +32,10 @@ def fuse(parts: Sequence[nn.Module]) -> nn.Module:
     the big weight tensors are concatenated once and each part is re-pointed at its slice.
     Packed int4 rows and block-layout columns concatenate only at block boundaries; parts in
     different formats (a GGUF file may store the value projection with more bits than the
-    query's) stay separate."""
+    query's) or with scales held in different forms (scale_forms.py) stay separate."""
     first = parts[0]
     if len({type(p) for p in parts}) > 1 or len({getattr(p, "group", 0) for p in parts}) > 1 \
-            or len({(getattr(p, "terms", 1), getattr(p, "bits", 0)) for p in parts}) > 1 \
+            or len({(getattr(p, "terms", 1), getattr(p, "bits", 0), getattr(p, "scale_form", 0)) for p in parts}) > 1 \
             or (isinstance(first, Int4Linear) and any(p.out_features % INT4_PACK_ROWS for p in parts[:-1])) \
             or (isinstance(first, BlockLinear) and any(p.out_features % BLOCK for p in parts[:-1])):
         return Concatenated(parts)

@@ -27,7 +27,7 @@ MAX_PARTS = 3  # cpu_decoder.c
 class _Matrix(ctypes.Structure):
     _fields_ = [("codes", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("offset", ctypes.c_void_p),
                 ("bias", ctypes.c_void_p), ("N", ctypes.c_int), ("groups", ctypes.c_int), ("bits", ctypes.c_int),
-                ("half", ctypes.c_int)]
+                ("form", ctypes.c_int)]
 
 
 class _Layer(ctypes.Structure):
@@ -46,7 +46,7 @@ def _parts(module: nn.Module) -> list[BlockLinear] | None:
 
 def _matrix(layer: BlockLinear) -> _Matrix:
     bias = layer.bias.data_ptr() if layer.bias is not None else None
-    return _Matrix(*layer.addresses, bias, layer.out_features, layer.groups, layer.bits, int(layer.half_scales))
+    return _Matrix(*layer.addresses, bias, layer.out_features, layer.groups, layer.bits, layer.scale_form)
 
 
 def _norm_weight(norm: nn.Module) -> torch.Tensor | None:
