@@ -27,6 +27,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def one_hot(self) -> bool:
+        """p and q are the one-hot argmaxes (greedy decoding, exact feedback): a drafted
+        token's alignment is whether it is the target's token, no distribution needed."""
+        return self.greedy and not self.soft_feedback
+
 
 def _wide(logits: torch.Tensor) -> torch.Tensor:
     # Half-precision softmax over 50k+ entries loses the tail; do it in float32 at least.

@@ -20,6 +20,7 @@ import torch
 
 from specdraft.core.sampling import SamplingParams, distributions
 from specdraft.drafters.base import Drafter
+from specdraft.drafters.none import PlainDecoding
 from specdraft.learning.driver import Gammas, RoundOutcome
 
 
@@ -53,8 +54,8 @@ class PoolEvaluator:
         # Greedy one-hot p: 1 - TV(p, q) of a token-id drafter is 1[its token == committed].
         # The plain arm proposes nothing (its gammas are 0 under any decoding): scored from
         # the distributions, it alone would make every greedy evaluation build them.
-        self.by_tokens = [drafter.kind == "none" or (params.greedy and not params.soft_feedback
-                                                     and drafter.token_ids_only) for drafter in drafters]
+        self.by_tokens = [drafter.kind == PlainDecoding.kind or (params.one_hot and drafter.token_ids_only)
+                          for drafter in drafters]
 
     def __call__(self, rounds: Sequence[RoundOutcome], skip: Sequence[bool] = ()) -> list[Gammas]:
         batch = _Batch(rounds, self.params)

@@ -111,7 +111,7 @@ def verify_tree(target: CachedLM, root: int, proposals: list[Proposal], padded_w
         judge = probs
     target.keep_path(path)
     kept = [(p.arm, matched(chain, tokens)) for p, chain in zip(proposals, chains)]
-    exact = params.greedy and not params.soft_feedback
+    exact = params.one_hot
     aligned = {p.arm: tree_alignment(tree, judge, exact, j, p.draft.tokens, p.draft.probs)
                for j, p in enumerate(proposals) if p.drafted}
     known = {arm: aligned[arm][: n + 1] for arm, n in kept if arm in aligned}

@@ -239,7 +239,7 @@ class HeadDrafter(ModelBackedDrafter):
             return gammas
         logits = cache.consume(context, upto, keep=scorable)
         params = self.ctx.params
-        if params.greedy and not params.soft_feedback:
+        if params.one_hot:
             # One-hot p and q: gamma is whether the token the head would draft is the one
             # committed (the target's argmax), without widening its logits to the target's
             # vocabulary and building both distributions there.

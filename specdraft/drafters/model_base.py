@@ -104,7 +104,7 @@ class ModelBackedDrafter(Drafter):
         tokens, probs, self._confidences = [], [], []
         ranking: list[torch.Tensor] = []  # each position's scores, when runner-ups are asked for
         params = self.ctx.params
-        one_hot = params.greedy and not params.soft_feedback  # q not built (`_pick`)
+        one_hot = params.one_hot  # q not built (`_pick`)
         survive, expected, fed = 1.0, 1.0, 0  # expected: committed tokens, bonus included
         for j in range(limit):
             token, q = self._pick(logits, one_hot)
