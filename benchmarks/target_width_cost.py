@@ -41,13 +41,13 @@ def load(profile, form: str):
     spec = dataclasses.replace(profile.target, quantization="gguf" if on_file else "none",
                                dtype="float32" if form == "bfloat16-torch" else dtype)
     began = time.perf_counter()
-    block_linear.HALF_SCALES = form != "gguf-f32-scales"
+    block_linear.COMPACT_SCALES = form != "gguf-f32-scales"
     try:
         target = load_model(spec, str(profile.file), "target")
         if runs_on_file_quantization(target.model) and lean_problem(target.model) is None:
             LeanDecoder(target.model)  # its fused projections are built here, under the same setting
     finally:
-        block_linear.HALF_SCALES = True
+        block_linear.COMPACT_SCALES = True
     if form == "bfloat16-torch":
         target.model.to(torch.bfloat16)
     seconds = time.perf_counter() - began

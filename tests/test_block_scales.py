@@ -43,11 +43,11 @@ def _same_products(compacted: BlockLinear, wide: BlockLinear, inputs: int) -> No
 
 
 def _with_float32_scales(terms) -> BlockLinear:
-    block_linear.HALF_SCALES = False
+    block_linear.COMPACT_SCALES = False
     try:
         return BlockLinear.of(terms)
     finally:
-        block_linear.HALF_SCALES = True
+        block_linear.COMPACT_SCALES = True
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])

@@ -25,7 +25,7 @@ BLOCK = 16  # output columns per weight block (cpu_kernels_shared.h)
 _GROUP_BYTES = {4: 256, 8: 512}  # a group's codes in one block, by bits
 # Whether layers built from now on keep their scales in the smallest exact form
 # (scale_forms.compact); benchmarks/target_width_cost.py turns it off to time float32 scales.
-HALF_SCALES = True
+COMPACT_SCALES = True
 
 
 def kernel_layout(terms: Int4Terms) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -79,7 +79,7 @@ class BlockLinear(nn.Module):
         self.out_features, self.terms = out_features, terms
         self.register_buffer("codes", codes.contiguous())
         if self.bits in (4, 8):
-            scales, offsets = compact(scales, offsets, terms, HALF_SCALES)
+            scales, offsets = compact(scales, offsets, terms, COMPACT_SCALES)
         self.register_buffer("scales", scales)
         self.register_buffer("offsets", offsets if offsets is not None else torch.zeros(0))
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)

@@ -37,7 +37,7 @@ def compact(scales: torch.Tensor, offsets: torch.Tensor | None, terms: int, narr
     both = [scales] if offsets is None else [scales, offsets]
     if len({form_of(t) for t in both}) == 1 and form_of(scales) != FLOAT32 and narrow:
         return scales.contiguous(), None if offsets is None else offsets.contiguous()
-    wide = [decoded(t, terms).contiguous() for t in both]
+    wide = [decoded(t).contiguous() for t in both]
     if narrow:
         half = [t.to(torch.float16) for t in wide]
         if all(bool(_same_bits(h.float(), w).all()) for h, w in zip(half, wide)):
@@ -48,10 +48,8 @@ def compact(scales: torch.Tensor, offsets: torch.Tensor | None, terms: int, narr
     return wide[0], None if offsets is None else wide[1]
 
 
-def decoded(buffer: torch.Tensor, terms: int = 1) -> torch.Tensor:
+def decoded(buffer: torch.Tensor) -> torch.Tensor:
     """The float32 values [NB, G * 16] of a scales or offsets buffer in any form."""
-    if form_of(buffer) == FLOAT16:
-        return buffer.float()
     if form_of(buffer) != FACTORED:
         return buffer.float()
     blocks, groups = buffer.shape[0], buffer.shape[1] // (BLOCK + 2 * BLOCK // SUPER)
@@ -79,10 +77,10 @@ def _factored(values: torch.Tensor, terms: int) -> torch.Tensor | None:
     for k in range(MAX_FACTOR, 0, -1):  # (a K-quant's largest factor is mostly 63: one pass)
         if left.numel() == 0:
             break
-        d = top[left] / k
-        whole = (cells[left] / d).round()
+        d, unresolved = top[left] / k, cells[left]
+        whole = (unresolved / d).round()
         good = (d.to(torch.float16).float() == d).squeeze(1) \
-            & ((whole >= 0) & (whole <= 255) & _same_bits(d * whole, cells[left])).all(1)
+            & ((whole >= 0) & (whole <= 255) & _same_bits(d * whole, unresolved)).all(1)
         done = left[good]
         supers[done], factors[done] = d[good], whole[good]
         left = left[~good]
