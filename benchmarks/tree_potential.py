@@ -19,6 +19,16 @@ README's width table; extended linearly past the last); default the trace's own 
 `--search`: instead, per task (the prompt id's prefix before "-") and over all prompts, the
 best single drafter at its best cap against the best tree of two or more drafters, each at a
 cap of its own (1, 2, 3, 4 or 6): the most a static tree could give over one drafter.
+`--hindsight`: instead, per task and over all prompts, the most any policy could reach: each
+round's drafter and draft length (up to the largest of `--caps`) chosen knowing the round's
+outcome, the best such sequence of rounds found exactly (`specdraft.measurement.hindsight`;
+`specdraft bench --replay` prints the same at the replay's costs), for each drafter
+alone and for the whole pool; then the drafter alone chosen in hindsight, each drafting what it
+would at a cap of `--caps` (or nothing), against each drafter at its best cap. A tree
+commits one member's accepted run + 1 at a width of at least that run + 1 (and pays every
+member's drafting), which the round that drafts just that run with that member commits at no
+more cost: the pool's figure bounds every policy, chains and trees alike (runner-up leaves
+aside: a trace holds none). The pool over its best drafter is what the union can add at all.
 """
 
 from __future__ import annotations
@@ -26,6 +36,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+
+from specdraft.measurement.hindsight import best_rate
 
 SEARCH_CAPS = (1, 2, 3, 4, 6)
 
@@ -76,6 +88,40 @@ def search(prompts: list[dict], names: list[str], cost, per_token: dict[str, flo
               f"({best[0] / single[0]:.3f}x the single)")
 
 
+def hindsight_rate(prompts: list[dict], names: list[str], cost, per_token: dict[str, float], cap: int,
+                   any_length: bool) -> float:
+    """The highest tokens per step over `prompts` of any sequence of rounds that each draft with
+    one of `names` (or not at all), chosen knowing the outcome: at any length 0 .. cap when
+    `any_length`, else what the drafter drafts at `cap` (`specdraft.measurement.hindsight`)."""
+    def options(prompt: dict):
+        lanes = [(m, prompt["drafters"][m]) for m in names]
+
+        def at(position: int):
+            out = [(1, cost(1))]
+            for m, lane in lanes:
+                run, drafted = lane["run"][position], min(lane["drafted"][position], cap)
+                for k in range(1, drafted + 1) if any_length else [drafted] if drafted else []:
+                    out.append((min(run, k) + 1, cost(1 + k) + per_token[m] * k))
+            return out
+        return at
+    return best_rate([(len(p["tokens"]), options(p)) for p in prompts])
+
+
+def hindsight(prompts: list[dict], names: list[str], cost, per_token: dict[str, float], caps: list[int]) -> None:
+    tasks = sorted({p.get("id", "").split("-")[0] for p in prompts})
+    for task in [None, *tasks] if len(tasks) > 1 else [None]:
+        chosen = [p for p in prompts if task is None or p.get("id", "").split("-")[0] == task]
+        for label, cases in [("drafter and length", [(max(caps), True)]),
+                             ("drafter, at each cap", [(cap, False) for cap in caps])]:
+            rates = {(m, cap): hindsight_rate(chosen, [m], cost, per_token, cap, free) for m in names
+                     for cap, free in cases}
+            leader = max(rates, key=rates.get)
+            pool = max((hindsight_rate(chosen, names, cost, per_token, cap, free), cap) for cap, free in cases)
+            each = ", ".join(f"{m} {max(r for (n, _), r in rates.items() if n == m):.3f}" for m in names)
+            print(f"{task or 'all'}: {label} in hindsight, est. speedup {each}; the pool {pool[0]:.3f} "
+                  f"({pool[0] / rates[leader]:.3f}x {leader[0]}{'' if len(cases) == 1 else f', caps {pool[1]} and {leader[1]}'})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trace")
@@ -84,6 +130,7 @@ def main() -> None:
     parser.add_argument("--draft-cost", action="append", default=[], metavar="NAME=X",
                         help="scale drafter NAME's traced draft cost by X (repeatable)")
     parser.add_argument("--search", action="store_true", help="best single drafter against best static tree")
+    parser.add_argument("--hindsight", action="store_true", help="each drafter and the pool played in hindsight")
     args = parser.parse_args()
     lines = [json.loads(line) for line in open(args.trace)]
     header, prompts = lines[0], lines[1:]
@@ -98,13 +145,17 @@ def main() -> None:
     # A drafter drafts one token a forward: each costs its whole one-token forward.
     per_token = {name: scale.get(name, 1.0) * (header["costs"][name]["fixed"] + header["costs"][name]["per_token"])
                  / step for name in names}
+    caps = [int(c) for c in args.caps.split(",")]
     if args.search:
         search(prompts, names, cost, per_token)
+        return
+    if args.hindsight:
+        hindsight(prompts, names, cost, per_token, caps)
         return
     configs = {name: [name] for name in names}
     for size in range(2, len(names) + 1):
         configs[" + ".join(names[:size])] = names[:size]
-    for cap in (int(c) for c in args.caps.split(",")):
+    for cap in caps:
         print(f"draft length cap {cap}")
         for label, members in configs.items():
             tokens, seconds, rounds, widths = replay(prompts, [(m, cap) for m in members], cost, per_token)

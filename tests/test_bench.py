@@ -74,9 +74,17 @@ def test_trace_then_replay_and_calibrate(pool_file, data_file, tmp_path):
     replayed = runner.invoke(app, ["bench", "--replay", str(trace), "--policies", "ucb,normalhedge,fixed:lookup",
                                    "--out", str(tmp_path / "rep.json")])
     assert replayed.exit_code == 0, replayed.stderr
-    summary = json.loads((tmp_path / "rep.json").read_text())["summary"]
+    written = json.loads((tmp_path / "rep.json").read_text())
+    summary = written["summary"]
     assert {r["config"] for r in summary} == {"plain", "ucb", "normalhedge", "fixed:lookup"}
     assert all(r["speedup"] > 0 for r in summary)
+    # The hindsight bound beside the table (stderr) and in the file: no replayed policy above it.
+    assert "in hindsight" in replayed.stderr and "in hindsight" not in replayed.stdout
+    bounds = {b["task"]: b for b in written["hindsight"]}
+    assert set(bounds) >= {"all"} and set(bounds["all"]["drafters"]) >= {"lookup"}
+    for row in summary:
+        assert row["speedup"] <= bounds[row["task"]]["pool"] + 1e-9
+    assert bounds["all"]["pool"] >= max(bounds["all"]["drafters"].values())
 
     text = pool_file.read_text().replace('[policy]\nname = "random"', '[policy]\n# learner\nname = "ucb"  # MetaSD\n')
     pool_file.write_text(text)

@@ -158,3 +158,25 @@ def test_replayed_trees_commit_the_longest_lane_run(traced, monkeypatch):
             rounds += 1
         committed.append((result.rounds, rounds))
     assert all(got == want for got, want in committed), committed
+
+
+@pytest.mark.parametrize("flag, options", [("normalhedge", {"evaluate": "all", "tree": True}),
+                                           ("ucb", {"reward": "be"}), ("fixed:lookup", {}), ("fixed:head", {})])
+def test_no_replayed_policy_beats_the_pools_hindsight(traced, flag, options):
+    """Per task and overall, a replayed policy's simulated speedup (trees and the plain arm
+    included) stays at or below the pool's best rounds in hindsight, and a fixed drafter's
+    at or below its own."""
+    from specdraft.measurement.replay import hindsight
+    from specdraft.profile import PolicyConfig
+
+    _, _, trace = traced
+    bounds = {b.task: b for b in hindsight(trace)}
+    name, _, drafter = flag.partition(":")
+    results = replay(trace, PolicyConfig(name, ({"drafter": drafter} if drafter else {}) | options), seed=1)
+    for task, bound in bounds.items():
+        chosen = [r for r in results if task == "all" or r.task == task]
+        speedup = sum(r.plain_simulated_s for r in chosen) / sum(r.simulated_s for r in chosen)
+        assert speedup <= bound.pool * (1 + 1e-9)
+        if drafter:
+            assert speedup <= bound.drafters[drafter] * (1 + 1e-9)
+        assert bound.pool >= max(bound.drafters.values()) * (1 - 1e-12)

@@ -220,11 +220,12 @@ def _check_options(opts: BenchOptions) -> None:
 
 
 def _report(opts: BenchOptions, console: Console, samples: list, what: str, simulated: bool = False,
-            greedy: bool = True) -> list[dict]:
-    """The table, the warnings, and every output file for `samples`."""
+            greedy: bool = True, bounds: list[dict] | None = None) -> list[dict]:
+    """The table, the warnings, and every output file for `samples` (and a replay's
+    hindsight `bounds`)."""
     from specdraft.measurement.benchmark import PLAIN
     from specdraft.measurement.summary import add_versus, after_warmup, noise_warnings, summarize
-    from specdraft.ui.tables import bench_table
+    from specdraft.ui.tables import bench_table, hindsight_table
 
     rows = summarize(after_warmup(samples, opts.skip))
     if opts.versus:
@@ -242,12 +243,14 @@ def _report(opts: BenchOptions, console: Console, samples: list, what: str, simu
     else:
         title = f"specdraft bench · {what} · speedup = wall time of plain decoding / wall time"
     console.print(bench_table(rows, title, simulated=simulated, versus=opts.versus))
+    if bounds:
+        console.print(hindsight_table(bounds))
     for line in noise_warnings(rows):
         console.print(labelled("warning:", "yellow", line), soft_wrap=True)
     mismatched = sum(s.mismatch for s in samples if s.config != PLAIN)
     if mismatched:
         console.print(f"[bold red]{mismatched} greedy outputs differ from plain decoding[/]")
-    _write_outputs(opts, rows, [s.as_dict() for s in samples])
+    _write_outputs(opts, rows, [s.as_dict() for s in samples], bounds)
     if opts.plot:
         from specdraft.measurement.plot import plot_bench
 
@@ -258,7 +261,7 @@ def _report(opts: BenchOptions, console: Console, samples: list, what: str, simu
 def _replay_command(opts: BenchOptions, console: Console) -> int:
     from specdraft.profile import PolicyConfig, load_profile
     from specdraft.measurement.benchmark import PLAIN, Sample
-    from specdraft.measurement.replay import replay
+    from specdraft.measurement.replay import hindsight, replay
     from specdraft.measurement.traces import Trace
 
     trace = Trace.load(opts.replay, flag="--replay")
@@ -276,7 +279,8 @@ def _replay_command(opts: BenchOptions, console: Console) -> int:
             samples += [Sample(r.id, r.task, PLAIN, 1, r.tokens, r.tokens, r.plain_simulated_s) for r in results]
         samples += [Sample(r.id, r.task, flag, 1, r.tokens, r.rounds, r.simulated_s, r.accepted_at, r.drafted_at,
                            r.regret, r.best_drafter, r.best_arm_share, regret_unit=r.regret_unit) for r in results]
-    _report(opts, console, samples, f"{len(trace.prompts)} prompts", simulated=True)
+    _report(opts, console, samples, f"{len(trace.prompts)} prompts", simulated=True,
+            bounds=[bound.as_dict() for bound in hindsight(trace)])
     return EXIT_OK
 
 
@@ -298,9 +302,10 @@ def _policy_from_flag(flag: str, base, trace):
     return config
 
 
-def _write_outputs(opts: BenchOptions, rows: list[dict], samples: list[dict]) -> None:
+def _write_outputs(opts: BenchOptions, rows: list[dict], samples: list[dict], bounds: list[dict] | None) -> None:
     if opts.out:
-        atomic_write_text(opts.out, json.dumps({"summary": rows, "samples": samples}, indent=1))
+        written = {"summary": rows, "samples": samples} | ({"hindsight": bounds} if bounds else {})
+        atomic_write_text(opts.out, json.dumps(written, indent=1))
     if opts.csv_file and rows:
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))

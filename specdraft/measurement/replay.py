@@ -24,6 +24,7 @@ from specdraft.learning.feedback import RegretTracker, RoundFeedback
 from specdraft.learning.policies import build_policy, option_value
 from specdraft.learning.policies.base import PLAIN_ARM
 from specdraft.learning.policies.objective import value_unit
+from specdraft.measurement.hindsight import Option, best_rate
 from specdraft.measurement.traces import PromptTrace, Trace, TraceHeader
 
 
@@ -102,6 +103,61 @@ def _replay_prompt(head: TraceHeader, prompt: PromptTrace, driver: PolicyDriver,
         result.regret, result.best_arm_share = tracker.regret, tracker.best_arm_share
         result.best_drafter, result.regret_unit = arms[tracker.best], tracker.unit
     return result
+
+
+@dataclass(frozen=True)
+class Hindsight:
+    """The best rounds of a task in hindsight (`measurement/hindsight.py`) at the replay's
+    costs, as speedups over plain decoding: each drafter alone and the whole pool."""
+
+    task: str
+    drafters: dict[str, float]
+    pool: float
+
+    @property
+    def best(self) -> str:
+        return max(self.drafters, key=self.drafters.get)
+
+    def as_dict(self) -> dict:
+        best = self.best
+        return {"task": self.task, "drafters": self.drafters, "pool": self.pool, "best_drafter": best,
+                "pool_over_best": self.pool / self.drafters[best] if self.drafters[best] else None}
+
+
+def hindsight(trace: Trace) -> list[Hindsight]:
+    """Per task, then over every prompt ("all"): what choosing every round's drafter and
+    draft length knowing its outcome would give, each drafter alone and the pool. A round
+    that drafts k of a lane's tokens costs a verify of k + 1 and the drafter's k tokens, as
+    replayed; a tree commits one chain's run + 1 at a verify at least as wide and pays every
+    chain's drafting, so the pool's figure bounds every policy the replay runs."""
+    names = [name for name in trace.header.drafters if name != PLAIN_ARM]
+    tasks = list(dict.fromkeys(p.task for p in trace.prompts))
+    plain = trace.header.costs["target"](1)
+    out = []
+    for task in [*tasks, "all"] if len(tasks) > 1 else ["all"]:
+        prompts = [p for p in trace.prompts if task == "all" or p.task == task]
+
+        def speedup(members: list[str]) -> float:
+            return plain * best_rate([(len(p.tokens), _options(trace.header, p, members)) for p in prompts])
+
+        out.append(Hindsight(task, {name: speedup([name]) for name in names}, speedup(names)))
+    return out
+
+
+def _options(head: TraceHeader, prompt: PromptTrace, members: list[str]):
+    """A round's options at a position: plain decoding, or a member drafting k = 1 .. what its
+    lane drafted there."""
+    target = head.costs["target"]
+    lanes = [(name, prompt.drafters[name]) for name in members if name in prompt.drafters]
+
+    def at(position: int) -> list[Option]:
+        options = [(1, target(1))]
+        for name, lane in lanes:
+            run = lane.run[position]
+            options += [(min(run, k) + 1, target(k + 1) + _draft_seconds(head, name, k))
+                        for k in range(1, lane.drafted[position] + 1)]
+        return options
+    return at
 
 
 class _TraceEvaluator:

@@ -115,3 +115,18 @@ def vllm_table(rows: Sequence[dict], title: str) -> Table:
             cells.append(" / ".join(f"{rate:.1f}" for rate in row.get("per_run") or ()))
         table.add_row(*cells)
     return table
+
+
+def hindsight_table(bounds: Sequence[dict]) -> Table:
+    """`bench --replay`: per task, each drafter and the whole pool with every round's
+    drafter and draft length chosen knowing its outcome (`measurement.replay.hindsight`)."""
+    names = list(bounds[0]["drafters"])
+    table = Table(title="in hindsight: every round's drafter and draft length chosen knowing its outcome "
+                        "(simulated speedup; no policy over these drafters can beat the pool's)",
+                  title_justify="left")
+    for header in ["task", *names, "pool", "pool / best drafter"]:
+        table.add_column(escape(header), justify="left" if header == "task" else "right")
+    for row in bounds:
+        table.add_row(escape(row["task"]), *(f"{row['drafters'][name]:.2f}x" for name in names), f"{row['pool']:.2f}x",
+                      f"{_num(row['pool_over_best'], '.3f')} ({escape(row['best_drafter'])})")
+    return table
