@@ -180,3 +180,25 @@ def test_no_replayed_policy_beats_the_pools_hindsight(traced, flag, options):
         if drafter:
             assert speedup <= bound.drafters[drafter] * (1 + 1e-9)
         assert bound.pool >= max(bound.drafters.values()) * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("kind, own_forward, charged", [("layers", None, False), ("model", None, True),
+                                                        ("layers", [False, True], True),
+                                                        ("model", [False, False], False)])
+def test_full_information_replay_charges_catch_up_only_for_drafters_scored_by_their_own_forward(
+        kind, own_forward, charged):
+    """A self-drafter ("layers") is scored from the verify's hidden states, not by a forward
+    of its own: a full-information replay charges it no catch-up (the trace says so, or its
+    kind does in traces from before the trace recorded it)."""
+    from specdraft.drafters.base import TrajectoryScores
+    from specdraft.measurement.traces import ForwardCost, PromptTrace, TraceHeader
+    from specdraft.profile import PolicyConfig
+
+    costs = {"target": ForwardCost(1.0, 0.1), "a": ForwardCost(0.0, 0.0), "x": ForwardCost(100.0, 0.0)}
+    header = TraceHeader(3, 8, ["a", "x"], ["ngram", kind], costs, scored_by_own_forward=own_forward)
+    n = 8
+    lanes = {"a": TrajectoryScores([1.0] * n, [3] * n, [3] * n, [[1.0] * 3] * n),
+             "x": TrajectoryScores([0.0] * n, [0] * n, [0] * n, [[]] * n)}
+    trace = Trace(header, [PromptTrace("p", "t", 2, list(range(n)), lanes)])
+    (result,) = replay(trace, PolicyConfig("normalhedge", {"evaluate": "all", "allow_none": False}), seed=0)
+    assert result.rounds >= 1 and (result.simulated_s >= 100.0 * result.rounds) == charged

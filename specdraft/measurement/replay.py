@@ -89,9 +89,10 @@ def _replay_prompt(head: TraceHeader, prompt: PromptTrace, driver: PolicyDriver,
                                                      in zip(plan.branches, chains[1:])))
         learned = driver.finish_round(RoundOutcome(feedback, position, count), last=position + count >= total)
         result.simulated_s += seconds
-        if driver.full_information:  # every other model drafter catches up on the chunk
+        if driver.full_information:  # every other drafter scored by its own forward catches up on the chunk
             result.simulated_s += sum(head.costs[name](count) for i, name in enumerate(arms)
-                                      if i != arm and name in head.costs and name in prompt.drafters)
+                                      if i != arm and name in head.costs and name in prompt.drafters
+                                      and head.catches_up(name))
         for (chosen, _), values in zip(learned.evaluated, learned.values, strict=True):
             tracker.add(chosen, values)
         result.rounds += 1

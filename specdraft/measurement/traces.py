@@ -66,6 +66,17 @@ class TraceHeader:
     profile: str = ""
     version: int = TRACE_VERSION
     type: str = "header"
+    # Per drafter: scored by a forward of its own over the tokens it did not draft (what a
+    # full-information replay charges every round); None in traces from before it was
+    # recorded, where every kind but "layers" (scored from the verify's hidden states) is.
+    scored_by_own_forward: list[bool] | None = None
+
+    def catches_up(self, name: str) -> bool:
+        """Whether full-information scoring runs drafter `name`'s own forward."""
+        index = self.drafters.index(name)
+        if self.scored_by_own_forward is not None:
+            return self.scored_by_own_forward[index]
+        return self.kinds[index] != "layers"
 
 
 @dataclass
@@ -150,7 +161,8 @@ def record_trace(runtime: Runtime, examples: Sequence[Example], chat: bool | Non
     k = profile.decode.draft_tokens
     drafters = runtime.drafters
     trace = Trace(TraceHeader(k, profile.decode.max_new_tokens, [d.name for d in drafters], [d.kind for d in drafters],
-                              measure_costs(runtime, k), str(profile.file)))
+                              measure_costs(runtime, k), str(profile.file),
+                              scored_by_own_forward=[d.scored_by_own_forward for d in drafters]))
     if sink is not None:
         sink.header(trace.header)
     for example in examples:
