@@ -151,12 +151,18 @@ def test_replayed_trees_commit_the_longest_lane_run(traced, monkeypatch):
     for prompt, result in zip(trace.prompts, replay(trace, config, seed=3)):
         assert result.tokens == len(prompt.tokens)
         position = rounds = 0
+        won = {}
         while position < len(prompt.tokens):  # what every round must have committed
             depth = max(1, min(4, trace.header.max_new_tokens - position - 1))
-            runs = [min(lane.run[position], lane.drafted[position], depth) for lane in prompt.drafters.values()]
+            order = [arms[lookup], *(a for a in arms if a != arms[lookup])]  # the chosen chain first
+            runs = [min(prompt.drafters[a].run[position], prompt.drafters[a].drafted[position], depth) for a in order]
+            if max(runs):  # the furthest chain won, the first of equals
+                won[order[runs.index(max(runs))]] = won.get(order[runs.index(max(runs))], 0) + 1
             position += min(max(runs) + 1, len(prompt.tokens) - position)
             rounds += 1
         committed.append((result.rounds, rounds))
+        assert (result.tree_rounds, result.branches, result.won) == (rounds, rounds * len(arms), won)
+        assert result.branched == {a: rounds for a in arms}
     assert all(got == want for got, want in committed), committed
 
 

@@ -278,7 +278,9 @@ def _replay_command(opts: BenchOptions, console: Console) -> int:
         if index == 0:  # the plain baseline every simulated speedup is a ratio to
             samples += [Sample(r.id, r.task, PLAIN, 1, r.tokens, r.tokens, r.plain_simulated_s) for r in results]
         samples += [Sample(r.id, r.task, flag, 1, r.tokens, r.rounds, r.simulated_s, r.accepted_at, r.drafted_at,
-                           r.regret, r.best_drafter, r.best_arm_share, regret_unit=r.regret_unit) for r in results]
+                           r.regret, r.best_drafter, r.best_arm_share, regret_unit=r.regret_unit,
+                           tree_rounds=r.tree_rounds, branches=r.branches, branched=r.branched, won=r.won)
+                    for r in results]
     _report(opts, console, samples, f"{len(trace.prompts)} prompts", simulated=True,
             bounds=[bound.as_dict() for bound in hindsight(trace)])
     return EXIT_OK

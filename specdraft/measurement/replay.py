@@ -42,6 +42,12 @@ class ReplayResult:
     regret_unit: str | None = None  # "tokens" or "tok/s": the policy's objective (RegretTracker)
     accepted_at: list[int] = field(default_factory=list)  # per draft position: times accepted
     drafted_at: list[int] = field(default_factory=list)  # per draft position: times drafted
+    # Token trees, as a live run's Sample counts them: rounds with several chains, chains in
+    # all rounds, and per drafter the tree rounds it drafted a branch in and those it won.
+    tree_rounds: int = 0
+    branches: int = 0
+    branched: dict[str, int] = field(default_factory=dict)
+    won: dict[str, int] = field(default_factory=dict)
 
     @property
     def tokens_per_round(self) -> float:
@@ -96,6 +102,7 @@ def _replay_prompt(head: TraceHeader, prompt: PromptTrace, driver: PolicyDriver,
         for (chosen, _), values in zip(learned.evaluated, learned.values, strict=True):
             tracker.add(chosen, values)
         result.rounds += 1
+        _count_tree(result, [arms[a] for a, _ in ((arm, k), *plan.branches)], [run for _, run, _ in chains])
         for j in range(drafted):
             result.drafted_at[j] += 1
             result.accepted_at[j] += j < accepted  # the chosen drafter's own tokens
@@ -159,6 +166,21 @@ def _options(head: TraceHeader, prompt: PromptTrace, members: list[str]):
                         for k in range(1, lane.drafted[position] + 1)]
         return options
     return at
+
+
+def _count_tree(result: ReplayResult, names: list[str], runs: list[int]) -> None:
+    """A round's chains (the chosen drafter's first) in `result`'s tree counts; the winner is
+    the chain that ran furthest (the first of equals), none when nothing was accepted."""
+    result.branches += len(names)
+    if len(names) < 2:
+        return
+    result.tree_rounds += 1
+    for name in names:
+        result.branched[name] = result.branched.get(name, 0) + 1
+    longest = max(runs)
+    if longest:
+        winner = names[runs.index(longest)]
+        result.won[winner] = result.won.get(winner, 0) + 1
 
 
 class _TraceEvaluator:
