@@ -69,6 +69,7 @@ def test_best_rate_is_the_best_sequence_of_rounds_of_any_options():
         exact = max(sum(t for t, _ in combo) / sum(s for _, s in combo)
                     for combo in itertools.product(*(list(paths(n, o, 0)) for n, o in prompts)))
         assert best_rate(prompts) == pytest.approx(exact, rel=1e-9)
+        assert best_rate(prompts, at_least=0.7 * exact) == pytest.approx(exact, rel=1e-9)  # a head start
 
 
 @pytest.mark.parametrize("any_length", [True, False])

@@ -34,10 +34,11 @@ def best_rounds(length: int, options: Options, price: float) -> tuple[float, flo
     return best[0][1], best[0][2]
 
 
-def best_rate(prompts: Sequence[tuple[int, Options]], max_steps: int = 200) -> float:
+def best_rate(prompts: Sequence[tuple[int, Options]], at_least: float = 0.0, max_steps: int = 200) -> float:
     """The highest tokens per second over `prompts` ((length, options) each) of any choice
-    of rounds; 0 for no tokens."""
-    price, rate = 0.0, 0.0
+    of rounds; 0 for no tokens. `at_least`: a rate some choice is known to reach (the
+    iteration starts there: fewer passes)."""
+    price, rate = at_least, at_least
     for _ in range(max_steps):
         tokens = seconds = 0.0
         for length, options in prompts:

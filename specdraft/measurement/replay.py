@@ -145,10 +145,12 @@ def hindsight(trace: Trace) -> list[Hindsight]:
     for task in [*tasks, "all"] if len(tasks) > 1 else ["all"]:
         prompts = [p for p in trace.prompts if task == "all" or p.task == task]
 
-        def speedup(members: list[str]) -> float:
-            return plain * best_rate([(len(p.tokens), _options(trace.header, p, members)) for p in prompts])
+        def speedup(members: list[str], at_least: float = 0.0) -> float:
+            options = [(len(p.tokens), _options(trace.header, p, members)) for p in prompts]
+            return plain * best_rate(options, at_least / plain)
 
-        out.append(Hindsight(task, {name: speedup([name]) for name in names}, speedup(names)))
+        alone = {name: speedup([name]) for name in names}
+        out.append(Hindsight(task, alone, speedup(names, max(alone.values(), default=0.0))))
     return out
 
 
