@@ -200,11 +200,14 @@ def test_full_information_replay_charges_catch_up_only_for_drafters_scored_by_th
     from specdraft.measurement.traces import ForwardCost, PromptTrace, TraceHeader
     from specdraft.profile import PolicyConfig
 
-    costs = {"target": ForwardCost(1.0, 0.1), "a": ForwardCost(0.0, 0.0), "x": ForwardCost(100.0, 0.0)}
-    header = TraceHeader(3, 8, ["a", "x"], ["ngram", kind], costs, scored_by_own_forward=own_forward)
+    costs = {"target": ForwardCost(1.0, 0.1), "a": ForwardCost(0.0, 0.0), "x": ForwardCost(100.0, 0.0),
+             "none": ForwardCost(0.0, 0.0)}
+    header = TraceHeader(3, 8, ["a", "x", "none"], ["ngram", kind, "none"], costs,
+                         scored_by_own_forward=own_forward and [*own_forward, False])
     n = 8
     lanes = {"a": TrajectoryScores([1.0] * n, [3] * n, [3] * n, [[1.0] * 3] * n),
-             "x": TrajectoryScores([0.0] * n, [0] * n, [0] * n, [[]] * n)}
+             "x": TrajectoryScores([0.0] * n, [0] * n, [0] * n, [[]] * n),
+             "none": TrajectoryScores([0.0] * n, [0] * n, [0] * n, [[]] * n)}
     trace = Trace(header, [PromptTrace("p", "t", 2, list(range(n)), lanes)])
-    (result,) = replay(trace, PolicyConfig("normalhedge", {"evaluate": "all", "allow_none": False}), seed=0)
+    (result,) = replay(trace, PolicyConfig("normalhedge", {"evaluate": "all"}), seed=0)  # the plain arm too
     assert result.rounds >= 1 and (result.simulated_s >= 100.0 * result.rounds) == charged

@@ -255,12 +255,10 @@ class Drafter(ABC):
         """Target layers whose hidden states `score` reads (the verify forward returns them)."""
         return ()
 
-    @property
-    def scored_by_own_forward(self) -> bool:
-        """Whether scoring it runs a forward of its own over every committed token it did not
-        draft (a model with a cache of its own): the planner scores such a drafter only while
-        it may be worth playing."""
-        return False
+    # Whether scoring it runs a forward of its own over every committed token it did not
+    # draft (a model with a cache of its own): the planner scores such a drafter only while
+    # it may be worth playing. A class attribute: a trace without the record asks the kind.
+    scored_by_own_forward = False
 
     def prepare_scoring(self, context: Sequence[int]) -> None:
         """Every generated position after the prompt `context` will be scored: a drafter with

@@ -183,12 +183,10 @@ class HeadDrafter(ModelBackedDrafter):
     def feature_layers(self) -> tuple[int, ...]:
         return self.layers_read
 
-    @property
-    def scored_by_own_forward(self) -> bool:
-        # Its scoring is a forward of its layer and readout over the committed tokens: on a
-        # CPU several times a draft step's share of a target forward, so it is scored only
-        # while it may be worth playing, as model drafters are.
-        return True
+    # Its scoring is a forward of its layer and readout over the committed tokens: on a CPU
+    # several times a draft step's share of a target forward, so it is scored only while it
+    # may be worth playing, as model drafters are.
+    scored_by_own_forward = True
 
     def observe_features(self, position: int, hidden: Hidden) -> None:
         self.head_cache.observe(position, self._side_by_side(hidden))

@@ -96,9 +96,7 @@ class LayersDrafter(CausalLMDrafter):
         except ValueError as exc:
             raise ProfileError(pool.file, f"{key}.layers", str(exc)) from None
 
-    @property
-    def scored_by_own_forward(self) -> bool:
-        return False  # scored from the verify's hidden states
+    scored_by_own_forward = False  # scored from the verify's hidden states
 
     @torch.inference_mode()
     def forward_seconds(self, widths: Sequence[int], repeats: int) -> dict[int, float]:

@@ -230,9 +230,7 @@ class CausalLMDrafter(ModelBackedDrafter):
         super().reset()
         self._next = None
 
-    @property
-    def scored_by_own_forward(self) -> bool:
-        return True
+    scored_by_own_forward = True  # a forward of its own model over the tokens it did not draft
 
     def prepare_scoring(self, context: Sequence[int]) -> None:
         if self.lm.length < len(context) - 1:  # the last prompt token goes in with the first round's

@@ -24,6 +24,7 @@ import torch
 
 from specdraft.core.sampling import distributions
 from specdraft.drafters.base import TrajectoryScores
+from specdraft.drafters.registry import scored_by_own_forward
 from specdraft.errors import UsageError
 from specdraft.measurement.datasets import Example
 from specdraft.models.cached_lm import CachedLM
@@ -68,7 +69,7 @@ class TraceHeader:
     type: str = "header"
     # Per drafter: scored by a forward of its own over the tokens it did not draft (what a
     # full-information replay charges every round); None in traces from before it was
-    # recorded, where every kind but "layers" (scored from the verify's hidden states) is.
+    # recorded, where its kind says.
     scored_by_own_forward: list[bool] | None = None
 
     def catches_up(self, name: str) -> bool:
@@ -76,7 +77,7 @@ class TraceHeader:
         index = self.drafters.index(name)
         if self.scored_by_own_forward is not None:
             return self.scored_by_own_forward[index]
-        return self.kinds[index] != "layers"
+        return scored_by_own_forward(self.kinds[index])
 
 
 @dataclass
