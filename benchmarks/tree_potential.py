@@ -15,7 +15,8 @@ tokens read the target's real features, so a head's runs are optimistic).
     python benchmarks/tree_potential.py trace.jsonl --widths 1,1.00,1.17,1.46,1.49,1.57,1.63,1.82,1.84,2.01,2.04
 
 `--widths`: the verify cost at widths 1, 2, .. as multiples of width 1 (e.g. a column of
-README's width table; extended linearly past the last); default the trace's own line.
+README's width table; extended linearly past the last); default the trace's own (the target
+timed at every width up to K + 1 in traces that have it, else its line).
 `--search`: instead, per task (the prompt id's prefix before "-") and over all prompts, the
 best single drafter at its best cap against the best tree of two or more drafters, each at a
 cap of its own (1, 2, 3, 4 or 6): the most a static tree could give over one drafter.
@@ -38,6 +39,7 @@ import itertools
 import json
 
 from specdraft.measurement.hindsight import best_rate
+from specdraft.measurement.traces import ForwardCost
 
 SEARCH_CAPS = (1, 2, 3, 4, 6)
 
@@ -134,12 +136,12 @@ def main() -> None:
     args = parser.parse_args()
     lines = [json.loads(line) for line in open(args.trace)]
     header, prompts = lines[0], lines[1:]
-    target = header["costs"]["target"]
-    step = target["fixed"] + target["per_token"]
+    target = ForwardCost(**header["costs"]["target"])
+    step = target(1)
     if args.widths:
         cost = width_cost([float(r) for r in args.widths.split(",")])
-    else:
-        cost = width_cost([(target["fixed"] + w * target["per_token"]) / step for w in range(1, 3)])
+    else:  # the trace's own: its timed widths where it has them (each the cheapest wider one), else its line
+        cost = width_cost([target(w) / step for w in range(1, max(3, len(target.by_width or ())) + 1)])
     names = [name for name in header["drafters"] if name != "none"]
     scale = {name: float(x) for name, x in (item.split("=", 1) for item in args.draft_cost)}
     # A drafter drafts one token a forward: each costs its whole one-token forward.

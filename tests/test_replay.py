@@ -211,3 +211,21 @@ def test_full_information_replay_charges_catch_up_only_for_drafters_scored_by_th
     trace = Trace(header, [PromptTrace("p", "t", 2, list(range(n)), lanes)])
     (result,) = replay(trace, PolicyConfig("normalhedge", {"evaluate": "all"}), seed=0)  # the plain arm too
     assert result.rounds >= 1 and (result.simulated_s >= 100.0 * result.rounds) == charged
+
+
+def test_a_trace_times_the_target_at_every_verify_width_and_replay_pads_as_live_rounds_do(traced, tmp_path):
+    """The target's forward is timed at widths 1 .. K + 1; a verify of n tokens is priced at
+    the cheapest timed width >= n (live rounds pad to it), past them by the line."""
+    from specdraft.measurement.traces import ForwardCost
+
+    _, _, trace = traced
+    target = trace.header.costs["target"]
+    assert len(target.by_width) == trace.header.draft_tokens + 1 and all(t > 0 for t in target.by_width)
+    assert all(cost.by_width is None for name, cost in trace.header.costs.items() if name != "target")
+    trace.save(tmp_path / "t.jsonl")
+    assert Trace.load(tmp_path / "t.jsonl").header.costs["target"] == target
+
+    cost = ForwardCost(1.0, 0.5, [1.0, 2.0, 1.8, 3.0])
+    assert [cost(n) for n in range(6)] == [0.0, 1.0, 1.8, 1.8, 3.0, 3.5]
+    assert ForwardCost(1.0, 0.5, [1.0, 2.0, 1.8, 3.0, 4.0])(6) == 4.0  # never below the last width timed
+    assert ForwardCost(1.0, 0.5)(3) == 2.5  # traces from before: the line

@@ -48,13 +48,25 @@ class PromptTrace:
 
 @dataclass
 class ForwardCost:
-    """Seconds for a forward of n tokens with a warm cache: fixed + per_token * n."""
+    """Seconds for a forward of n tokens with a warm cache: fixed + per_token * n, or where
+    the forward was timed at every width 1 .. len(by_width) (the target's, whose curve is
+    not a line on a CPU), the cheapest timed width >= n: a verify is padded to a cheaper
+    wider width, as live rounds do (`RoundPlanner.verify_width`); past the widths timed, the
+    line, never below the last of them."""
 
     fixed: float
     per_token: float
+    by_width: list[float] | None = None
 
     def __call__(self, n: int) -> float:
-        return self.fixed + self.per_token * n if n > 0 else 0.0
+        if n <= 0:
+            return 0.0
+        line = self.fixed + self.per_token * n
+        if not self.by_width:
+            return line
+        if n <= len(self.by_width):
+            return min(self.by_width[n - 1:])
+        return max(line, self.by_width[-1])
 
 
 @dataclass
@@ -191,7 +203,7 @@ def measure_costs(runtime: Runtime, k: int, repeats: int = 5) -> dict[str, Forwa
     """Median seconds of a forward of 1 and of k + 1 tokens after a 64-token prefill;
     drafters that draft on the host cost nothing; a drafter with a network of its own
     that is not a causal LM times itself (`forward_seconds`)."""
-    costs = {"target": _forward_cost(runtime.engine.target, k, repeats)}
+    costs = {"target": _forward_cost(runtime.engine.target, k, repeats, every_width=True)}
     for drafter in runtime.drafters:
         model, own = drafter.causal_lm, drafter.forward_seconds((1, k + 1), repeats)
         if own is not None:
@@ -205,13 +217,14 @@ def measure_costs(runtime: Runtime, k: int, repeats: int = 5) -> dict[str, Forwa
 
 
 @torch.inference_mode()
-def _forward_cost(decoding: CachedLM, k: int, repeats: int) -> ForwardCost:
+def _forward_cost(decoding: CachedLM, k: int, repeats: int, every_width: bool = False) -> ForwardCost:
     """Timed on a fresh cache of the kind decoding uses (static + graphs on a GPU), after
-    two untimed passes per width (the first warms up, the second captures a graph)."""
+    two untimed passes per width (the first warms up, the second captures a graph); at
+    widths 1 and k + 1, or `every_width` 1 .. k + 1 (kept in `by_width`)."""
     lm = decoding.twin()
     device = lm.device
     lm.feed(torch.arange(3, 67, device=device) % 100, keep=1)
-    samples = {1: [], k + 1: []}
+    samples = {width: [] for width in (range(1, k + 2) if every_width else (1, k + 1))}
     for _ in range(2):
         for width in samples:
             lm.feed(torch.full((width,), 5, dtype=torch.long, device=device), keep=0)
@@ -225,4 +238,5 @@ def _forward_cost(decoding: CachedLM, k: int, repeats: int) -> ForwardCost:
             lm.crop(64)
     one, wide = statistics.median(samples[1]), statistics.median(samples[k + 1])
     per_token = max(0.0, (wide - one) / k)
-    return ForwardCost(max(0.0, one - per_token), per_token)
+    by_width = [statistics.median(samples[width]) for width in range(1, k + 2)] if every_width else None
+    return ForwardCost(max(0.0, one - per_token), per_token, by_width)
