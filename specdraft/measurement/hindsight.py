@@ -20,13 +20,14 @@ Option = tuple[int, float]  # (tokens the round commits, at least 1; its seconds
 Options = Callable[[int], Iterable[Option]]  # a prompt's options at a position
 
 
-def best_rounds(length: int, options: Options, price: float) -> tuple[float, float]:
-    """(tokens, seconds) of the rounds through a trajectory of `length` tokens with the most
-    tokens - price x seconds; a round never commits past the end."""
+def best_rounds(table: Sequence[Sequence[Option]], price: float) -> tuple[float, float]:
+    """(tokens, seconds) of the rounds through a trajectory with the most tokens - price x
+    seconds, `table` holding each position's options; a round never commits past the end."""
+    length = len(table)
     best = [(0.0, 0.0, 0.0)] * (length + 1)  # per position: (value, tokens, seconds) of the best rest
     for position in range(length - 1, -1, -1):
         choices = []
-        for tokens, seconds in options(position):
+        for tokens, seconds in table[position]:
             step = max(1, min(tokens, length - position))
             value, rest_tokens, rest_seconds = best[position + step]
             choices.append((step - price * seconds + value, step + rest_tokens, seconds + rest_seconds))
@@ -38,11 +39,13 @@ def best_rate(prompts: Sequence[tuple[int, Options]], at_least: float = 0.0, max
     """The highest tokens per second over `prompts` ((length, options) each) of any choice
     of rounds; 0 for no tokens. `at_least`: a rate some choice is known to reach (the
     iteration starts there: fewer passes)."""
+    # The options do not depend on the price: listed once, every pass reads them.
+    tables = [[list(options(position)) for position in range(length)] for length, options in prompts]
     price, rate = at_least, at_least
     for _ in range(max_steps):
         tokens = seconds = 0.0
-        for length, options in prompts:
-            t, s = best_rounds(length, options, price)
+        for table in tables:
+            t, s = best_rounds(table, price)
             tokens, seconds = tokens + t, seconds + s
         if seconds <= 0:
             return 0.0
