@@ -330,19 +330,6 @@ def test_a_draft_head_over_the_quantized_target_keeps_plain_decoding(qtarget):
     assert sum(r.drafted for r in records) > 0
 
 
-def test_conversion_checks_exact_codes_exactly_and_int8_rows_to_half_a_step():
-    from specdraft.models.file_quantization import reproduces
-
-    data = _random_blocks("Q6_K", 16, 512)
-    reference = torch.from_numpy(dequantize(data, GGMLQuantizationType.Q6_K).reshape(16, 512).copy())
-    rows = block_terms("Q6_K", data, (16, 512))
-    assert reproduces(rows, reference, exact=False) and not reproduces(rows, reference, exact=True)
-    shuffled = rows.rows(np.roll(np.arange(16), 1))  # a row order the file does not have
-    assert not reproduces(shuffled, reference, exact=False)
-    exact = block_terms("Q4_K", _random_blocks("Q4_K", 16, 512), (16, 512))
-    assert reproduces(exact, torch.from_numpy(exact.dense().astype(np.float32)), exact=True)
-
-
 def test_the_architecture_is_read_from_the_header_alone(tmp_path):
     from gguf import GGUFWriter
 

@@ -9,21 +9,17 @@ groups for Q8_0, int8 rows for the rest) and runs on specdraft's block kernels
 float32. The input embedding keeps the file's own blocks and dequantizes only the rows it
 looks up (or, tied to the head, reads them from the head's codes).
 
-Conversion reads the file twice: transformers dequantizes it (which gives the config, the
-tokenizer, the float tensors and, for every matrix, the reference its codes are checked
-against: a mismatch, e.g. a permutation this module does not know, falls back to int8 rows
-of transformers' weight with a warning), and `gguf` reads the raw blocks. What is cached is
-what runs (quantized_entry.py); the embedding modules are in quantized_embedding.py, the
-header read that decides whether a file runs here in gguf_header.py.
+This module decides whether a file runs so and puts given codes into a model in memory
+(tests build their quantized models with it); a file's model is built from its mapping by
+gguf_mapping.py, the embedding modules are in quantized_embedding.py, the header read that
+decides whether a file runs here in gguf_header.py.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -32,19 +28,14 @@ from torch import nn
 from specdraft.config.model_spec import ModelSpec
 from specdraft.errors import ProfileError
 from specdraft.models.block_linear import BlockLinear
-from specdraft.models.gguf_blocks import EXACT_TYPES, GROUP, Int4Terms, Int8Codes, block_terms, int8_rows
+from specdraft.models.gguf_blocks import Int4Terms, Int8Codes
 from specdraft.models.gguf_header import gguf_architecture
+from specdraft.models.gguf_mapping import ARCHITECTURES
 from specdraft.models.native import kernel_problem
 from specdraft.models.quantized_embedding import QuantizedEmbedding, TiedEmbedding
 
 log = logging.getLogger("specdraft")
 
-ARCHITECTURES = ("llama", "qwen2", "mistral")  # whose GGUF tensor names are mapped below
-# GGUF's names of a decoder layer's matrices -> transformers' module paths inside the layer
-_LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-                "ffn_down": "mlp.down_proj"}
-_TOLERANCE = 1e-5  # relative to a matrix's largest weight: float32 rounding of the reference, nothing more
 
 
 @dataclass
@@ -89,86 +80,6 @@ def runs_on_file_codes(spec: ModelSpec, gguf: Path, device: torch.device, file: 
         log.warning("%s runs dequantized to float32: its own quantization cannot run here (%s)",
                     spec.describe(), problem)
         return False
-    return True
-
-
-def read_file_codes(gguf: Path, model: nn.Module) -> FileCodes:
-    """The codes of every quantized matrix of `gguf`, in transformers' row order and checked
-    against `model`'s (transformers' dequantized) weights."""
-    from gguf import GGUFReader
-
-    config = model.config
-    modules = dict(model.named_modules())
-    found = FileCodes()
-    for tensor in GGUFReader(str(gguf)).tensors:
-        path = _module_path(tensor.name)
-        if path is None or len(tensor.shape) != 2 or path not in modules:
-            continue
-        shape = (int(tensor.shape[1]), int(tensor.shape[0]))  # GGUF lists dimensions innermost first
-        type_name = tensor.tensor_type.name
-        reference = _weight_of(modules[path])
-        if reference is None or tuple(reference.shape) != shape or shape[1] % GROUP:
-            continue
-        codes = block_terms(type_name, tensor.data, shape)
-        if codes is None:
-            continue  # a float tensor in the file: it stays float
-        if path == "model.embed_tokens":
-            found.embedding = (type_name, np.ascontiguousarray(tensor.data).reshape(shape[0], -1).view(np.uint8))
-        order = _row_order(config, path, shape[0])
-        if order is not None:
-            codes = codes.rows(order)
-        if not reproduces(codes, reference, exact=type_name in EXACT_TYPES):
-            log.warning("%s: the file's %s codes do not reproduce transformers' weight; it runs on int8 rows "
-                        "of that weight instead", path, type_name)
-            codes = int8_rows(reference.float().numpy())
-        found.matrices[path] = codes
-    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
-    found.tied = "lm_head" not in found.matrices and "model.embed_tokens" in found.matrices \
-        and head is not None and head.weight.data_ptr() == embedding.weight.data_ptr()
-    if not found.tied:
-        found.matrices.pop("model.embed_tokens", None)  # looked up from its blocks, never multiplied
-    return found
-
-
-def _module_path(name: str) -> str | None:
-    if name == "token_embd.weight":
-        return "model.embed_tokens"
-    if name == "output.weight":
-        return "lm_head"
-    match = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", name)
-    if match and match.group(2) in _LAYER_NAMES:
-        return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
-    return None
-
-
-def _row_order(config: Any, path: str, rows: int) -> np.ndarray | None:
-    """llama.cpp stores a llama model's query and key rows permuted for its rotary layout;
-    transformers undoes it on load (the same permutation here, applied to row indices)."""
-    if config.model_type != "llama" or not path.endswith(("q_proj", "k_proj")):
-        return None
-    heads = config.num_attention_heads if path.endswith("q_proj") else config.num_key_value_heads
-    half = rows // heads // 2
-    return np.arange(rows).reshape(heads, half, 2).swapaxes(2, 1).reshape(rows)
-
-
-def _weight_of(module: nn.Module) -> torch.Tensor | None:
-    weight = getattr(module, "weight", None)
-    return weight.detach() if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
-
-
-def reproduces(codes: Int4Terms | Int8Codes, reference: torch.Tensor, exact: bool, chunk: int = 8192) -> bool:
-    """Whether the codes reproduce `reference` [N, K]: to float32 rounding when they were
-    read exactly, within half an int8 step of each row when they were rounded to int8 rows
-    (in row chunks: a large vocabulary's table in float64 would be gigabytes)."""
-    expected = reference.float().numpy()
-    for start in range(0, codes.shape[0], chunk):
-        rows = np.arange(start, min(start + chunk, codes.shape[0]))
-        error = np.abs(codes.rows(rows).dense() - expected[rows])
-        largest = np.abs(expected[rows]).max(axis=1, keepdims=True)
-        if exact and error.max() > _TOLERANCE * max(float(largest.max()), 1e-30):
-            return False
-        if not exact and np.any(error > largest / 254.0 * (1 + _TOLERANCE) + 1e-30):
-            return False
     return True
 
 

@@ -2,9 +2,12 @@
 config + tokenizer under SPECDRAFT_CACHE_DIR/gguf/<stem>[-<flavour>]-<key>/, so later loads
 take seconds instead of tens of seconds.
 
-- An entry holds what the model will run on: its block codes (the flavour named by
-  quantized_entry.FORMAT, which writes it), or the weights dequantized into the dtype the
-  model runs in (a bfloat16 entry is half a float32 one's bytes and casts nothing).
+- An entry holds the weights dequantized into the dtype the model runs in (a bfloat16 entry
+  is half a float32 one's bytes and casts nothing), or, for a model on its file's own
+  quantization, only the config and tokenizer (`gguf_loading.METADATA`): its weights load
+  from the mapped file faster than from a second copy (README, "Loading"). Entries of
+  specdraft 0.1 that held the repacked weights are removed on the next load
+  (`remove_weight_entries`).
 - The key follows the file's content, not its path (gguf_key.py). `<stem>` is only for
   people: a lookup takes any entry ending in the key, whatever file name converted it.
 - An older specdraft keyed entries by path, size and mtime: the one for this very file is
@@ -110,6 +113,29 @@ def converted_gguf(gguf: Path, file: str, key: str, load: Callable[[Path, str], 
     return folder
 
 
+# specdraft 0.1 cached a model on its own quantization as repacked weights (about the file's
+# size again); its flavours are removed by the load that no longer needs them.
+OLD_WEIGHT_FLAVOURS = ("specdraft-file-quantization-3", "specdraft-file-quantization-2",
+                       "specdraft-file-quantization-1")
+
+
+def remove_weight_entries(gguf: Path) -> None:
+    """Remove this file's cache entries of repacked weights written by specdraft 0.1."""
+    import shutil
+
+    try:
+        folders = [entry_folder(gguf, flavour) for flavour in OLD_WEIGHT_FLAVOURS]
+    except OSError:
+        return
+    for folder in folders:
+        if folder.is_dir():
+            size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+            with _locked(folder.parent / f"{folder.name.rsplit('-', 1)[-1]}.lock", gguf.name):
+                shutil.rmtree(folder, ignore_errors=True)
+            log.info("removed %s (%.0f MB): the weights of %s now load from the file itself", folder,
+                     size / 1e6, gguf.name)
+
+
 def estimate_seconds(gguf: Path) -> int:
     return max(5, round(gguf.stat().st_size / 1e6 * _SECONDS_PER_MB))
 
@@ -160,7 +186,6 @@ def _convert(gguf: Path, folder: Path, file: str, key: str, load: Callable[[Path
         model, tokenizer = load(gguf)
     except (OSError, ValueError, KeyError) as exc:
         raise ProfileError(file, key, f"cannot read GGUF file {gguf}: {_first_line(exc)}") from None
-    tie_absent_head(model, gguf, file, key)
     with atomic_files.staged_folder(folder) as staging:
         write(model, gguf, staging)
         model.config.save_pretrained(staging)

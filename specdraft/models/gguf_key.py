@@ -17,6 +17,7 @@ renames the entry of this very file to its content key instead of converting aga
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import struct
@@ -37,7 +38,14 @@ def entry_key(gguf: Path, dtype: str = "float32") -> str:
 
 
 def content_fingerprint(gguf: Path) -> str:
-    """sha256 of the file's size and the bytes of `sampled_regions` (see the module's doc)."""
+    """sha256 of the file's size and the bytes of `sampled_regions` (see the module's doc);
+    computed once per process for a file that has not changed since."""
+    stat = os.stat(gguf)
+    return _fingerprint(str(Path(gguf).resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+
+
+@functools.lru_cache(maxsize=16)
+def _fingerprint(gguf: str, size: int, mtime_ns: int, inode: int) -> str:
     digest = hashlib.sha256()
     with open(gguf, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size

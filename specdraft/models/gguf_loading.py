@@ -1,9 +1,10 @@
-"""Loading a .gguf model: through the conversion cache (gguf_cache.py), either dequantized
-into a dtype or, on a CPU by default, on the file's own block codes (file_quantization.py).
+"""Loading a .gguf model: on a CPU by default on the file's own block codes, built from the
+mapped file (gguf_mapping.py) with the config and tokenizer from a small metadata entry of
+the cache; or dequantized into a dtype through the conversion cache (gguf_cache.py), where
+transformers reads the file (its GGUF support dequantizes every tensor) once.
 
-transformers reads the file (its GGUF support dequantizes every tensor); the cached entry
-then loads in seconds. When the cache cannot be written the model is read straight from the
-file on every load; a cached entry that still fails to load is rebuilt once.
+When the cache cannot be written, what it would hold is read from the file on every load; a
+cached entry that fails to load is rebuilt once.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Callable
 
 import torch
 
@@ -23,11 +26,20 @@ from specdraft.models.hub import first_line, from_pretrained, hub_offline, patch
 
 log = logging.getLogger("specdraft")
 
+METADATA = "gguf-metadata-1"  # the flavour of an entry holding a GGUF's config and tokenizer only
+# What a command shows while a model's tensors load: called with (bytes done, bytes in all).
+LOAD_PROGRESS: ContextVar[Callable[[int, int], None] | None] = ContextVar("load_progress", default=None)
+
 
 def converted_float(gguf: Path, file: str, key: str, dtype: torch.dtype) -> Path | None:
     """The cache entry of `gguf` dequantized into `dtype` (converted first when needed), or
     None when the cache cannot be written."""
-    return gguf_cache.converted_gguf(gguf, file, key, read_gguf, dtype_name(dtype))
+    def read_tied(path: Path, dtype_text: str) -> tuple[Any, Any]:
+        model, tokenizer = read_gguf(path, dtype_text)
+        gguf_cache.tie_absent_head(model, path, file, key)
+        return model, tokenizer
+
+    return gguf_cache.converted_gguf(gguf, file, key, read_tied, dtype_name(dtype))
 
 
 def load_gguf(gguf: Path, dtype: torch.dtype, kwargs: dict, file: str, key: str) -> tuple[Any, Any]:
@@ -52,31 +64,52 @@ def load_gguf(gguf: Path, dtype: torch.dtype, kwargs: dict, file: str, key: str)
     raise AssertionError("unreachable")
 
 
-def load_gguf_quantized(gguf: Path, file: str, key: str) -> tuple[Any, Any]:
-    """(tokenizer, model) on the file's own quantization, from the conversion cache (converted
-    once; straight from the file, slowly, when the cache cannot be written)."""
-    from transformers import AutoTokenizer
+def load_gguf_mapped(gguf: Path, file: str, key: str) -> tuple[Any, Any]:
+    """(tokenizer, model) on the file's own quantization, built from the mapped file
+    (gguf_mapping.py). The cache keeps only what is slow to derive and small: the config and
+    the tokenizer transformers builds from the file's metadata (seconds for a large
+    vocabulary); an entry of an older specdraft holding the repacked weights is removed."""
+    from specdraft.models.gguf_file import GGUFError, GGUFFile
+    from specdraft.models.gguf_mapping import mapped_model
 
-    from specdraft.models import file_quantization as fq
-    from specdraft.models import quantized_entry
-
-    def write(model: Any, source: Path, folder: Path) -> None:
-        quantized_entry.save_entry(model, fq.read_file_codes(source, model), folder)
-
+    gguf_cache.remove_weight_entries(gguf)
     for attempt in (1, 2):
-        folder = gguf_cache.converted_gguf(gguf, file, key, lambda path, _: read_gguf(path), quantized_entry.FORMAT,
-                                           write)
-        if folder is None:
-            model, tokenizer = read_gguf(gguf)
-            gguf_cache.tie_absent_head(model, gguf, file, key)
-            return tokenizer, fq.quantized_in_place(model, fq.read_file_codes(gguf, model))
+        folder = gguf_cache.converted_gguf(gguf, file, key, lambda path, _: read_metadata(path), METADATA,
+                                           lambda model, source, staging: None)
         try:
-            with hub_offline(True):
-                tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-            return tokenizer, quantized_entry.load_entry(folder)
+            config, tokenizer = _metadata(gguf if folder is None else folder, gguf.name if folder is None else None)
         except Exception as exc:
+            if folder is None:
+                raise ProfileError(file, key, f"cannot read GGUF file {gguf}: {first_line(exc)}") from None
             _failed_entry(gguf, folder, attempt, exc, file, key)
+            continue
+        try:
+            mapped = GGUFFile(gguf)
+            return tokenizer, mapped_model(mapped, config, LOAD_PROGRESS.get())
+        except GGUFError as exc:
+            raise ProfileError(file, key, str(exc)) from None
     raise AssertionError("unreachable")
+
+
+def read_metadata(gguf: Path) -> tuple[Any, Any]:
+    """(an object with the config and generation config, tokenizer) from the file's metadata
+    alone: what a metadata entry saves."""
+    config, tokenizer = _metadata(gguf, gguf.name)
+    from transformers import GenerationConfig
+
+    return SimpleNamespace(config=config, generation_config=GenerationConfig.from_model_config(config)), tokenizer
+
+
+def _metadata(location: Path, gguf_name: str | None) -> tuple[Any, Any]:
+    """(config, tokenizer) of a metadata entry folder, or of a GGUF file's metadata."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder = location.parent if gguf_name else location
+    extra = {"gguf_file": gguf_name} if gguf_name else {}
+    with hub_offline(True):
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True, **extra)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, **extra)
+    return config, tokenizer
 
 
 def _failed_entry(gguf: Path, folder: Path, attempt: int, exc: Exception, file: str, key: str) -> None:

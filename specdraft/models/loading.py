@@ -21,7 +21,7 @@ from specdraft.config.model_spec import ModelSpec
 from specdraft.errors import ProfileError
 # resolve_device and native_bf16 are imported from here by commands and drafters: kept importable.
 from specdraft.models.devices import native_bf16, resolve_device, resolve_dtype  # noqa: F401
-from specdraft.models.gguf_loading import converted_float, load_gguf, load_gguf_quantized
+from specdraft.models.gguf_loading import converted_float, load_gguf, load_gguf_mapped
 from specdraft.models.hub import default_dtype_kept, first_line, from_pretrained, hub_offline
 from specdraft.models.quiet import apply_to_transformers
 
@@ -69,7 +69,7 @@ def load_model(spec: ModelSpec, file: str, key: str) -> LoadedModel:
     if gguf_name and runs_on_file_codes(spec, Path(location) / gguf_name, device, file, key):
         apply_to_transformers()
         with default_dtype_kept():
-            tokenizer, model = load_gguf_quantized(Path(location) / gguf_name, file, key)
+            tokenizer, model = load_gguf_mapped(Path(location) / gguf_name, file, key)
         return LoadedModel(model, tokenizer, spec.describe())
     requantized = spec.quantization in ("int8", "int4", "8bit", "4bit")
     bitsandbytes = requantized and (spec.quantization in ("8bit", "4bit") or device.type != "cpu")

@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in
-                ("cpu_kernels.c", "cpu_kernels_vnni.c", "cpu_attention.c", "cpu_decoder.c"))
+                ("cpu_kernels.c", "cpu_kernels_vnni.c", "cpu_attention.c", "cpu_decoder.c", "cpu_repack.c"))
 HEADER = Path(__file__).with_name("cpu_kernels_shared.h")  # included by every source
 # SPECDRAFT_KERNEL_ISA: the block products' instruction set (auto: AVX-512 VNNI where the CPU
 # has it, else AVX2). The results are the same bit for bit; avx2 measures what an AVX2-only
@@ -127,6 +127,11 @@ def _declared(loaded: ctypes.CDLL) -> ctypes.CDLL:
     loaded.attention_block.restype = integer
     loaded.attention_block.argtypes = [pointer, integer, integer, integer, integer, integer, pointer, pointer,
                                        pointer, pointer, integer, ctypes.c_float, pointer, pointer, integer]
+    loaded.repack_terms.restype = integer
+    loaded.repack_terms.argtypes = [integer]
+    loaded.repack_tensor.restype = integer
+    loaded.repack_tensor.argtypes = [pointer, ctypes.c_int64, integer, ctypes.c_int64, ctypes.c_int64, pointer, pointer,
+                                     pointer, pointer, integer, integer]
     return loaded
 
 

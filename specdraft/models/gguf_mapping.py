@@ -1,0 +1,242 @@
+"""A GGUF model built from its mapped file, as llama.cpp loads one: every quantized matrix is
+repacked into the block products' layout as it is read (repack.py, in C), an untied
+embedding is looked up from the file's own blocks in the mapping (nothing copied), and only
+norms and biases are copied, as float32. Nothing goes through a float32 copy of the model, so
+loading needs about the model's own memory, and a model that cannot fit is refused before
+anything large is allocated (`check_memory`).
+
+The module tree is transformers' (built empty from the config), so the lean forward, the
+caches and every drafter see the same model they always did. Which file tensor fills which
+module is the table below (llama, qwen2 and mistral share it).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from specdraft.errors import SpecdraftError
+from specdraft.models.block_linear import BLOCK, BlockLinear
+from specdraft.models.gguf_blocks import GROUP
+from specdraft.models.gguf_file import GGUFError, GGUFFile, TensorInfo
+from specdraft.models.quantized_embedding import QuantizedEmbedding, TiedEmbedding
+from specdraft.models.repack import TYPE_NUMBERS, repacked
+from specdraft.models.native import library
+
+log = logging.getLogger("specdraft")
+
+ARCHITECTURES = ("llama", "qwen2", "mistral")  # whose GGUF tensors are mapped below
+_LAYER_MATRICES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                   "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                   "ffn_down": "mlp.down_proj"}
+_LAYER_VECTORS = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight"}
+_GLOBAL_VECTORS = {"output_norm.weight": "model.norm.weight"}
+_IGNORED = ("rope_freqs.weight",)  # llama 3's rope scaling, which the config carries as well
+_FLOATS = ("F32", "F16", "BF16")
+
+Progress = Callable[[int, int], None]  # (bytes done, bytes in all)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one file tensor goes: a matrix (module path), or a float tensor (parameter name)."""
+
+    tensor: TensorInfo
+    target: str
+    matrix: bool
+
+
+def placements(gguf: GGUFFile) -> list[Placement]:
+    """Every tensor of the file and where it goes; a tensor the table does not know is an error."""
+    found = []
+    for info in gguf.tensors.values():
+        name = info.name
+        layer = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
+        if name == "token_embd.weight":
+            found.append(Placement(info, "model.embed_tokens", True))
+        elif name == "output.weight":
+            found.append(Placement(info, "lm_head", True))
+        elif name in _GLOBAL_VECTORS:
+            found.append(Placement(info, _GLOBAL_VECTORS[name], False))
+        elif layer and layer.group(2) in _LAYER_MATRICES:
+            path = f"model.layers.{layer.group(1)}.{_LAYER_MATRICES[layer.group(2)]}"
+            weight = layer.group(3) == "weight"
+            found.append(Placement(info, path if weight else f"{path}.bias", weight))
+        elif layer and f"{layer.group(2)}.{layer.group(3)}" in _LAYER_VECTORS:
+            found.append(Placement(info, f"model.layers.{layer.group(1)}."
+                                         f"{_LAYER_VECTORS[layer.group(2) + '.' + layer.group(3)]}", False))
+        elif name not in _IGNORED:
+            raise GGUFError(f"{gguf.path.name}: tensor {name} has no place in a {gguf.architecture} model")
+    return found
+
+
+def resident_bytes(places: list[Placement], tied: bool) -> int:
+    """The bytes the loaded model holds (its repacked matrices and float tensors; an untied
+    quantized embedding stays in the file's mapping and counts nothing)."""
+    total = 0
+    for place in places:
+        info = place.tensor
+        rows, cols = info.rows_cols
+        if not place.matrix or info.type_name in _FLOATS:
+            total += rows * cols * 4
+        elif place.target == "model.embed_tokens" and not tied:
+            continue
+        else:
+            terms = library().repack_terms(TYPE_NUMBERS[info.type_name])
+            groups, blocks = cols // GROUP * max(terms, 1), -(-rows // BLOCK)
+            total += blocks * groups * (256 + 2 * 20) if terms > 0 else blocks * groups * (512 + BLOCK * 4)
+    return total
+
+
+def available_bytes() -> int | None:
+    """Memory this process may still use: SPECDRAFT_MEMORY_LIMIT (bytes, or with a K/M/G
+    suffix) when set, else the kernel's MemAvailable, lowered by a cgroup limit if any."""
+    limit = os.environ.get("SPECDRAFT_MEMORY_LIMIT")
+    if limit:
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        try:
+            return int(float(limit[:-1]) * units[limit[-1].upper()]) if limit[-1].upper() in units else int(limit)
+        except ValueError:
+            raise SpecdraftError(f"SPECDRAFT_MEMORY_LIMIT={limit!r} is not a number of bytes (e.g. 8G)") from None
+    found = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    try:
+        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+        if text != "max":
+            found.append(int(text) - used)
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def check_memory(name: str, needed: int) -> None:
+    """Refuse, in one line, a model whose weights would not fit in the memory left."""
+    available = available_bytes()
+    if available is not None and needed > available:
+        raise SpecdraftError(f"{name} needs {needed / 2**30:.1f} GiB of memory for its weights, but only "
+                             f"{max(available, 0) / 2**30:.1f} GiB is available: close other programs or use a "
+                             f"smaller quantization of the model")
+
+
+def mapped_model(gguf: GGUFFile, config: Any, progress: Progress | None = None) -> nn.Module:
+    """The model of `gguf` on its file's own quantization, built from the mapping."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    if gguf.architecture not in ARCHITECTURES:
+        raise GGUFError(f"{gguf.path.name}: architecture {gguf.architecture} is not mapped "
+                        f"({', '.join(ARCHITECTURES)} are)")
+    places = placements(gguf)
+    tied = "output.weight" not in gguf.tensors
+    check_memory(gguf.path.name, resident_bytes(places, tied))
+    config.tie_word_embeddings = False  # two modules: transformers must not tie them again
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config = GenerationConfig.from_model_config(config)
+    _fill(model, gguf, places, tied, progress)
+    missing = [name for name, p in list(model.named_parameters()) + list(model.named_buffers()) if p.is_meta]
+    if missing:
+        raise GGUFError(f"{gguf.path.name} has no tensor for {len(missing)} of the model's weights "
+                        f"(first: {missing[0]})")
+    return model.eval()
+
+
+def _fill(model: nn.Module, gguf: GGUFFile, places: list[Placement], tied: bool, progress: Progress | None) -> None:
+    floats = {place.target: place for place in places if not place.matrix}
+    total, done = sum(place.tensor.nbytes for place in places), 0
+    state: dict[str, torch.Tensor] = {}
+    for place in places:
+        info = place.tensor
+        if place.matrix:
+            _place_matrix(model, gguf, place, floats, tied, state)
+        else:
+            state[place.target] = torch.from_numpy(np.array(gguf.floats(info.name)))  # a copy: pages are released
+        if not (place.target == "model.embed_tokens" and not tied):
+            _release(gguf, info)  # its pages are in the layer now: the mapping need not hold them
+        done += info.nbytes
+        if progress is not None:
+            progress(done, total)
+    biases = {f"{path}.bias" for path, m in model.named_modules() if isinstance(m, BlockLinear)}
+    model.load_state_dict({k: v for k, v in state.items() if k not in biases}, strict=False, assign=True)
+
+
+def _place_matrix(model: nn.Module, gguf: GGUFFile, place: Placement, floats: dict, tied: bool,
+                  state: dict[str, torch.Tensor]) -> None:
+    info, path = place.tensor, place.target
+    bias_place = floats.get(f"{path}.bias")
+    bias = None if bias_place is None else torch.from_numpy(np.array(gguf.floats(bias_place.tensor.name)))
+    if path == "model.embed_tokens" and not tied:
+        model.set_submodule(path, _embedding(gguf, info, model.config.hidden_size))
+        return
+    if info.type_name in _FLOATS:  # a float matrix stays a float32 nn.Linear
+        weight = torch.from_numpy(np.array(gguf.floats(info.name)))
+        if path == "model.embed_tokens":
+            state["model.embed_tokens.weight"] = state["lm_head.weight"] = weight
+        else:
+            state[f"{path}.weight"] = weight
+            if bias is not None:
+                state[f"{path}.bias"] = bias
+        return
+    layer = repacked(info, gguf.data(info.name), _row_order(gguf, path, info.rows_cols[0]), bias)
+    if path == "model.embed_tokens":  # tied: the head's codes serve both
+        model.set_submodule("lm_head", layer)
+        model.set_submodule(path, TiedEmbedding(layer))
+    else:
+        model.set_submodule(path, layer)
+
+
+def _embedding(gguf: GGUFFile, info: TensorInfo, dim: int) -> nn.Module:
+    """An untied input embedding: the file's own rows, looked up in the mapping."""
+    rows, cols = info.rows_cols
+    if info.type_name == "BF16" or cols != dim:
+        table = torch.from_numpy(np.array(gguf.floats(info.name)))
+        return nn.Embedding.from_pretrained(table, freeze=True)
+    blocks = torch.from_numpy(gguf.data(info.name).reshape(rows, -1))
+    return QuantizedEmbedding(blocks, info.type_name, dim)
+
+
+def _row_order(gguf: GGUFFile, path: str, rows: int) -> np.ndarray | None:
+    """llama.cpp stores a llama model's query and key rows permuted for its rotary layout;
+    transformers' modules expect them back in order (as its own GGUF loader does for files
+    of architecture llama)."""
+    if gguf.architecture != "llama" or not path.endswith(("q_proj", "k_proj")):
+        return None
+    heads = gguf.field("attention.head_count")
+    if path.endswith("k_proj"):
+        heads = gguf.field("attention.head_count_kv", heads)
+    if not isinstance(heads, (int, np.integer)) or heads <= 0 or rows % (2 * heads):
+        raise GGUFError(f"{gguf.path.name}: {rows} query/key rows cannot be split into {heads} heads")
+    half = rows // heads // 2
+    return np.arange(rows).reshape(int(heads), half, 2).swapaxes(2, 1).reshape(rows)
+
+
+def _release(gguf: GGUFFile, info: TensorInfo) -> None:
+    """Drop the mapping's pages of a tensor already copied into its layer (a private mapping
+    reads them again from the file if ever touched), so the load's peak memory is the
+    model's, not the model's plus the file's."""
+    mapping = gguf._map
+    if mapping is None or not hasattr(mapping, "madvise"):
+        return
+    page = mmap.PAGESIZE
+    start = -(-info.offset // page) * page
+    end = (info.offset + info.nbytes) // page * page
+    if end > start:
+        try:
+            mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
+        except (OSError, ValueError):
+            pass
