@@ -127,11 +127,13 @@ def _configs(opts: BenchOptions, profile: Profile, flags: list[str] | None, exam
     from specdraft.measurement.benchmark import plain_config, policy_configs
     from specdraft.runtime import build_runtime
     from specdraft.session.prompt_ids import check_prompts
+    from specdraft.ui.progress import loading
 
     # transformers' own generation runs on the stock kernels (what its users get), so a packed
     # target keeps its dense weights too when it is a baseline.
     baselines = _baselines(opts.baseline)
-    runtime = build_runtime(profile, keep_dense="transformers" in baselines, record=False)
+    with loading(console):
+        runtime = build_runtime(profile, keep_dense="transformers" in baselines, record=False)
     learning = [d.name for d in profile.drafters if getattr(d.options, "learn", False)]
     if learning:
         console.print(f"note: {', '.join(learning)} draft(s) from the learned store as it was at the start and "

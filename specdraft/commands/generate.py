@@ -11,7 +11,6 @@ input line N.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import sys
@@ -117,8 +116,9 @@ def _load(opts: GenerateOptions, profile: Profile, saved_state: dict | None, con
     """The runtime, with the saved policy state loaded into its policy driver."""
     from specdraft.runtime import build_runtime
     from specdraft.session.prompt_ids import check_budget, context_limit
+    from specdraft.ui.progress import loading
 
-    with console.status("loading models…") if console.is_terminal else contextlib.nullcontext():
+    with loading(console):
         runtime = build_runtime(profile)
     check_budget(context_limit(runtime))
     if saved_state is not None:

@@ -37,9 +37,10 @@ def trace_with_progress(profile, examples, chat: bool | None, console: Console, 
     from specdraft.measurement.traces import TraceWriter, record_trace
     from specdraft.runtime import build_runtime
     from specdraft.session.prompt_ids import check_prompts
-    from specdraft.ui.progress import progress_bar
+    from specdraft.ui.progress import loading, progress_bar
 
-    runtime = build_runtime(profile, record=False)
+    with loading(console):
+        runtime = build_runtime(profile, record=False)
     check_prompts(runtime, ((e.id, e.prompt) for e in examples), chat, f"--data {data}")
     writer = TraceWriter(out) if out else None
     traced = 0

@@ -4,7 +4,7 @@ take seconds instead of tens of seconds.
 
 - An entry holds the weights dequantized into the dtype the model runs in (a bfloat16 entry
   is half a float32 one's bytes and casts nothing), or, for a model on its file's own
-  quantization, only the config and tokenizer (`gguf_loading.METADATA`): its weights load
+  quantization, only the config and tokenizer (`METADATA`): its weights load
   from the mapped file faster than from a second copy (README, "Loading"). Entries of
   specdraft 0.1 that held the repacked weights are removed on the next load
   (`remove_weight_entries`).
@@ -42,6 +42,7 @@ from specdraft.models.gguf_key import entry_key, label, legacy_name
 
 log = logging.getLogger("specdraft")
 
+METADATA = "gguf-metadata-1"  # the flavour of an entry holding a GGUF's config and tokenizer only
 # Conversion seconds per MB of GGUF, from the demo file on a 2-core CPU: only for the
 # estimate the first load announces.
 _SECONDS_PER_MB = 0.35
@@ -108,7 +109,10 @@ def converted_gguf(gguf: Path, file: str, key: str, load: Callable[[Path, str], 
             return folder
         if problem != "missing":
             log.warning("cached conversion %s is unusable (%s); rebuilding it", folder, problem)
-        log.info("converting %s to %s once (~%d s), cached at %s", gguf.name, dtype, seconds, folder)
+        if dtype == METADATA:
+            log.info("reading %s's config and tokenizer once, cached at %s", gguf.name, folder)
+        else:
+            log.info("converting %s to %s once (~%d s), cached at %s", gguf.name, dtype, seconds, folder)
         _convert(gguf, folder, file, key, lambda path: load(path, dtype), write or _write_float)
     return folder
 

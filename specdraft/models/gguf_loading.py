@@ -22,11 +22,11 @@ import torch
 from specdraft.errors import ProfileError
 from specdraft.models import gguf_cache
 from specdraft.models.devices import dtype_name
+from specdraft.models.gguf_cache import METADATA
 from specdraft.models.hub import first_line, from_pretrained, hub_offline, patched
 
 log = logging.getLogger("specdraft")
 
-METADATA = "gguf-metadata-1"  # the flavour of an entry holding a GGUF's config and tokenizer only
 # What a command shows while a model's tensors load: called with (bytes done, bytes in all).
 LOAD_PROGRESS: ContextVar[Callable[[int, int], None] | None] = ContextVar("load_progress", default=None)
 
@@ -72,6 +72,10 @@ def load_gguf_mapped(gguf: Path, file: str, key: str) -> tuple[Any, Any]:
     from specdraft.models.gguf_file import GGUFError, GGUFFile
     from specdraft.models.gguf_mapping import mapped_model
 
+    try:
+        mapped = GGUFFile(gguf)  # its header checked before anything reads it further
+    except GGUFError as exc:
+        raise ProfileError(file, key, str(exc)) from None
     gguf_cache.remove_weight_entries(gguf)
     for attempt in (1, 2):
         folder = gguf_cache.converted_gguf(gguf, file, key, lambda path, _: read_metadata(path), METADATA,
@@ -84,7 +88,6 @@ def load_gguf_mapped(gguf: Path, file: str, key: str) -> tuple[Any, Any]:
             _failed_entry(gguf, folder, attempt, exc, file, key)
             continue
         try:
-            mapped = GGUFFile(gguf)
             return tokenizer, mapped_model(mapped, config, LOAD_PROGRESS.get())
         except GGUFError as exc:
             raise ProfileError(file, key, str(exc)) from None

@@ -45,3 +45,36 @@ def progress_bar(console: Console, label: str, total: int) -> Iterator[Ticker]:
     with progress:
         task = progress.add_task(escape(label), total=total)
         yield Ticker(console, progress, task, label)
+
+
+SHOW_AFTER_S = 2.0  # a load that takes longer than this shows how far it got
+
+
+@contextlib.contextmanager
+def loading(console: Console, label: str = "loading models…") -> Iterator[None]:
+    """While models load: a spinner on a terminal, which becomes a bar of the weights read
+    once a model's tensors have taken SHOW_AFTER_S (models/gguf_loading.LOAD_PROGRESS).
+    Nothing is drawn elsewhere (the log says what loads)."""
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+
+    from specdraft.models.gguf_loading import LOAD_PROGRESS
+
+    if not console.is_terminal:
+        yield
+        return
+    began = time.perf_counter()
+    with console.status(label) as status:
+        def report(done: int, total: int) -> None:
+            if time.perf_counter() - began < SHOW_AFTER_S or total <= 0:
+                return
+            row = Table.grid(padding=(0, 1))
+            row.add_row(label, ProgressBar(total=total, completed=done, width=30),
+                        f"{done / total:4.0%} of {total / 1e9:.1f} GB")
+            status.update(row)
+
+        token = LOAD_PROGRESS.set(report)
+        try:
+            yield
+        finally:
+            LOAD_PROGRESS.reset(token)

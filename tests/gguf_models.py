@@ -1,0 +1,114 @@
+"""Tiny random models written as GGUF files in a real architecture's layout (the `gguf`
+package writes them): what the loader, the kernels and llama.cpp are checked on. A byte-level
+BPE tokenizer (GPT-2's byte alphabet and a few merges) makes them loadable by transformers
+and llama.cpp alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+K_TYPES = {"Q4_K": (144, (0, 2)), "Q5_K": (176, (0, 2)), "Q6_K": (210, (208,)), "Q3_K": (110, (108,)),
+           "Q2_K": (84, (80, 82))}
+MERGES = ["Ġ t", "h e", "i n", "Ġt he", "e r", "o n", "Ġ a", "r e", "a t", "e n"]
+
+
+def byte_alphabet() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 bytes (its bytes_to_unicode)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = [], 0
+    for byte in range(256):
+        if byte in printable:
+            chars.append(chr(byte))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
+
+
+def tokens() -> list[str]:
+    merged = [left + right for left, right in (m.split(" ") for m in MERGES)]
+    return byte_alphabet() + merged + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def weights_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Raw blocks [rows, bytes a row] of a random matrix in `type_name`."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    if type_name in K_TYPES:
+        size, halves = K_TYPES[type_name]
+        raw = rng.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
+        for at in halves:
+            scale = np.float16(0.002 + rng.random((rows, cols // 256)) * 0.004)
+            raw[..., at:at + 2] = scale.view(np.uint8).reshape(rows, cols // 256, 2)
+        return raw.reshape(rows, -1)
+    weight = (rng.standard_normal((rows, cols)) * 0.08).astype(np.float32)
+    return quantize(weight, GGMLQuantizationType[type_name]).reshape(rows, -1)
+
+
+def write_model(path: Path, architecture: str = "llama", type_name: str = "Q4_0", hidden: int = 256,
+                layers: int = 2, heads: int = 4, kv_heads: int = 2, ffn: int = 512, tied: bool = True,
+                seed: int = 0, types: dict[str, str] | None = None) -> Path:
+    """A tiny random model of `architecture` (llama, qwen2: with query/key/value biases) whose
+    matrices are in `type_name` (or `types[name]` for a tensor name such as "output");
+    `tied`: no output.weight, the head is the embedding."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    vocab = tokens()
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_name(f"tiny {architecture}")
+    writer.add_block_count(layers)
+    writer.add_context_length(512)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(vocab)
+    writer.add_token_types([1] * (len(vocab) - 3) + [3, 3, 3])
+    writer.add_token_merges(MERGES)
+    writer.add_bos_token_id(len(vocab) - 3)
+    writer.add_eos_token_id(len(vocab) - 1)
+    head_dim = hidden // heads
+
+    def matrix(name: str, rows: int, cols: int) -> None:
+        kind = (types or {}).get(name.split(".")[-2] if name.startswith("blk") else name.split(".")[0], type_name)
+        if kind in ("F32", "F16"):
+            values = (rng.standard_normal((rows, cols)) * 0.08).astype(np.float32 if kind == "F32" else np.float16)
+            writer.add_tensor(name, values)
+            return
+        writer.add_tensor(name, weights_blocks(kind, rows, cols, rng), raw_dtype=gguf.GGMLQuantizationType[kind])
+
+    def vector(name: str, size: int, around: float) -> None:
+        writer.add_tensor(name, (around + rng.standard_normal(size) * 0.05).astype(np.float32))
+
+    matrix("token_embd.weight", len(vocab), hidden)
+    for i in range(layers):
+        vector(f"blk.{i}.attn_norm.weight", hidden, 1.0)
+        matrix(f"blk.{i}.attn_q.weight", hidden, hidden)
+        matrix(f"blk.{i}.attn_k.weight", kv_heads * head_dim, hidden)
+        matrix(f"blk.{i}.attn_v.weight", kv_heads * head_dim, hidden)
+        if architecture == "qwen2":
+            vector(f"blk.{i}.attn_q.bias", hidden, 0.0)
+            vector(f"blk.{i}.attn_k.bias", kv_heads * head_dim, 0.0)
+            vector(f"blk.{i}.attn_v.bias", kv_heads * head_dim, 0.0)
+        matrix(f"blk.{i}.attn_output.weight", hidden, hidden)
+        vector(f"blk.{i}.ffn_norm.weight", hidden, 1.0)
+        matrix(f"blk.{i}.ffn_gate.weight", ffn, hidden)
+        matrix(f"blk.{i}.ffn_up.weight", ffn, hidden)
+        matrix(f"blk.{i}.ffn_down.weight", hidden, ffn)
+    vector("output_norm.weight", hidden, 1.0)
+    if not tied:
+        matrix("output.weight", len(vocab), hidden)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -1,0 +1,143 @@
+"""A GGUF model built from its mapped file (models/gguf_mapping.py): every matrix is the
+weight transformers dequantizes from the same file (bit for bit where the format is read
+exactly, to half an int8 step where it is rounded), for llama (query and key rows
+unpermuted) and qwen2 (biases), tied and untied heads; the cache keeps no weights; a model
+that does not fit, a truncated file and a misnamed tensor are refused in one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gguf_models import write_model
+from specdraft.errors import ProfileError, SpecdraftError
+from specdraft.models import gguf_cache
+from specdraft.models.block_linear import BlockLinear
+from specdraft.models.gguf_file import GGUFError, GGUFFile
+from specdraft.models.gguf_loading import load_gguf_mapped, read_gguf
+from specdraft.models.native import kernel_problem
+from specdraft.models.quantized_embedding import QuantizedEmbedding, TiedEmbedding
+
+pytestmark = pytest.mark.skipif(kernel_problem() is not None, reason=f"no CPU kernels here: {kernel_problem()}")
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def compare(path: Path, exact: bool = True) -> tuple:
+    tokenizer, model = load_gguf_mapped(path, "p.toml", "target")
+    reference, _ = read_gguf(path)
+    modules = dict(reference.named_modules())
+    for name, module in model.named_modules(remove_duplicate=False):
+        if not isinstance(module, BlockLinear) or name not in modules:
+            continue
+        expected = modules[name].weight.detach()
+        if exact:
+            assert torch.equal(module.weight, expected), name
+        else:
+            step = expected.abs().amax(1, keepdim=True) / 127
+            assert bool(((module.weight - expected).abs() <= step / 2 * (1 + 1e-5)).all()), name
+        if getattr(modules[name], "bias", None) is not None:
+            assert torch.equal(module.bias, modules[name].bias.detach()), name
+    floats = reference.state_dict()
+    for name, tensor in model.state_dict().items():
+        if name in floats and tensor.dtype == torch.float32 and "proj" not in name and "lm_head" not in name:
+            assert torch.equal(tensor, floats[name]), name
+    return tokenizer, model, reference
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K"])
+def test_every_matrix_is_the_weight_transformers_reads_from_the_file(tmp_path, architecture, type_name):
+    path = write_model(tmp_path / "m.gguf", architecture, type_name, tied=type_name in ("Q4_0", "Q5_K"))
+    tokenizer, model, reference = compare(path)
+    ids = tokenizer("the cat in the hat", return_tensors="pt").input_ids
+    with torch.no_grad():  # the same model; the kernels round activations to int8 groups, as llama.cpp does
+        mine, theirs = model(ids).logits, reference(ids).logits
+    assert float((mine - theirs).norm() / theirs.norm()) < 0.05
+
+
+def test_formats_with_scales_per_16_weights_are_int8_rows_of_the_files_weights(tmp_path):
+    path = write_model(tmp_path / "m.gguf", "llama", "Q4_K", tied=False,
+                       types={"output": "Q6_K", "attn_v": "Q6_K", "ffn_down": "Q3_K", "ffn_up": "Q2_K"})
+    compare(path, exact=False)
+
+
+def test_the_head_and_embedding_hold_the_files_codes_once(tmp_path):
+    _, tied = load_gguf_mapped(write_model(tmp_path / "t.gguf", tied=True), "p.toml", "target")
+    assert isinstance(tied.model.embed_tokens, TiedEmbedding) and tied.model.embed_tokens.head is tied.lm_head
+    path = write_model(tmp_path / "u.gguf", tied=False)
+    _, untied = load_gguf_mapped(path, "p.toml", "target")
+    embedding = untied.model.embed_tokens
+    assert isinstance(embedding, QuantizedEmbedding)
+    # looked up in the file's mapping: the rows are the file's bytes, not a copy
+    raw = GGUFFile(path).data("token_embd.weight")
+    assert np.array_equal(embedding.blocks.numpy().reshape(-1), raw)
+    assert not any(p.dim() == 2 for p in untied.parameters())  # no float matrix left anywhere
+
+
+def test_the_cache_keeps_the_config_and_tokenizer_and_no_weights(tmp_path, cache):
+    path = write_model(tmp_path / "m.gguf", tied=False)
+    old = gguf_cache.entry_folder(path, gguf_cache.OLD_WEIGHT_FLAVOURS[0])
+    old.mkdir(parents=True)
+    (old / "quantized.safetensors").write_bytes(b"\0" * 4096)  # what specdraft 0.1 kept
+    load_gguf_mapped(path, "p.toml", "target")
+    assert not old.exists()
+    entry = gguf_cache.entry_folder(path, gguf_cache.METADATA)
+    assert (entry / "config.json").exists() and (entry / "tokenizer.json").exists()
+    assert not list(entry.glob("*.safetensors"))
+    assert sum(f.stat().st_size for f in entry.iterdir()) < path.stat().st_size
+
+
+def test_a_model_that_does_not_fit_is_refused_before_loading(tmp_path, monkeypatch):
+    path = write_model(tmp_path / "m.gguf", tied=False)
+    monkeypatch.setenv("SPECDRAFT_MEMORY_LIMIT", "64K")
+    with pytest.raises(SpecdraftError, match=r"m.gguf needs 0\.0 GiB .* only 0\.0 GiB is available") as caught:
+        load_gguf_mapped(path, "p.toml", "target")
+    assert caught.value.exit_code == 1 and "\n" not in str(caught.value)
+
+
+def test_the_command_says_so_in_one_line_and_exits_1(tmp_path):
+    path = write_model(tmp_path / "m.gguf", tied=False)
+    profile = tmp_path / "p.toml"
+    profile.write_text(f'[target]\npath = "{path}"\n\n[policy]\nname = "fixed"\ndrafter = "lookup"\n\n'
+                       '[[drafters]]\nname = "lookup"\nkind = "ngram"\n')
+    env = {**__import__("os").environ, "SPECDRAFT_MEMORY_LIMIT": "100K", "SPECDRAFT_CACHE_DIR": str(tmp_path / "c"),
+           "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "specdraft", "generate", "--pool", str(profile), "hello"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 1 and done.stdout == ""
+    errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and "needs" in errors[0] and "available" in errors[0] and "Traceback" not in done.stderr
+
+
+def test_a_truncated_file_is_refused_naming_it(tmp_path):
+    path = write_model(tmp_path / "m.gguf", tied=False)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 1000])
+    with pytest.raises(GGUFError, match="m.gguf .*past the file's end"):
+        GGUFFile(path)
+    with pytest.raises(ProfileError, match="truncated or damaged"):
+        load_gguf_mapped(path, "p.toml", "target")
+
+
+def test_headers_that_claim_more_than_the_file_holds_allocate_nothing(tmp_path):
+    import struct
+
+    path = tmp_path / "h.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1, 10**12))
+    with pytest.raises(GGUFError, match="more than the file holds"):
+        GGUFFile(path)
+    key = b"general.x"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+                     + struct.pack("<IIQ", 9, 4, 10**11))
+    with pytest.raises(GGUFError, match="more than the file holds"):
+        GGUFFile(path)
