@@ -222,16 +222,26 @@ static void column_q45_k(Column *col, const uint8_t *row, int64_t cols, int five
 /* ---- formats with scales per 16 weights: a row in float32, as the `gguf` package computes it */
 
 static void row_q6_k(const uint8_t *row, int64_t cols, float *out) {
+    /* weight n 128 + q 32 + l of a super-block: its low nibble in ql[n 64 + (q % 2) 32 + l] (the
+     * high nibble for q >= 2), its top two bits in qh[n 32 + l] >> 2 q; loops in that order so
+     * each inner one runs over l with fixed shifts (vectorised) */
     for (int64_t sb = 0; sb < cols / QK_K; sb++) {
-        const uint8_t *blk = row + sb * 210, *ql = blk, *qh = blk + 128;
+        const uint8_t *blk = row + sb * 210;
         const int8_t *sc = (const int8_t *)(blk + 192);
         float d = half_to_float(u16_at(blk + 208));
-        for (int w = 0; w < QK_K; w++) {
-            int n = w / 128, r = w % 128;
-            int low = (ql[n * 64 + r % 64] >> (4 * (r / 64))) & 0x0F;
-            int high = (qh[n * 32 + r % 32] >> (2 * (r / 32))) & 0x03;
-            float q = (float)((int8_t)(low | (high << 4)) - 32);
-            out[sb * QK_K + w] = (d * (float)sc[w / 16]) * q;
+        for (int n = 0; n < 2; n++) {
+            const uint8_t *ql = blk + n * 64, *qh = blk + 128 + n * 32;
+            for (int q = 0; q < 4; q++) {
+                float *w = out + sb * QK_K + n * 128 + q * 32;
+                const uint8_t *low = ql + (q % 2) * 32;
+                for (int half = 0; half < 2; half++) {
+                    float scale = d * (float)sc[n * 8 + q * 2 + half];
+                    for (int l = half * 16; l < half * 16 + 16; l++) {
+                        int code = ((low[l] >> (4 * (q / 2))) & 0x0F) | (((qh[l] >> (2 * q)) & 0x03) << 4);
+                        w[l] = scale * (float)(code - 32);
+                    }
+                }
+            }
         }
     }
 }
@@ -271,14 +281,17 @@ static void row_q2_k(const uint8_t *row, int64_t cols, float *out) {
  * each group, as models/gguf_blocks.py int8_rows rounds it. */
 static void column_int8_row(Column *col, const float *w, int64_t cols) {
     float largest = 0.0f;
-    for (int64_t k = 0; k < cols; k++) largest = fmaxf(largest, fabsf(w[k]));
+    for (int64_t k = 0; k < cols; k++) {
+        float a = fabsf(w[k]);
+        largest = a > largest ? a : largest;
+    }
     float scale = fmaxf(largest, 1e-12f) / 127.0f;
     int groups = (int)(cols / GROUP);
     for (int g = 0; g < groups; g++) {
         int8_t codes[32];
-        for (int j = 0; j < 32; j++) {
-            float q = nearbyintf(w[g * GROUP + j] / scale);
-            codes[j] = (int8_t)(q > 127.0f ? 127 : (q < -127.0f ? -127 : q));
+        for (int j = 0; j < 32; j++) { /* as numpy's rint (half to even) of the quotient, clipped */
+            float q = __builtin_roundevenf(w[g * GROUP + j] / scale);
+            codes[j] = (int8_t)(q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q));
         }
         put_codes8(col, g, codes);
         ((float *)col->scales)[((size_t)col->b * col->G + g) * BLOCK + col->c] = scale;

@@ -64,7 +64,9 @@ class GGUFFile:
             with open(self.path, "rb") as fh:
                 self.size = fh.seek(0, 2)
                 fh.seek(0)
-                self.metadata, self.tensors = _Parser(fh, self.size, self.path.name).parse()
+                parser = _Parser(fh, self.size, self.path.name)
+                self.metadata, self.tensors = parser.parse()
+                self.value_types = parser.value_types  # key -> (GGUF value type, element type of an array)
                 self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY) if self.size else None
         except OSError as exc:
             raise GGUFError(f"cannot read {self.path}: {exc.strerror or exc}") from None
@@ -111,6 +113,8 @@ class _Parser:
 
     def __init__(self, fh: BinaryIO, size: int, name: str):
         self.fh, self.size, self.name = fh, size, name
+        self.value_types: dict[str, tuple[int, int | None]] = {}
+        self._element: int | None = None
 
     def fail(self, why: str) -> GGUFError:
         return GGUFError(f"{self.name} is not a readable GGUF file: {why}")
@@ -137,6 +141,7 @@ class _Parser:
             return self.string()
         if kind == _ARRAY:
             element, count = self.unpack("<I"), self.unpack("<Q")
+            self._element = element
             left = self.size - self.fh.tell()
             if element in _ARRAY_DTYPES:
                 width = np.dtype(_ARRAY_DTYPES[element]).itemsize
@@ -163,7 +168,9 @@ class _Parser:
         metadata = {}
         for _ in range(n_pairs):
             key = self.string()
-            metadata[key] = self.value(self.unpack("<I"))
+            kind, self._element = self.unpack("<I"), None
+            metadata[key] = self.value(kind)
+            self.value_types[key] = (kind, self._element)
         raw = []
         for _ in range(n_tensors):
             name = self.string()

@@ -71,6 +71,7 @@ def load_gguf_mapped(gguf: Path, file: str, key: str) -> tuple[Any, Any]:
     vocabulary); an entry of an older specdraft holding the repacked weights is removed."""
     from specdraft.models.gguf_file import GGUFError, GGUFFile
     from specdraft.models.gguf_mapping import mapped_model
+    from specdraft.models.gguf_metadata import read_config_and_tokenizer
 
     try:
         mapped = GGUFFile(gguf)  # its header checked before anything reads it further
@@ -81,7 +82,11 @@ def load_gguf_mapped(gguf: Path, file: str, key: str) -> tuple[Any, Any]:
         folder = gguf_cache.converted_gguf(gguf, file, key, lambda path, _: read_metadata(path), METADATA,
                                            lambda model, source, staging: None)
         try:
-            config, tokenizer = _metadata(gguf if folder is None else folder, gguf.name if folder is None else None)
+            if folder is None:
+                with hub_offline(True):
+                    config, tokenizer = read_config_and_tokenizer(gguf, mapped)
+            else:
+                config, tokenizer = _metadata(folder)
         except Exception as exc:
             if folder is None:
                 raise ProfileError(file, key, f"cannot read GGUF file {gguf}: {first_line(exc)}") from None
@@ -97,22 +102,22 @@ def load_gguf_mapped(gguf: Path, file: str, key: str) -> tuple[Any, Any]:
 def read_metadata(gguf: Path) -> tuple[Any, Any]:
     """(an object with the config and generation config, tokenizer) from the file's metadata
     alone: what a metadata entry saves."""
-    config, tokenizer = _metadata(gguf, gguf.name)
     from transformers import GenerationConfig
 
+    from specdraft.models.gguf_metadata import read_config_and_tokenizer
+
+    with hub_offline(True):
+        config, tokenizer = read_config_and_tokenizer(gguf)
     return SimpleNamespace(config=config, generation_config=GenerationConfig.from_model_config(config)), tokenizer
 
 
-def _metadata(location: Path, gguf_name: str | None) -> tuple[Any, Any]:
-    """(config, tokenizer) of a metadata entry folder, or of a GGUF file's metadata."""
+def _metadata(folder: Path) -> tuple[Any, Any]:
+    """(config, tokenizer) of a metadata entry."""
     from transformers import AutoConfig, AutoTokenizer
 
-    folder = location.parent if gguf_name else location
-    extra = {"gguf_file": gguf_name} if gguf_name else {}
     with hub_offline(True):
-        config = AutoConfig.from_pretrained(str(folder), local_files_only=True, **extra)
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, **extra)
-    return config, tokenizer
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        return config, AutoTokenizer.from_pretrained(str(folder), config=config, local_files_only=True)
 
 
 def _failed_entry(gguf: Path, folder: Path, attempt: int, exc: Exception, file: str, key: str) -> None:
