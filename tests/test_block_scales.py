@@ -124,7 +124,7 @@ def test_a_build_says_which_signatures_it_has_so_benchmarks_never_mix_two():
 
     from specdraft.models.native import interface_of, library
 
-    assert interface_of(library()) == 4  # float16 scales (2), rows looked up in C (3), scale forms (4)
+    assert interface_of(library()) == 5  # float16 scales (2), rows looked up in C (3), scale forms (4), 6-bit (5)
     assert interface_of(ctypes.CDLL(ctypes.util.find_library("m"))) == 1  # a build from before the version
 
 

@@ -350,20 +350,26 @@ def test_the_architecture_is_read_from_the_header_alone(tmp_path):
     assert gguf_architecture(tmp_path / "missing.gguf") is None
 
 
-@pytest.mark.parametrize("value, expected", [("avx2", "0"), ("auto", None), ("sse", "SPECDRAFT_KERNEL_ISA=sse")])
+@pytest.mark.parametrize("value, expected", [("avx2", "0"), ("auto", None), ("sse", "SPECDRAFT_KERNEL_ISA=sse"),
+                                             ("vnni", None)])
 def test_the_kernels_instruction_set_can_be_chosen_by_the_environment(value, expected):
+    """A name that cannot run here is a usage error, never a silent fallback: unknown names,
+    and vnni on a CPU without it."""
     import os
     import subprocess
     import sys
 
-    code = ("from specdraft.models.native import kernel_isa, kernel_problem, vnni_available\n"
-            "problem = kernel_problem()\n"
+    code = ("from specdraft.errors import UsageError\n"
+            "from specdraft.models.native import kernel_isa, kernel_problem, vnni_available\n"
+            "try:\n    problem = kernel_problem()\nexcept UsageError as exc:\n    print(exc)\n    raise SystemExit\n"
             "print(problem if problem else f'{kernel_isa()} {int(vnni_available())}')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "SPECDRAFT_KERNEL_ISA": value})
     assert done.returncode == 0, done.stderr
     printed = done.stdout.strip()
-    if expected is None:  # auto: VNNI exactly where the CPU has it
+    if value == "vnni":
+        assert printed == "1 1" if vnni_available() else printed.startswith("SPECDRAFT_KERNEL_ISA=vnni: this CPU")
+    elif expected is None:  # auto: VNNI exactly where the CPU has it
         chosen, available = printed.split()
         assert chosen == available
     else:

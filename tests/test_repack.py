@@ -51,7 +51,7 @@ def python_layer(type_name: str, data: np.ndarray, rows: int, cols: int, order=N
     return BlockLinear.of(codes if order is None else codes.rows(order))
 
 
-FORMATS = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K"]
+FORMATS = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q2_K"]  # (Q6_K, Q3_K: 6-bit, below)
 
 
 @pytest.mark.parametrize("type_name", FORMATS)
@@ -70,7 +70,7 @@ def test_the_c_repack_gives_the_python_codes_layer_bit_for_bit(type_name, rows):
         assert torch.equal(mine.view(torch.int32), theirs.view(torch.int32)), name  # -0 is not 0
     x = torch.randn(5, cols)
     assert torch.equal(layer(x), reference(x))
-    if type_name in ("Q6_K", "Q3_K", "Q2_K"):  # int8 rows: the file's weights to half a step
+    if type_name == "Q2_K":  # int8 rows: the file's weights to half a step
         exact = torch.from_numpy(dequantize(data, GGMLQuantizationType[type_name]).reshape(rows, cols).copy())
         step = exact.abs().amax(1, keepdim=True) / 127
         assert bool(((layer.weight - exact).abs() <= step / 2 * (1 + 1e-5)).all())
@@ -79,18 +79,19 @@ def test_the_c_repack_gives_the_python_codes_layer_bit_for_bit(type_name, rows):
         assert torch.equal(layer.weight, torch.from_numpy(expected.copy()))
 
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_K", "Q5_K", "Q8_0", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_K", "Q5_K", "Q8_0", "Q6_K", "Q3_K"])
 def test_a_row_order_picks_the_files_rows(type_name):
     rows, cols = 32, 256
     data = random_tensor(type_name, rows, cols, seed=3)
     order = np.random.default_rng(4).permutation(rows)
     layer = repacked(info(type_name, rows, cols, data), data.reshape(-1), order)
-    assert torch.equal(layer.weight, python_layer(type_name, data, rows, cols, order).weight)
+    expected = dequantize(data, GGMLQuantizationType[type_name]).reshape(rows, cols)[order]
+    assert torch.equal(layer.weight, torch.from_numpy(np.ascontiguousarray(expected)))
 
 
 def test_scales_stay_in_the_smallest_exact_form_and_fall_back_to_float32():
     rows, cols = 16, 256
-    for type_name, form in (("Q4_0", FLOAT16), ("Q8_0", FLOAT16), ("Q4_K", FACTORED), ("Q6_K", FLOAT32)):
+    for type_name, form in (("Q4_0", FLOAT16), ("Q8_0", FLOAT16), ("Q4_K", FACTORED), ("Q2_K", FLOAT32)):
         data = random_tensor(type_name, rows, cols)
         assert repacked(info(type_name, rows, cols, data), data.reshape(-1)).scale_form == form, type_name
     data = random_tensor("Q5_0", rows, cols)
@@ -116,3 +117,53 @@ def test_a_tensor_shorter_than_its_shape_is_refused_not_read_past():
     data = random_tensor("Q4_0", rows, cols).reshape(-1)[:-18]
     with pytest.raises(ValueError, match="cannot be repacked"):
         repacked(TensorInfo("w", "Q4_0", (cols, rows), 0, data.nbytes), data)
+
+
+def quantized_activations(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] as the kernels quantize it (int8 per row and group of 32, amax / 127), back in
+    float64: what each product's weights meet."""
+    groups = x.view(x.shape[0], -1, 32)
+    scale = groups.abs().amax(-1, keepdim=True) / 127
+    inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    codes = torch.round(groups * inverse).clamp(-127, 127)
+    return (codes.double() * scale.double()).view_as(x)
+
+
+@pytest.mark.parametrize("type_name", ["Q6_K", "Q3_K"])
+@pytest.mark.parametrize("rows", [48, 37])
+def test_six_bit_formats_keep_the_files_weights_exactly(type_name, rows):
+    """Q6_K and Q3_K run on 6-bit codes with their per-16 scales (cpu_kernels_six.c): the
+    layer's weights are the file's bit for bit, its products those weights times the
+    quantized activations, each row the same at every width."""
+    cols = 768
+    data = random_tensor(type_name, rows, cols, seed=5)
+    layer = repacked(info(type_name, rows, cols, data), data.reshape(-1))
+    assert layer.bits == 6 and layer.in_features == cols and layer.out_features == rows
+    expected = torch.from_numpy(dequantize(data, GGMLQuantizationType[type_name]).reshape(rows, cols).copy())
+    assert torch.equal(layer.weight, expected)
+    size = {"Q6_K": 210, "Q3_K": 110}[type_name]
+    held = layer.codes.numel() + layer.scales.numel()
+    assert held <= -(-rows // 16) * 16 * cols // 256 * 210 and (type_name == "Q3_K" or held >= rows * cols // 256 * size)
+    x = torch.randn(9, cols)
+    wide = layer(x)
+    reference = quantized_activations(x) @ expected.double().T
+    assert torch.allclose(wide.double(), reference, rtol=1e-5, atol=1e-5 * float(reference.abs().max()))
+    for m in range(9):
+        assert torch.equal(layer(x[m:m + 1])[0], wide[m])
+
+
+def test_six_bit_rows_keep_their_codes_in_a_subset_and_in_a_fused_layer():
+    from specdraft.models.fused_linear import fuse
+
+    cols = 256
+    parts = [repacked(info("Q6_K", 32, cols, d), d.reshape(-1)) for d in
+             (random_tensor("Q6_K", 32, cols, seed=s) for s in (6, 7))]
+    ids = torch.tensor([5, 31, 0, 17, 16, 2, 9, 30, 11, 1, 3, 4, 6, 7, 8, 10, 12, 13])  # two blocks, the second partial
+    subset = parts[0].subset(ids)
+    assert subset.bits == 6 and torch.equal(subset.weight, parts[0].weight[ids])
+    x = torch.randn(3, cols)
+    assert torch.equal(subset(x), parts[0](x)[:, ids])
+    expected = [p(x) for p in parts]
+    fused = fuse(parts)
+    assert isinstance(fused, BlockLinear) and fused.bits == 6
+    assert torch.equal(fused(x), torch.cat(expected, dim=-1))

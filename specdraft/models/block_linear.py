@@ -22,7 +22,8 @@ from specdraft.models.native import library
 from specdraft.models.scale_forms import FLOAT32, compact, decoded, form_of
 
 BLOCK = 16  # output columns per weight block (cpu_kernels_shared.h)
-_GROUP_BYTES = {4: 256, 8: 512}  # a group's codes in one block, by bits
+SIX_GROUP_BYTES, SIX_SCALE_BYTES = 384, 36  # a 6-bit group's codes and scales in one block (cpu_kernels_shared.h)
+_GROUP_BYTES = {4: 256, 6: SIX_GROUP_BYTES, 8: 512}  # a group's codes in one block, by bits
 # Whether layers built from now on keep their scales in the smallest exact form
 # (scale_forms.compact); benchmarks/target_width_cost.py turns it off to time float32 scales.
 COMPACT_SCALES = True
@@ -67,12 +68,17 @@ class BlockLinear(nn.Module):
     layout (`to_blocks`); `from_rows` takes the row layout of the quantized ones."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, terms: int,
-                 bias: torch.Tensor | None, out_features: int, float_inputs: int | None = None):
-        """`float_inputs`: K of float weights (codes then hold the weights themselves)."""
+                 bias: torch.Tensor | None, out_features: int, float_inputs: int | None = None,
+                 bits: int | None = None):
+        """`float_inputs`: K of float weights (codes then hold the weights themselves); `bits`
+        6: 6-bit codes with their scale bytes (cpu_kernels_shared.h SIX_*; no offsets)."""
         super().__init__()
         if float_inputs is not None:
             self.bits = {torch.bfloat16: 16, torch.float32: 32}[codes.dtype]
             self.in_features = float_inputs
+        elif bits == 6:
+            self.bits = 6
+            self.in_features = codes.shape[1] // SIX_GROUP_BYTES * GROUP
         else:
             self.bits = 4 if offsets is not None else 8
             self.in_features = codes.shape[1] // _GROUP_BYTES[self.bits] // terms * GROUP
@@ -139,7 +145,7 @@ class BlockLinear(nn.Module):
         """The buffers' addresses, read once (a step calls this layer a hundred times)."""
         if self.bits in (16, 32):  # float weights: their dtype says which (a cast may have changed it)
             self.bits = {torch.bfloat16: 16, torch.float32: 32}[self.codes.dtype]
-        self.groups = self.codes.shape[1] // _GROUP_BYTES[self.bits] if self.bits in (4, 8) \
+        self.groups = self.codes.shape[1] // _GROUP_BYTES[self.bits] if self.bits in (4, 6, 8) \
             else self.in_features // GROUP
         self.scale_form = form_of(self.scales) if self.bits in (4, 8) else FLOAT32
         self._codes, self._scales, self._offsets = (self.codes.data_ptr(), self.scales.data_ptr(),
@@ -170,6 +176,11 @@ class BlockLinear(nn.Module):
         weights to the bit): a draft head's readout over its vocabulary."""
         if self.bits in (16, 32):
             return BlockLinear.from_float(self.rows(ids).to(self.codes.dtype), self._bias_rows(ids))
+        if self.bits == 6:
+            from specdraft.models.six_bit import subset_six
+
+            codes, scales = subset_six(self.codes, self.scales, self.groups, ids)
+            return BlockLinear(codes, scales, None, 1, self._bias_rows(ids), len(ids), bits=6)
         grouped, scales, offsets = self._row_layout(ids)
         return BlockLinear.from_rows(grouped.reshape(len(ids), -1), scales, offsets, self.terms, self._bias_rows(ids))
 
@@ -196,7 +207,7 @@ class BlockLinear(nn.Module):
         return self.rows(torch.arange(self.out_features))
 
     def extra_repr(self) -> str:
-        form = {4: f"terms={self.terms}", 8: "int8", 16: "bfloat16", 32: "float32"}[self.bits]
+        form = {4: f"terms={self.terms}", 6: "6-bit", 8: "int8", 16: "bfloat16", 32: "float32"}[self.bits]
         return f"in_features={self.in_features}, out_features={self.out_features}, {form}"
 
 

@@ -29,8 +29,9 @@ void block8_vnni_any(const int8_t *codes, const void *scale, int form, int G, co
 /* The version of the functions' signatures (models/native.py declares them): a benchmark that
  * loads another revision's build beside this one's compares only builds of the same version.
  * 2: the block products take `half` (float16 scales); 3: block_rows; 4: `half` became `form`
- * (SCALES_FACTORED added); a build without this function is 1. */
-int kernel_interface(void) { return 4; }
+ * (SCALES_FACTORED added); 5: 6-bit weights (bits 6, cpu_kernels_six.c); a build without this
+ * function is 1. */
+int kernel_interface(void) { return 5; }
 
 static int use_vnni = -1; /* -1: not decided yet */
 
@@ -298,6 +299,8 @@ void block_products(const Activations *a, int M, int K, const void *codes, const
             const int rows = M - m0 < tile ? M - m0 : tile;
             if (FLOAT_WEIGHTS(bits))
                 block_float_any(codes, bits, K, a->x, m0, rows, b, N, y, ldy);
+            else if (bits == 6) /* (the VNNI build runs these too: the same numbers either way) */
+                block6_any((const uint8_t *)codes, (const uint8_t *)scale, K / GROUP, a, m0, rows, b, N, y, ldy);
             else if (bits == 8)
                 (vnni ? block8_vnni_any : block8_any)((const int8_t *)codes, scale, form, K / GROUP, a, m0, rows, b,
                                                       N, y, ldy);
@@ -308,7 +311,8 @@ void block_products(const Activations *a, int M, int K, const void *codes, const
 }
 
 /* x [M, K] float32 -> y [M, N] float32 for a weight in the block layout (`block_products`:
- * 4-bit codes with offsets, 8-bit codes whose `offset` is not read, or bfloat16 / float32
+ * 4-bit codes with offsets, 8-bit codes or 6-bit codes (cpu_kernels_six.c) whose `offset` is not read
+ * (a 6-bit weight's `scale` is its scale bytes, `form` unread), or bfloat16 / float32
  * weights, `bits` 16 / 32, that read neither; `form`: how the scales and offsets are held,
  * cpu_kernels_shared.h).
  * Returns 0, or -1 when scratch memory cannot
@@ -351,9 +355,11 @@ int block_rows(const void *codes, const void *scale, const void *offset, int for
         const int b = (int)(ids[i] / BLOCK), c = (int)(ids[i] % BLOCK);
         float *row = out + (size_t)i * K;
         for (int g = 0; g < groups; g++) {
-            const float s = scale_at(scale, b, groups, g, c, form);
+            const float s = bits == 6 ? 0.0f : scale_at(scale, b, groups, g, c, form);
             float value[GROUP];
-            if (bits == 8) {
+            if (bits == 6) {
+                six_group_values((const uint8_t *)codes, (const uint8_t *)scale, groups, b, g, c, value);
+            } else if (bits == 8) {
                 const int8_t *group = (const int8_t *)codes + ((size_t)b * groups + g) * 512 + 4 * c;
                 for (int j = 0; j < GROUP; j++) value[j] = (float)group[64 * (j / 4) + j % 4] * s;
             } else {

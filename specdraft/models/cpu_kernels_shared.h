@@ -44,6 +44,17 @@
 #define SUPER_GROUPS 8    /* groups sharing one d in the factored form */
 #define FACTORED_BYTES 20 /* per group and block in the factored form: 16 factors, 16 / 8 float16 d's */
 
+/* 6-bit weights (`bits` 6: GGUF's Q6_K, and Q3_K, whose codes fit): block b's group g is
+ * SIX_GROUP_BYTES at codes + (b G + g) SIX_GROUP_BYTES: first the 4-bit layout above holding
+ * each code's low four bits, then for each half h of the block's columns 64 bytes at 256 + 64 h,
+ * two parts of 32 (part p: codes 16 p .. 16 p + 15) holding, for column 8 h + c at 4 c, byte i's
+ * bits 2k, 2k + 1 = the top two bits of code 16 p + 4 k + i. The value is (code - 32) x factor
+ * x d: block b's SIX_SCALE_BYTES x G scale bytes hold first an int8 factor per group, part and
+ * column at g 32 + p 16 + c, then a float16 d per super-block of SUPER_GROUPS groups and column
+ * at G 32 + 2 ((g / SUPER_GROUPS) 16 + c). */
+#define SIX_GROUP_BYTES 384
+#define SIX_SCALE_BYTES 36
+
 /* One specialisation of a product per scale form (and, inside, per row count: `cases`). */
 #define FORM_CASES(form, cases, call)                                                                       \
     switch (form) {                                                                                         \
@@ -77,6 +88,10 @@ void block_products(const Activations *a, int M, int K, const void *codes, const
 void rms_norm_rows(const float *x, const float *weight, int rows, int dim, float eps, float *out);
 void add_rms_norm_rows(float *x, const float *delta, const float *weight, int rows, int dim, float eps, float *out);
 void swiglu_rows(const float *gate_up, int rows, int inner, float *out);
+/* Defined in cpu_kernels_six.c. */
+void block6_any(const uint8_t *codes, const uint8_t *scales, int G, const Activations *a, int m0, int rows, int b,
+                int N, float *y, int ldy);
+void six_group_values(const uint8_t *codes, const uint8_t *scales, int G, int b, int g, int c, float *value);
 /* Defined in cpu_attention.c. */
 int attention_block(const float *qkv, int n, int start, int H, int KVH, int D, const float *cos, const float *sin,
                     float *keys, float *values, int capacity, float scale, const int *parents, float *out,

@@ -10,8 +10,10 @@
  * - Q4_K, Q5_K: one or two terms with scales in the factored form: the file's float16 d (dmin)
  *   per super-block times its 6-bit sc (m), which is exactly what the file means.
  * - Q8_0: int8 codes, float16 scales.
- * - Q6_K, Q3_K, Q2_K: each row dequantized (float32, the `gguf` package's arithmetic) and
- *   rounded to int8 with one scale per row: the closest layout the products take.
+ * - Q6_K, Q3_K: 6-bit codes with an int8 factor per 16 weights and the file's float16 d per
+ *   256 (bits 6, cpu_kernels_six.c): Q6_K's codes as they are, Q3_K's 3-bit values + 32.
+ * - Q2_K: each row dequantized (float32, the `gguf` package's arithmetic) and rounded to int8
+ *   with one scale per row (its per-16 offsets have no exact layout here).
  * Float16 values that a format's arithmetic pushes out of float16 (16 d overflowing) are
  * refused with REPACK_NOT_HALF; the caller asks again for float32 scales.
  *
@@ -101,6 +103,25 @@ static void put_codes4(Column *col, int g, const uint8_t bytes[16]) {
 static void put_codes8(Column *col, int g, const int8_t codes[32]) {
     uint8_t *group = col->codes + ((size_t)col->b * col->G + g) * 512 + 4 * col->c;
     for (int k = 0; k < 8; k++) memcpy(group + 64 * k, codes + 4 * k, 4);
+}
+
+/* Group g of a 6-bit column (cpu_kernels_shared.h SIX_*): 32 codes 0..63, the int8 factors of
+ * its two halves and, at a super-block's first group, the file's float16 d (its bits). */
+static void put_six(Column *col, int g, const uint8_t code[32], int8_t first, int8_t second, uint16_t d) {
+    uint8_t *group = col->codes + ((size_t)col->b * col->G + g) * SIX_GROUP_BYTES;
+    const int h = col->c / 8, lane = col->c % 8;
+    for (int j = 0; j < 16; j++)
+        group[64 * (j / 4) + 4 * col->c + j % 4] = (uint8_t)((code[j] & 0x0F) | ((code[j + 16] & 0x0F) << 4));
+    for (int part = 0; part < 2; part++)
+        for (int i = 0; i < 4; i++) {
+            uint8_t top = 0;
+            for (int k = 0; k < 4; k++) top |= (uint8_t)(((code[16 * part + 4 * k + i] >> 4) & 0x03) << (2 * k));
+            group[256 + 64 * h + 32 * part + 4 * lane + i] = top;
+        }
+    uint8_t *block = (uint8_t *)col->scales + (size_t)col->b * col->G * SIX_SCALE_BYTES;
+    ((int8_t *)block)[(size_t)g * 2 * BLOCK + col->c] = first;
+    ((int8_t *)block)[(size_t)g * 2 * BLOCK + BLOCK + col->c] = second;
+    if (g % SUPER_GROUPS == 0) memcpy(block + (size_t)col->G * 2 * BLOCK + 2 * ((g / SUPER_GROUPS) * BLOCK + col->c), &d, 2);
 }
 
 /* A group's scale (or offset) given as a float16 (its bits) in FLOAT16 or FLOAT32 form. */
@@ -219,51 +240,44 @@ static void column_q45_k(Column *col, const uint8_t *row, int64_t cols, int five
     }
 }
 
-/* ---- formats with scales per 16 weights: a row in float32, as the `gguf` package computes it */
-
-static void row_q6_k(const uint8_t *row, int64_t cols, float *out) {
-    /* weight n 128 + q 32 + l of a super-block: its low nibble in ql[n 64 + (q % 2) 32 + l] (the
-     * high nibble for q >= 2), its top two bits in qh[n 32 + l] >> 2 q; loops in that order so
-     * each inner one runs over l with fixed shifts (vectorised) */
+static void column_q6_k(Column *col, const uint8_t *row, int64_t cols) {
     for (int64_t sb = 0; sb < cols / QK_K; sb++) {
-        const uint8_t *blk = row + sb * 210;
+        const uint8_t *blk = row + sb * 210, *ql = blk, *qh = blk + 128;
         const int8_t *sc = (const int8_t *)(blk + 192);
-        float d = half_to_float(u16_at(blk + 208));
-        for (int n = 0; n < 2; n++) {
-            const uint8_t *ql = blk + n * 64, *qh = blk + 128 + n * 32;
-            for (int q = 0; q < 4; q++) {
-                float *w = out + sb * QK_K + n * 128 + q * 32;
-                const uint8_t *low = ql + (q % 2) * 32;
-                for (int half = 0; half < 2; half++) {
-                    float scale = d * (float)sc[n * 8 + q * 2 + half];
-                    for (int l = half * 16; l < half * 16 + 16; l++) {
-                        int code = ((low[l] >> (4 * (q / 2))) & 0x0F) | (((qh[l] >> (2 * q)) & 0x03) << 4);
-                        w[l] = scale * (float)(code - 32);
-                    }
-                }
+        for (int s = 0; s < 8; s++) {
+            uint8_t code[32];
+            for (int j = 0; j < 32; j++) {
+                const int w = s * 32 + j, n = w / 128, r = w % 128;
+                code[j] = (uint8_t)(((ql[n * 64 + r % 64] >> (4 * (r / 64))) & 0x0F) |
+                                    (((qh[n * 32 + r % 32] >> (2 * (r / 32))) & 0x03) << 4));
             }
+            put_six(col, (int)(sb * 8 + s), code, sc[2 * s], sc[2 * s + 1], u16_at(blk + 208));
         }
     }
 }
 
-static void row_q3_k(const uint8_t *row, int64_t cols, float *out) {
+static void column_q3_k(Column *col, const uint8_t *row, int64_t cols) {
     for (int64_t sb = 0; sb < cols / QK_K; sb++) {
         const uint8_t *blk = row + sb * 110, *hmask = blk, *qs = blk + 32, *s = blk + 96;
-        float d = half_to_float(u16_at(blk + 108));
-        float dl[16];
+        int8_t factor[16];
         for (int i = 0; i < 16; i++) {
-            int low = (i < 8 ? s[i] : s[i - 8] >> 4) & 0x0F;
-            int high = (s[8 + i % 4] >> (2 * (i / 4))) & 0x03;
-            dl[i] = d * (float)((int8_t)(low | (high << 4)) - 32);
+            const int low = (i < 8 ? s[i] : s[i - 8] >> 4) & 0x0F, high = (s[8 + i % 4] >> (2 * (i / 4))) & 0x03;
+            factor[i] = (int8_t)((low | (high << 4)) - 32);
         }
-        for (int w = 0; w < QK_K; w++) {
-            int n = w / 128, r = w % 128;
-            int low = (qs[n * 32 + r % 32] >> (2 * (r / 32))) & 0x03;
-            int high = ((hmask[w % 32] >> (w / 32)) & 1) ^ 1;
-            out[sb * QK_K + w] = dl[w / 16] * (float)(low - (high << 2));
+        for (int g = 0; g < 8; g++) {
+            uint8_t code[32];
+            for (int j = 0; j < 32; j++) {
+                const int w = g * 32 + j, n = w / 128, r = w % 128;
+                const int low = (qs[n * 32 + r % 32] >> (2 * (r / 32))) & 0x03;
+                const int high = ((hmask[w % 32] >> (w / 32)) & 1) ^ 1;
+                code[j] = (uint8_t)(low - (high << 2) + 32);
+            }
+            put_six(col, (int)(sb * 8 + g), code, factor[2 * g], factor[2 * g + 1], u16_at(blk + 108));
         }
     }
 }
+
+/* ---- formats with scales per 16 weights: a row in float32, as the `gguf` package computes it */
 
 static void row_q2_k(const uint8_t *row, int64_t cols, float *out) {
     for (int64_t sb = 0; sb < cols / QK_K; sb++) {
@@ -314,12 +328,16 @@ static int64_t row_bytes(int type, int64_t cols) {
     }
 }
 
-static int per_row_int8(int type) { return type == T_Q6_K || type == T_Q3_K || type == T_Q2_K; }
+static int per_row_int8(int type) { return type == T_Q2_K; }
 
 /* Zero lane c of block b in every group (a partial last block's missing columns). */
 static void clear_column(Column *col, int bits) {
     uint8_t zeros[32] = {0};
     for (int g = 0; g < col->G; g++) {
+        if (bits == 6) {
+            put_six(col, g, zeros, 0, 0, 0);
+            continue;
+        }
         if (bits == 4) {
             put_codes4(col, g, zeros);
         } else {
@@ -339,14 +357,21 @@ static void clear_column(Column *col, int bits) {
     }
 }
 
-/* The terms (4-bit) a format becomes, 0 for 8-bit codes, -1 when not repacked here. */
-int repack_terms(int type) {
+/* The bits of the layout a format becomes (4, 6 or 8), -1 when not repacked here. */
+int repack_bits(int type) {
     switch (type) {
-    case T_Q4_0: case T_Q4_1: case T_Q4_K: return 1;
-    case T_Q5_0: case T_Q5_1: case T_Q5_K: return 2;
-    case T_Q8_0: case T_Q2_K: case T_Q3_K: case T_Q6_K: return 0;
+    case T_Q4_0: case T_Q4_1: case T_Q4_K: case T_Q5_0: case T_Q5_1: case T_Q5_K: return 4;
+    case T_Q6_K: case T_Q3_K: return 6;
+    case T_Q8_0: case T_Q2_K: return 8;
     default: return -1;
     }
+}
+
+/* The terms a format's 4-bit layout has (1 or 2); 0 for the other layouts, -1 when not repacked. */
+int repack_terms(int type) {
+    const int bits = repack_bits(type);
+    if (bits != 4) return bits < 0 ? -1 : 0;
+    return type == T_Q5_0 || type == T_Q5_1 || type == T_Q5_K ? 2 : 1;
 }
 
 /* Rows `src` of a GGUF tensor (`rows` x `cols` weights of GGML type `type`, the file's row
@@ -357,14 +382,15 @@ int repack_terms(int type) {
  * natural form, or FLOAT32 for any). Returns a REPACK_ status. */
 int repack_tensor(const uint8_t *src, int64_t source_bytes, int type, int64_t rows, int64_t cols,
                   const int64_t *order, uint8_t *codes, void *scales, void *offsets, int form, int threads) {
-    int terms = repack_terms(type);
-    if (terms < 0) return REPACK_UNSUPPORTED;
-    int k_type = type == T_Q4_K || type == T_Q5_K || per_row_int8(type);
+    int terms = repack_terms(type), bits = repack_bits(type);
+    if (bits < 0) return REPACK_UNSUPPORTED;
+    int k_type = type == T_Q4_K || type == T_Q5_K || bits == 6 || per_row_int8(type);
     int64_t stride = row_bytes(type, cols);
     if (!src || !codes || !scales || rows <= 0 || cols <= 0 || cols % (k_type ? QK_K : GROUP) != 0 ||
         cols / GROUP * (terms ? terms : 1) > (1 << 30) / BLOCK || stride * rows > source_bytes)
         return REPACK_BAD_ARGUMENT;
     if ((terms > 0) != (offsets != NULL)) return REPACK_BAD_ARGUMENT;
+    if (bits == 6) form = SCALES_FLOAT32; /* (unread: a 6-bit weight's scales have one layout) */
     if (form != SCALES_FLOAT32 && form != SCALES_FLOAT16 && form != SCALES_FACTORED) return REPACK_BAD_ARGUMENT;
     if (form == SCALES_FACTORED && !(type == T_Q4_K || type == T_Q5_K)) return REPACK_BAD_ARGUMENT;
     if (form == SCALES_FLOAT16 && (type == T_Q4_K || type == T_Q5_K || per_row_int8(type))) return REPACK_BAD_ARGUMENT;
@@ -372,7 +398,7 @@ int repack_tensor(const uint8_t *src, int64_t source_bytes, int type, int64_t ro
         for (int64_t n = 0; n < rows; n++)
             if (order[n] < 0 || order[n] >= rows) return REPACK_BAD_ARGUMENT;
     }
-    int bits = terms ? 4 : 8, G = (int)(cols / GROUP) * (terms ? terms : 1);
+    int G = (int)(cols / GROUP) * (terms ? terms : 1);
     int64_t blocks = (rows + BLOCK - 1) / BLOCK;
     int failed = 0, no_memory = 0;
     #pragma omp parallel num_threads(threads > 0 ? threads : 1)
@@ -401,8 +427,8 @@ int repack_tensor(const uint8_t *src, int64_t source_bytes, int type, int64_t ro
                 case T_Q4_K: column_q45_k(&col, row, cols, 0); break;
                 case T_Q5_K: column_q45_k(&col, row, cols, 1); break;
                 case T_Q8_0: column_q8_0(&col, row, cols); break;
-                case T_Q6_K: row_q6_k(row, cols, scratch); column_int8_row(&col, scratch, cols); break;
-                case T_Q3_K: row_q3_k(row, cols, scratch); column_int8_row(&col, scratch, cols); break;
+                case T_Q6_K: column_q6_k(&col, row, cols); break;
+                case T_Q3_K: column_q3_k(&col, row, cols); break;
                 case T_Q2_K: row_q2_k(row, cols, scratch); column_int8_row(&col, scratch, cols); break;
                 }
                 if (!col.ok) {

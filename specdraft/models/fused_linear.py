@@ -80,7 +80,7 @@ def _fuse_blocks(parts: Sequence[BlockLinear]) -> BlockLinear:
     blocks = [p.codes.shape[0] for p in parts]  # the buffers' first dimension: blocks of columns
     bits = parts[0].bits
     tensors = {"offsets": None, "scales": torch.zeros(0)}  # float weights have neither
-    for name in ("codes", "scales", "offsets")[:{4: 3, 8: 2}.get(bits, 1)]:
+    for name in ("codes", "scales", "offsets")[:{4: 3, 6: 2, 8: 2}.get(bits, 1)]:
         tensors[name] = torch.cat([getattr(p, name) for p in parts])
         for p, piece in zip(parts, tensors[name].split(blocks)):
             setattr(p, name, piece)
@@ -88,4 +88,4 @@ def _fuse_blocks(parts: Sequence[BlockLinear]) -> BlockLinear:
     bias = None if some is None else torch.cat(
         [p.bias.detach() if p.bias is not None else some.new_zeros(p.out_features) for p in parts])
     return BlockLinear(tensors["codes"], tensors["scales"], tensors["offsets"], parts[0].terms, bias, sum(sizes),
-                       float_inputs=parts[0].in_features if bits in (16, 32) else None)
+                       float_inputs=parts[0].in_features if bits in (16, 32) else None, bits=bits)

@@ -91,9 +91,11 @@ def resident_bytes(places: list[Placement], tied: bool) -> int:
         elif place.target == "model.embed_tokens" and not tied:
             continue
         else:
+            bits = library().repack_bits(TYPE_NUMBERS[info.type_name])
             terms = library().repack_terms(TYPE_NUMBERS[info.type_name])
             groups, blocks = cols // GROUP * max(terms, 1), -(-rows // BLOCK)
-            total += blocks * groups * (256 + 2 * 20) if terms > 0 else blocks * groups * (512 + BLOCK * 4)
+            per_group = {4: 256 + 2 * 20, 6: 384 + 36}.get(bits, 512 + BLOCK * 4)  # codes and scales, in bytes
+            total += blocks * groups * per_group
     return total
 
 

@@ -1,12 +1,15 @@
-"""specdraft's own CPU kernels (cpu_kernels.c), built on first use and loaded with ctypes.
+"""specdraft's own CPU kernels (cpu_kernels.c and the files beside it), built on first use and
+loaded with ctypes.
 
-The C file needs no torch headers: the machine's C compiler builds it in about a second into
-SPECDRAFT_CACHE_DIR/kernels/, keyed by the source, the flags and the compiler, so an upgrade
-or another machine builds its own. It targets AVX2 with FMA (every x86 CPU of the last ten
-years); the block products also come in an AVX-512 VNNI build (cpu_kernels_vnni.c, compiled
-for that target alone and chosen at run time where the CPU has it) that gives the same
-numbers bit for bit in fewer instructions a row. Without AVX2, or without a compiler,
-`kernel_problem` says why, and callers keep torch's kernels.
+The C files need no torch headers: the machine's C compiler builds them in seconds, keyed by
+the sources, the flags and the compiler, so an upgrade or another machine builds its own;
+kernel_build.py builds, records and checks each build before it is loaded. They target AVX2
+with FMA and F16C (every x86 CPU of the last ten years); the block products also come in an
+AVX-512 VNNI build (cpu_kernels_vnni.c, compiled for that target alone and chosen at run time
+where the CPU has it) that gives the same numbers bit for bit in fewer instructions a row.
+Without AVX2, or without a compiler, `kernel_problem` says why, and callers keep torch's
+kernels; SPECDRAFT_KERNEL_ISA names a choice (auto, avx2, vnni), and one that cannot run here
+is a usage error.
 """
 
 from __future__ import annotations
@@ -15,81 +18,76 @@ import ctypes
 import functools
 import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
+from specdraft.errors import UsageError
+from specdraft.models.kernel_build import KernelBuildError, compiler_command, compiler_version, load_library
+
 SOURCES = tuple(Path(__file__).with_name(name) for name in
-                ("cpu_kernels.c", "cpu_kernels_vnni.c", "cpu_attention.c", "cpu_decoder.c", "cpu_repack.c"))
+                ("cpu_kernels.c", "cpu_kernels_vnni.c", "cpu_attention.c", "cpu_decoder.c", "cpu_repack.c",
+                                 "cpu_kernels_six.c"))
 HEADER = Path(__file__).with_name("cpu_kernels_shared.h")  # included by every source
 # SPECDRAFT_KERNEL_ISA: the block products' instruction set (auto: AVX-512 VNNI where the CPU
 # has it, else AVX2). The results are the same bit for bit; avx2 measures what an AVX2-only
 # CPU would run.
-ISA_CHOICES = {"auto": 1, "vnni": 1, "avx2": 0}
+ISA_CHOICES = {"auto": 1, "vnni": 1, "avx2": 0}  # vnni on a CPU without it is refused
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 
 
 @functools.lru_cache(maxsize=1)
 def kernel_problem() -> str | None:
     """Why the kernels cannot run here, or None when they can (asked once per process: a
-    failed build is not retried by every model load and lean forward)."""
+    failed build is not retried by every model load and lean forward). With
+    SPECDRAFT_REQUIRE_KERNELS=1 (CI) a problem is an error instead."""
     try:
         library()
-    except RuntimeError as exc:
+    except KernelBuildError as exc:
+        if os.environ.get("SPECDRAFT_REQUIRE_KERNELS") == "1":
+            raise KernelBuildError(f"SPECDRAFT_REQUIRE_KERNELS=1 but the kernels cannot run: {exc}") from None
         return str(exc)
     return None
 
 
 @functools.lru_cache(maxsize=1)
 def library() -> ctypes.CDLL:
-    """The built kernels, loaded (built first where this source, compiler and flags never were)."""
-    if not _cpu_has("avx2", "fma", "f16c"):
-        raise RuntimeError("this CPU lacks AVX2/FMA")
-    compiler = c_compiler()
-    if compiler is None:
-        raise RuntimeError("no C compiler (cc or gcc) is installed to build it")
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    code = b"".join(source.read_bytes() for source in (*SOURCES, HEADER))
-    digest = hashlib.sha256(code + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
-    from specdraft.storage.cache_root import cache_dir
-
-    target = cache_dir() / "kernels" / f"cpu_kernels-{digest}.so"
-    if not target.exists():
-        _build(compiler, target)
-    loaded = _declared(ctypes.CDLL(str(target)))
-    loaded.build_id = digest
+    """The built kernels, loaded (built first where this source, compiler and flags never were;
+    kernel_build.py checks that a build is ours before loading it)."""
     chosen = os.environ.get("SPECDRAFT_KERNEL_ISA", "auto")
     if chosen not in ISA_CHOICES:
-        raise RuntimeError(f"SPECDRAFT_KERNEL_ISA={chosen}: expected one of {', '.join(ISA_CHOICES)}")
+        raise UsageError(f"SPECDRAFT_KERNEL_ISA={chosen}: expected one of {', '.join(ISA_CHOICES)}")
+    if not _cpu_has("avx2", "fma", "f16c"):
+        raise KernelBuildError("this CPU lacks AVX2/FMA/F16C")
+    command = compiler_command()
+    version = compiler_version(command)
+    code = b"".join(source.read_bytes() for source in (*SOURCES, HEADER))
+    digest = hashlib.sha256(code + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    loaded = _declared(load_library("cpu_kernels", SOURCES, FLAGS, digest))
+    loaded.build_id = digest
+    if chosen == "vnni" and not loaded.vnni_supported():
+        raise UsageError("SPECDRAFT_KERNEL_ISA=vnni: this CPU has no AVX-512 VNNI (use auto or avx2)")
     loaded.kernel_isa(ISA_CHOICES[chosen])
     return loaded
 
 
 def c_compiler() -> str | None:
-    """The C compiler the kernels are built with: $CC, else cc or gcc (None: none installed)."""
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    """The C compiler command the kernels are built with, as one string (None: none found)."""
+    try:
+        return " ".join(compiler_command())
+    except KernelBuildError:
+        return None
 
 
 def _build(compiler: str, target: Path, sources: Sequence[Path] = SOURCES) -> None:
-    """Compile `sources` (this package's kernels unless told) into `target`, atomically."""
-    folder = target.parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, partial = tempfile.mkstemp(dir=folder, prefix=".partial-", suffix=".so")
-    except OSError as exc:
-        raise RuntimeError(f"the kernel folder {folder} cannot be written ({exc.strerror or exc})") from None
-    os.close(fd)
-    done = subprocess.run([compiler, *FLAGS, *map(str, sources), "-o", partial, "-lm"], capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        os.unlink(partial)
-        first = (done.stderr.strip().splitlines() or ["no output"])[0]
-        raise RuntimeError(f"compiling {' and '.join(s.name for s in sources)} failed: {first}")
-    os.replace(partial, target)  # atomic: a concurrent process sees the whole file or none
+    """Compile `sources` into `target` as the package builds its own (benchmarks build other
+    revisions' kernels with it)."""
+    import shlex
+
+    from specdraft.models.kernel_build import _compile
+
+    _compile(shlex.split(compiler), sources, FLAGS, target)
 
 
 def interface_of(loaded: ctypes.CDLL) -> int:
@@ -129,6 +127,8 @@ def _declared(loaded: ctypes.CDLL) -> ctypes.CDLL:
                                        pointer, pointer, integer, ctypes.c_float, pointer, pointer, integer]
     loaded.repack_terms.restype = integer
     loaded.repack_terms.argtypes = [integer]
+    loaded.repack_bits.restype = integer
+    loaded.repack_bits.argtypes = [integer]
     loaded.repack_tensor.restype = integer
     loaded.repack_tensor.argtypes = [pointer, ctypes.c_int64, integer, ctypes.c_int64, ctypes.c_int64, pointer, pointer,
                                      pointer, pointer, integer, integer]

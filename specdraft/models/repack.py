@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specdraft.models.block_linear import BLOCK, BlockLinear
+from specdraft.models.block_linear import BLOCK, SIX_GROUP_BYTES, SIX_SCALE_BYTES, BlockLinear
 from specdraft.models.gguf_blocks import GROUP, Int8Codes, dequantized, int8_rows
 from specdraft.models.gguf_file import TYPES, TensorInfo
 from specdraft.models.native import library
@@ -29,19 +29,20 @@ def repacked(info: TensorInfo, data: np.ndarray, order: np.ndarray | None = None
     """The quantized matrix `info` (raw bytes `data`, rows outermost) as a BlockLinear whose
     output column n is the file's row order[n] (all rows in order when None)."""
     rows, cols = info.rows_cols
+    bits = library().repack_bits(TYPE_NUMBERS[info.type_name])
     terms = library().repack_terms(TYPE_NUMBERS[info.type_name])
-    if terms < 0 or cols % GROUP:
+    if bits < 0 or cols % GROUP:
         return _rounded_rows(info, data, order, bias)
-    natural = FACTORED if info.type_name in _K_TYPES else (FLOAT32 if info.type_name in ("Q6_K", "Q3_K", "Q2_K")
+    natural = FACTORED if info.type_name in _K_TYPES else (FLOAT32 if bits != 4 and info.type_name != "Q8_0"
                                                            else FLOAT16)
     for form in (natural, FLOAT32) if natural != FLOAT32 else (FLOAT32,):
-        codes, scales, offsets = _buffers(rows, cols, terms, form)
+        codes, scales, offsets = _buffers(rows, cols, bits, terms, form)
         status = library().repack_tensor(
             data.ctypes.data, data.nbytes, TYPE_NUMBERS[info.type_name], rows, cols,
             None if order is None else _checked_order(order, rows).ctypes.data, codes.data_ptr(), scales.data_ptr(),
             None if offsets is None else offsets.data_ptr(), form, threads or torch.get_num_threads())
         if status == _OK:
-            return BlockLinear(codes, scales, offsets, max(terms, 1), bias, rows)
+            return BlockLinear(codes, scales, offsets, max(terms, 1), bias, rows, bits=bits)
         if status == _NO_MEMORY:
             raise MemoryError(f"repacking {info.name} ran out of memory")
         if status != _NOT_HALF:
@@ -57,12 +58,15 @@ def _checked_order(order: np.ndarray, rows: int) -> np.ndarray:
     return order
 
 
-def _buffers(rows: int, cols: int, terms: int, form: int) -> tuple:
+def _buffers(rows: int, cols: int, bits: int, terms: int, form: int) -> tuple:
     """(codes, scales, offsets) to repack into: empty, except that a partial last block of
     columns is written whole by the C side too (its missing columns as zeros)."""
     blocks = -(-rows // BLOCK)
     groups = cols // GROUP * max(terms, 1)
-    if terms == 0:  # 8-bit codes
+    if bits == 6:
+        return (torch.empty(blocks, groups * SIX_GROUP_BYTES, dtype=torch.uint8),
+                torch.empty(blocks, groups * SIX_SCALE_BYTES, dtype=torch.uint8), None)
+    if bits == 8:
         codes = torch.empty(blocks, groups * 512, dtype=torch.int8)
         width = torch.float16 if form == FLOAT16 else torch.float32
         return codes, torch.empty(blocks, groups * BLOCK, dtype=width), None
