@@ -21,6 +21,8 @@
 #define ROWS 4      /* rows an AVX2 call takes at once: the block's codes are expanded once for them */
 #define VNNI_ROWS 8 /* the same for the VNNI products (cpu_kernels_vnni.c): 32 registers hold more */
 
+void block6_vnni_any(const uint8_t *codes, const uint8_t *scales, int G, const Activations *a, int m0, int rows,
+                     int b, int N, float *y, int ldy);
 void block4_vnni_any(const uint8_t *codes, const void *scale, const void *offset, int form, int G, int xgroups,
                      const Activations *a, int m0, int rows, int b, int N, float *y, int ldy);
 void block8_vnni_any(const int8_t *codes, const void *scale, int form, int G, const Activations *a, int m0, int rows,
@@ -85,20 +87,21 @@ static void quantize_row(const float *x, int groups, int8_t *q, float *d, int32_
 }
 
 void free_activations(Activations *a) {
-    free(a->qx); free(a->dx); free(a->sx); free(a->ax);
+    free(a->qx); free(a->dx); free(a->sx); free(a->ax); free(a->sx16);
 }
 
 /* Returns 0, or -1 when memory cannot be had (then nothing is left allocated). */
 int prepare_activations(const float *x, int M, int K, int quantize, Activations *a) {
     const int groups = K / GROUP;
     a->x = x;
-    a->qx = NULL; a->dx = NULL; a->sx = NULL; a->ax = NULL;
+    a->qx = NULL; a->dx = NULL; a->sx = NULL; a->ax = NULL; a->sx16 = NULL;
     if (!quantize) return 0;
     a->qx = (int8_t *)malloc((size_t)M * K);
     a->dx = (float *)malloc(sizeof(float) * (size_t)M * groups);
     a->sx = (int32_t *)malloc(sizeof(int32_t) * (size_t)M * groups);
     a->ax = (float *)malloc(sizeof(float) * (size_t)M * groups);
-    if (!a->qx || !a->dx || !a->sx || !a->ax) {
+    a->sx16 = (int32_t *)malloc(sizeof(int32_t) * (size_t)M * groups * 2);
+    if (!a->qx || !a->dx || !a->sx || !a->ax || !a->sx16) {
         free_activations(a);
         return -1;
     }
@@ -106,6 +109,11 @@ int prepare_activations(const float *x, int M, int K, int quantize, Activations 
         quantize_row(x + (size_t)m * K, groups, a->qx + (size_t)m * K, a->dx + (size_t)m * groups,
                      a->sx + (size_t)m * groups);
     for (size_t i = 0; i < (size_t)M * groups; i++) a->ax[i] = a->dx[i] * (float)a->sx[i];
+    for (size_t i = 0; i < (size_t)M * groups * 2; i++) {
+        int32_t total = 0;
+        for (int j = 0; j < 16; j++) total += a->qx[16 * i + j];
+        a->sx16[i] = total;
+    }
     return 0;
 }
 
@@ -299,8 +307,9 @@ void block_products(const Activations *a, int M, int K, const void *codes, const
             const int rows = M - m0 < tile ? M - m0 : tile;
             if (FLOAT_WEIGHTS(bits))
                 block_float_any(codes, bits, K, a->x, m0, rows, b, N, y, ldy);
-            else if (bits == 6) /* (the VNNI build runs these too: the same numbers either way) */
-                block6_any((const uint8_t *)codes, (const uint8_t *)scale, K / GROUP, a, m0, rows, b, N, y, ldy);
+            else if (bits == 6)
+                (vnni ? block6_vnni_any : block6_any)((const uint8_t *)codes, (const uint8_t *)scale, K / GROUP, a, m0,
+                                                      rows, b, N, y, ldy);
             else if (bits == 8)
                 (vnni ? block8_vnni_any : block8_any)((const int8_t *)codes, scale, form, K / GROUP, a, m0, rows, b,
                                                       N, y, ldy);

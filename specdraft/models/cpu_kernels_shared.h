@@ -71,6 +71,7 @@ typedef struct {
     int8_t *qx;
     float *dx, *ax;
     int32_t *sx;
+    int32_t *sx16; /* the code sums of each half group (16 values): what 6-bit weights' codes - 32 need */
 } Activations;
 
 /* Float weights (`bits` 16: bfloat16, 32: float32) in the block layout: block b holds, for
