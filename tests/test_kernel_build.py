@@ -81,20 +81,27 @@ def test_a_source_that_does_not_compile_is_one_line(source):
     assert not [p for p in (source.parent / "cache" / "kernels").iterdir() if ".partial" in p.name]
 
 
+def load_in_another_process(source: Path, digest: str) -> subprocess.CompletedProcess:
+    """`load_library` run by a new process: a build damaged on disk must never be one this
+    process has loaded (rewriting a loaded library in place kills its process with SIGBUS)."""
+    return subprocess.run([sys.executable, "-c",
+                           "from pathlib import Path\nfrom specdraft.models.kernel_build import load_library\n"
+                           f"print(load_library('probe', [Path({str(source)!r})], {FLAGS!r}, {digest!r}).kernel_probe())"],
+                          capture_output=True, text=True, env=os.environ.copy(), timeout=120)
+
+
 def test_a_library_planted_under_a_builds_name_never_runs(source, tmp_path, monkeypatch):
     marker = tmp_path / "marker"
     monkeypatch.setenv("SPECDRAFT_TEST_MARKER", str(marker))
     folder = tmp_path / "cache" / "kernels"
     folder.mkdir(parents=True, mode=0o700)
     target = planted_library(tmp_path, folder / "probe-d5.so")
-    assert load_library("probe", [source], FLAGS, "d5").kernel_probe() == 42  # rebuilt: no record of ours
+    done = load_in_another_process(source, "d5")
+    assert done.stdout.strip() == "42", done.stderr  # rebuilt: no record of ours
     assert not marker.exists()
     planted_library(tmp_path, target)  # swapped in after a build: its hash is not the recorded one
     assert not trusted(target)
-    done = subprocess.run([sys.executable, "-c",
-                           "from pathlib import Path\nfrom specdraft.models.kernel_build import load_library\n"
-                           f"print(load_library('probe', [Path({str(source)!r})], {FLAGS!r}, 'd5').kernel_probe())"],
-                          capture_output=True, text=True, env=os.environ.copy(), timeout=120)
+    done = load_in_another_process(source, "d5")
     assert done.stdout.strip() == "42", done.stderr
     assert not marker.exists()
 
@@ -102,20 +109,24 @@ def test_a_library_planted_under_a_builds_name_never_runs(source, tmp_path, monk
 @pytest.mark.parametrize("damage", ["truncated", "empty", "random"])
 def test_a_damaged_build_is_built_again(source, tmp_path, damage):
     target = tmp_path / "cache" / "kernels" / "probe-d6.so"
-    load_library("probe", [source], FLAGS, "d6")
+    assert load_in_another_process(source, "d6").stdout.strip() == "42"
     data = target.read_bytes()
     target.write_bytes({"truncated": data[: len(data) // 3], "empty": b"", "random": os.urandom(4096)}[damage])
     assert not trusted(target)
-    done = subprocess.run([sys.executable, "-c",
-                           "import sys; from pathlib import Path\n"
-                           "from specdraft.models.kernel_build import load_library\n"
-                           f"print(load_library('probe', [Path({str(source)!r})], {FLAGS!r}, 'd6').kernel_probe())"],
-                          capture_output=True, text=True, env=os.environ.copy(), timeout=120)
+    done = load_in_another_process(source, "d6")
     assert done.returncode == 0 and done.stdout.strip() == "42", done.stderr
-    # a build that loads badly with a record that matches it (written so by a crash) is built again once
+    assert trusted(target)
+
+
+def test_a_build_that_loads_badly_under_a_matching_record_is_built_again_once(source, tmp_path):
+    # written so by a crash between the rename and the first load, or by a bad disk
+    target = tmp_path / "cache" / "kernels" / "probe-d7.so"
+    target.parent.mkdir(parents=True, mode=0o700)
     target.write_bytes(b"\x7fELF garbage")
     record_of(target).write_text(kernel_build._sha256(target))
+    assert trusted(target)
     assert load_library("probe", [source], FLAGS, "d7").kernel_probe() == 42
+    assert trusted(target) and target.read_bytes() != b"\x7fELF garbage"
 
 
 def test_a_folder_others_may_write_is_not_used(source, tmp_path, caplog):
