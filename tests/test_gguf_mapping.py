@@ -150,6 +150,41 @@ def test_headers_that_claim_more_than_the_file_holds_allocate_nothing(tmp_path):
         GGUFFile(path)
 
 
+def _header(*pairs: bytes, tensors: int = 0) -> bytes:
+    import struct
+
+    return b"GGUF" + struct.pack("<IQQ", 3, tensors, len(pairs)) + b"".join(pairs)
+
+
+def _key(name: str) -> bytes:
+    import struct
+
+    return struct.pack("<Q", len(name)) + name.encode()
+
+
+@pytest.mark.parametrize("content, cause", [
+    (b"", "it is empty"),
+    (b"GGML" + bytes(20), "does not start with GGUF"),
+    (b"GGUF" + bytes(3), "ends inside its header"),
+    (_header(_key("k") + (8).to_bytes(4, "little") + (10**9).to_bytes(8, "little") + b"abc"), "ends inside"),
+    (_header(_key("k") + (8).to_bytes(4, "little") + _key("\udcff".encode("utf-8", "surrogatepass").decode("latin-1"))),
+     "not UTF-8"),
+    (_header(_key("k") + (9).to_bytes(4, "little") + (8).to_bytes(4, "little") + (3).to_bytes(8, "little")
+             + _key("a") + (2**63).to_bytes(8, "little") + bytes(16)), "ends inside"),
+    (_header(_key("k") + (99).to_bytes(4, "little")), "unknown value type 99"),
+    (_header(_key("k") + (9).to_bytes(4, "little") + (9).to_bytes(4, "little") + (1).to_bytes(8, "little")),
+     "array of value type 9"),
+    (_header(_key("general.alignment") + (4).to_bytes(4, "little") + (24).to_bytes(4, "little")),
+     "not a power of two"),
+])
+def test_a_damaged_header_is_one_line_naming_the_cause(tmp_path, content, cause):
+    path = tmp_path / "d.gguf"
+    path.write_bytes(content)
+    with pytest.raises(GGUFError, match=cause) as caught:
+        GGUFFile(path)
+    assert str(caught.value).startswith("d.gguf is not a readable GGUF file") and "\n" not in str(caught.value)
+
+
 @pytest.mark.parametrize("architecture", ["llama", "qwen2"])
 def test_the_config_and_tokenizer_are_what_transformers_reads_itself(tmp_path, architecture):
     from transformers import AutoConfig, AutoTokenizer

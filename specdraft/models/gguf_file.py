@@ -14,7 +14,7 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
@@ -63,13 +63,12 @@ class GGUFFile:
         try:
             with open(self.path, "rb") as fh:
                 self.size = fh.seek(0, 2)
-                fh.seek(0)
-                parser = _Parser(fh, self.size, self.path.name)
-                self.metadata, self.tensors = parser.parse()
-                self.value_types = parser.value_types  # key -> (GGUF value type, element type of an array)
                 self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY) if self.size else None
         except OSError as exc:
             raise GGUFError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+        parser = _Parser(self._map if self._map is not None else b"", self.size, self.path.name)
+        self.metadata, self.tensors = parser.parse()
+        self.value_types = parser.value_types  # key -> (GGUF value type, element type of an array)
 
     @property
     def architecture(self) -> str | None:
@@ -108,11 +107,16 @@ class GGUFFile:
                 pass
 
 
-class _Parser:
-    """One pass over a GGUF header, every claimed length checked against what is left."""
+_U64 = struct.Struct("<Q")
 
-    def __init__(self, fh: BinaryIO, size: int, name: str):
-        self.fh, self.size, self.name = fh, size, name
+
+class _Parser:
+    """One pass over a GGUF header held in `buffer` (the mapping: nothing is copied but the
+    values), every claimed length checked against what is left. A vocabulary's strings are
+    read in one tight loop: a large one has hundreds of thousands."""
+
+    def __init__(self, buffer: Any, size: int, name: str):
+        self.buffer, self.size, self.name, self.pos = buffer, size, name, 0
         self.value_types: dict[str, tuple[int, int | None]] = {}
         self._element: int | None = None
 
@@ -120,17 +124,36 @@ class _Parser:
         return GGUFError(f"{self.name} is not a readable GGUF file: {why}")
 
     def read(self, count: int) -> bytes:
-        if count < 0 or self.fh.tell() + count > self.size:
-            raise self.fail(f"it ends inside its header (needs {count} bytes at offset {self.fh.tell()})")
-        return self.fh.read(count)
+        if count < 0 or self.pos + count > self.size:
+            raise self.fail(f"it ends inside its header (needs {count} bytes at offset {self.pos})")
+        self.pos += count
+        return self.buffer[self.pos - count:self.pos]
 
     def unpack(self, fmt: str) -> Any:
-        return struct.unpack(fmt, self.read(struct.calcsize(fmt)))[0]
+        width = struct.calcsize(fmt)
+        if self.pos + width > self.size:
+            raise self.fail(f"it ends inside its header (needs {width} bytes at offset {self.pos})")
+        self.pos += width
+        return struct.unpack_from(fmt, self.buffer, self.pos - width)[0]
 
     def string(self) -> str:
-        length = self.unpack("<Q")
+        return self.strings(1)[0]
+
+    def strings(self, count: int) -> list[str]:
+        buffer, size, pos, unpack = self.buffer, self.size, self.pos, _U64.unpack_from
+        pieces = []
+        for _ in range(count):
+            if pos + 8 > size:
+                raise self.fail(f"it ends inside its header (needs 8 bytes at offset {pos})")
+            (length,) = unpack(buffer, pos)
+            pos += 8
+            if length > size - pos:
+                raise self.fail(f"it ends inside its header (needs {length} bytes at offset {pos})")
+            pieces.append(buffer[pos:pos + length])
+            pos += length
+        self.pos = pos
         try:
-            return self.read(length).decode("utf-8")
+            return [piece.decode("utf-8") for piece in pieces]
         except UnicodeDecodeError:
             raise self.fail("a string in its header is not UTF-8") from None
 
@@ -142,7 +165,7 @@ class _Parser:
         if kind == _ARRAY:
             element, count = self.unpack("<I"), self.unpack("<Q")
             self._element = element
-            left = self.size - self.fh.tell()
+            left = self.size - self.pos
             if element in _ARRAY_DTYPES:
                 width = np.dtype(_ARRAY_DTYPES[element]).itemsize
                 if count * width > left:
@@ -151,11 +174,13 @@ class _Parser:
             if element == _STRING:
                 if count * 8 > left:
                     raise self.fail(f"an array claims {count} strings, more than the file holds")
-                return [self.string() for _ in range(count)]
+                return self.strings(count)
             raise self.fail(f"an array of value type {element} is not supported")
         raise self.fail(f"unknown value type {kind}")
 
     def parse(self) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
+        if self.size == 0:
+            raise self.fail("it is empty")
         magic = self.read(4)
         if magic != b"GGUF":
             raise self.fail("it does not start with GGUF")
@@ -182,7 +207,7 @@ class _Parser:
         alignment = metadata.get("general.alignment", 32)
         if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
             raise self.fail(f"general.alignment {alignment!r} is not a power of two")
-        start = -(-self.fh.tell() // alignment) * alignment
+        start = -(-self.pos // alignment) * alignment
         return metadata, self._tensors(raw, start)
 
     def _tensors(self, raw: list, start: int) -> dict[str, TensorInfo]:
