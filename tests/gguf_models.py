@@ -51,10 +51,11 @@ def weights_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generato
 
 def write_model(path: Path, architecture: str = "llama", type_name: str = "Q4_0", hidden: int = 256,
                 layers: int = 2, heads: int = 4, kv_heads: int = 2, ffn: int = 512, tied: bool = True,
-                seed: int = 0, types: dict[str, str] | None = None) -> Path:
+                seed: int = 0, types: dict[str, str] | None = None, states_vocab_size: bool = False) -> Path:
     """A tiny random model of `architecture` (llama, qwen2: with query/key/value biases) whose
     matrices are in `type_name` (or `types[name]` for a tensor name such as "output");
-    `tied`: no output.weight, the head is the embedding."""
+    `tied`: no output.weight, the head is the embedding; `states_vocab_size`: the header
+    holds `<architecture>.vocab_size` (real files mostly do; otherwise readers count tokens)."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -69,6 +70,8 @@ def write_model(path: Path, architecture: str = "llama", type_name: str = "Q4_0"
     writer.add_head_count_kv(kv_heads)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-6)
+    if states_vocab_size:
+        writer.add_vocab_size(len(vocab))
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(vocab)

@@ -185,13 +185,13 @@ def test_a_damaged_header_is_one_line_naming_the_cause(tmp_path, content, cause)
     assert str(caught.value).startswith("d.gguf is not a readable GGUF file") and "\n" not in str(caught.value)
 
 
-@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
-def test_the_config_and_tokenizer_are_what_transformers_reads_itself(tmp_path, architecture):
+@pytest.mark.parametrize("architecture, states_vocab_size", [("llama", False), ("qwen2", False), ("qwen2", True)])
+def test_the_config_and_tokenizer_are_what_transformers_reads_itself(tmp_path, architecture, states_vocab_size):
     from transformers import AutoConfig, AutoTokenizer
 
     from specdraft.models.gguf_metadata import read_config_and_tokenizer
 
-    path = write_model(tmp_path / "m.gguf", architecture, tied=False)
+    path = write_model(tmp_path / "m.gguf", architecture, tied=False, states_vocab_size=states_vocab_size)
     config, tokenizer = read_config_and_tokenizer(path)
     theirs = AutoConfig.from_pretrained(str(tmp_path), gguf_file=path.name)
     assert config.to_dict() == theirs.to_dict() and config.model_type == architecture
@@ -203,9 +203,78 @@ def test_the_config_and_tokenizer_are_what_transformers_reads_itself(tmp_path, a
 def test_a_transformers_the_fast_reader_does_not_fit_falls_back_to_its_own(tmp_path, monkeypatch):
     import specdraft.models.gguf_metadata as metadata
 
-    def broken(parsed):
+    def broken(*args, **kwargs):
         raise AttributeError("fields")
 
     monkeypatch.setattr(metadata, "_Reader", broken)
+    monkeypatch.setattr(metadata, "_metadata_reader", broken)
     config, tokenizer = metadata.read_config_and_tokenizer(write_model(tmp_path / "m.gguf"))
     assert config.num_hidden_layers == 2 and len(tokenizer) > 256
+
+
+def test_the_readers_are_swapped_back_after_reading(tmp_path):
+    import gguf
+    from transformers.integrations import gguf as package
+    from transformers.integrations.gguf import reader
+
+    import specdraft.models.gguf_metadata as metadata
+
+    before = (gguf.GGUFReader, reader.read_gguf_metadata, package.read_gguf_metadata)
+    metadata.read_config_and_tokenizer(write_model(tmp_path / "m.gguf", states_vocab_size=True))
+    assert (gguf.GGUFReader, reader.read_gguf_metadata, package.read_gguf_metadata) == before
+
+
+@pytest.mark.parametrize("states_vocab_size", [False, True])
+def test_the_config_and_tokenizer_never_need_transformers_own_readers(tmp_path, monkeypatch, states_vocab_size):
+    import gguf
+    from transformers.integrations.gguf import reader
+
+    import specdraft.models.gguf_metadata as metadata
+
+    def unwanted(*args, **kwargs):
+        raise RuntimeError(f"a reader of its own read the file {args}")
+
+    from transformers.integrations import gguf as package
+
+    monkeypatch.setattr(gguf, "GGUFReader", unwanted)
+    monkeypatch.setattr(reader, "read_gguf_metadata", unwanted)
+    monkeypatch.setattr(package, "read_gguf_metadata", unwanted)
+    config, tokenizer = metadata.read_config_and_tokenizer(write_model(tmp_path / "m.gguf",
+                                                                       states_vocab_size=states_vocab_size))
+    assert config.vocab_size == len(tokenizer) and tokenizer("the cat").input_ids
+
+
+def test_a_tokenizer_short_of_the_files_tokens_is_read_again_in_full(tmp_path, monkeypatch):
+    import contextlib
+
+    from transformers import AutoTokenizer
+    from transformers.integrations import gguf as package
+    from transformers.integrations.gguf import reader
+
+    import specdraft.models.gguf_metadata as metadata
+
+    original, seen = metadata._fast_readers, []
+
+    @contextlib.contextmanager
+    def short_when_lean(parsed, config_only):
+        seen.append(config_only)
+        with original(parsed, config_only):
+            served = package.read_gguf_metadata
+
+            def fewer(path, string_arrays=()):
+                values, names = served(path, string_arrays)
+                if config_only and isinstance(values.get("tokenizer.ggml.tokens"), list):
+                    values["tokenizer.ggml.tokens"] = values["tokenizer.ggml.tokens"][:-3]
+                    values["tokenizer.ggml.token_type"] = values["tokenizer.ggml.token_type"][:-3]
+                return values, names
+
+            with monkeypatch.context() as patch:
+                patch.setattr(package, "read_gguf_metadata", fewer)
+                patch.setattr(reader, "read_gguf_metadata", fewer)
+                yield
+
+    monkeypatch.setattr(metadata, "_fast_readers", short_when_lean)
+    path = write_model(tmp_path / "m.gguf", states_vocab_size=True)
+    config, tokenizer = metadata.read_config_and_tokenizer(path)
+    reference = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    assert seen == [True, False] and len(tokenizer) == len(reference) == config.vocab_size

@@ -79,7 +79,7 @@ def load_gguf_mapped(gguf: Path, file: str, key: str) -> tuple[Any, Any]:
         raise ProfileError(file, key, str(exc)) from None
     gguf_cache.remove_weight_entries(gguf)
     for attempt in (1, 2):
-        folder = gguf_cache.converted_gguf(gguf, file, key, lambda path, _: read_metadata(path), METADATA,
+        folder = gguf_cache.converted_gguf(gguf, file, key, lambda path, _: read_metadata(path, mapped), METADATA,
                                            lambda model, source, staging: None)
         try:
             if folder is None:
@@ -99,15 +99,15 @@ def load_gguf_mapped(gguf: Path, file: str, key: str) -> tuple[Any, Any]:
     raise AssertionError("unreachable")
 
 
-def read_metadata(gguf: Path) -> tuple[Any, Any]:
+def read_metadata(gguf: Path, parsed: Any = None) -> tuple[Any, Any]:
     """(an object with the config and generation config, tokenizer) from the file's metadata
-    alone: what a metadata entry saves."""
+    alone (`parsed`: its GGUFFile, when already read): what a metadata entry saves."""
     from transformers import GenerationConfig
 
     from specdraft.models.gguf_metadata import read_config_and_tokenizer
 
     with hub_offline(True):
-        config, tokenizer = read_config_and_tokenizer(gguf)
+        config, tokenizer = read_config_and_tokenizer(gguf, parsed)
     return SimpleNamespace(config=config, generation_config=GenerationConfig.from_model_config(config)), tokenizer
 
 
