@@ -316,3 +316,12 @@ def test_a_missing_device_is_named_by_the_key_or_the_flag_that_asked_for_it():
     with pytest.raises(ProfileError) as key:
         resolve_device("cuda:1", "p.toml", "drafters[0].device")
     assert "drafters[0].device" in str(key.value) and "p.toml" in str(key.value)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+@pytest.mark.parametrize("name", ["pipe.gguf", "pipe"])
+def test_a_named_pipe_as_the_model_is_refused_without_reading_it(tmp_path, name):
+    pipe = tmp_path / name
+    os.mkfifo(pipe)  # opening it to read would wait for a writer forever
+    with pytest.raises(ProfileError, match="neither a regular file nor a folder"):
+        load_model(ModelSpec(path=pipe), "p.toml", "target")

@@ -53,6 +53,8 @@ def resolve_location(spec: ModelSpec, file: str, key: str) -> tuple[str, str | N
         if path.suffix != ".gguf":
             raise ProfileError(file, f"{key}.path", f"{path} is a file but not .gguf; give a model folder or a .gguf file")
         return str(path.parent), path.name
+    if path.exists() and not path.is_dir():  # a pipe, a socket, a device: reading one may never end
+        raise ProfileError(file, f"{key}.path", f"{path} is neither a regular file nor a folder")
     if not (path / "config.json").exists():
         raise ProfileError(file, f"{key}.path", f"{path} has no config.json: not a model folder")
     return str(path), None
