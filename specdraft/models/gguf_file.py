@@ -123,18 +123,19 @@ class _Parser:
     def fail(self, why: str) -> GGUFError:
         return GGUFError(f"{self.name} is not a readable GGUF file: {why}")
 
-    def read(self, count: int) -> bytes:
+    def take(self, count: int) -> int:
+        """The offset of the next `count` bytes, which the header must still hold; moves past them."""
         if count < 0 or self.pos + count > self.size:
             raise self.fail(f"it ends inside its header (needs {count} bytes at offset {self.pos})")
         self.pos += count
-        return self.buffer[self.pos - count:self.pos]
+        return self.pos - count
+
+    def read(self, count: int) -> bytes:
+        start = self.take(count)
+        return self.buffer[start:start + count]
 
     def unpack(self, fmt: str) -> Any:
-        width = struct.calcsize(fmt)
-        if self.pos + width > self.size:
-            raise self.fail(f"it ends inside its header (needs {width} bytes at offset {self.pos})")
-        self.pos += width
-        return struct.unpack_from(fmt, self.buffer, self.pos - width)[0]
+        return struct.unpack_from(fmt, self.buffer, self.take(struct.calcsize(fmt)))[0]
 
     def string(self) -> str:
         return self.strings(1)[0]

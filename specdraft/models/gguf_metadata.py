@@ -66,8 +66,10 @@ class _Tensor:
 
 
 # The vocabulary's string arrays: a config reads only how many tokens there are.
-_VOCABULARY = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")
+_TOKENS = "tokenizer.ggml.tokens"
+_VOCABULARY = (_TOKENS, "tokenizer.ggml.merges")
 _UINT32 = 4
+_ABSENT = object()  # a module attribute that was not there (a lazy module's name not yet looked up)
 
 
 class _Reader:
@@ -79,7 +81,7 @@ class _Reader:
 
     def __init__(self, parsed: GGUFFile, config_only: bool = False):
         metadata, types = dict(parsed.metadata), dict(parsed.value_types)
-        tokens = metadata.get(_VOCABULARY[0])
+        tokens = metadata.get(_TOKENS)
         if config_only and tokens is not None and parsed.architecture is not None:
             size_key = f"{parsed.architecture}.vocab_size"
             if size_key not in metadata:
@@ -142,8 +144,6 @@ def _fast_readers(parsed: GGUFFile, config_only: bool) -> Iterator[None]:
                 setattr(module, name, original)
 
 
-_ABSENT = object()
-
 
 def read_config_and_tokenizer(gguf: Path, parsed: GGUFFile | None = None) -> tuple[Any, Any]:
     """(config, tokenizer) transformers derives from the metadata of `gguf`."""
@@ -158,7 +158,7 @@ def read_config_and_tokenizer(gguf: Path, parsed: GGUFFile | None = None) -> tup
         return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, config=config,
                                              local_files_only=True)
 
-    tokens = parsed.metadata.get("tokenizer.ggml.tokens")
+    tokens = parsed.metadata.get(_TOKENS)
     for config_only in (True, False):
         try:
             with _fast_readers(parsed, config_only):
