@@ -32,3 +32,12 @@ class ProfileError(UsageError):
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt, so that code which saves its
     work on Ctrl-C (the training loop) does the same on SIGTERM; exits 143 (128 + SIGTERM)."""
+
+
+class NonFiniteLogits(UsageError):
+    """The target computed NaN or infinite logits: its weights are not finite numbers (a
+    damaged or hostile model file). Exit 2, like any file that is not a usable model."""
+
+    def __init__(self) -> None:
+        super().__init__("the target's logits are not finite numbers: its weights hold NaN or infinite values "
+                         "(a damaged model file?)")

@@ -27,6 +27,12 @@ from specdraft.config.tables import Table
 from specdraft.drafters.registry import DrafterConfig, parse_drafter
 from specdraft.errors import ProfileError, UsageError
 from specdraft.learning.policies import COMMON_OPTIONS, check_policy
+from specdraft.storage.regular_files import is_regular, read_regular_text
+
+# Below this, logits / temperature overflow float32 (1e-39 gives inf, then NaN probabilities);
+# such a temperature is greedy decoding in all but name, so 0 is asked for instead.
+MIN_TEMPERATURE = 1e-3
+PROFILE_LIMIT = 4 << 20  # bytes: a profile is a page of TOML; /dev/zero or a model file is refused
 
 
 @dataclass(frozen=True)
@@ -90,12 +96,24 @@ def load_profile(file: str | Path) -> Profile:
     path = Path(file)
     shown = str(file)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_text(path, limit=PROFILE_LIMIT)
     except FileNotFoundError:
         raise ProfileError(shown, None, "profile file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProfileError(shown, None, f"cannot read profile: {exc}") from None
+    except (OSError, ValueError) as exc:
+        cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        hint = " (a model file? a profile is a TOML text file)" if _looks_like_model(path) else ""
+        raise ProfileError(shown, None, f"cannot read profile: {cause}{hint}") from None
     return parse_profile(text, path)
+
+
+def _looks_like_model(path: Path) -> bool:
+    if not is_regular(path):  # a FIFO would block this open
+        return False
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) == b"GGUF" or path.suffix in (".gguf", ".safetensors", ".bin")
+    except OSError:
+        return False
 
 
 def parse_profile(text: str, path: Path) -> Profile:
@@ -104,6 +122,8 @@ def parse_profile(text: str, path: Path) -> Profile:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(shown, None, f"TOML syntax error: {exc}") from None
+    except RecursionError:  # tomli parses nested arrays and tables recursively
+        raise ProfileError(shown, None, "TOML nested too deeply to be a profile") from None
     root = Table(data, shown, "")
     base = path.resolve().parent
 
@@ -228,7 +248,8 @@ def _check_decode(decode: DecodeConfig, file: Path | str, prefix: str) -> None:
     checks = (
         ("draft_tokens", 1 <= decode.draft_tokens <= 64, "must be between 1 and 64"),
         ("max_new_tokens", decode.max_new_tokens >= 1, "must be at least 1"),
-        ("temperature", 0.0 <= decode.temperature <= 100.0, "must be between 0 and 100"),
+        ("temperature", decode.temperature == 0.0 or MIN_TEMPERATURE <= decode.temperature <= 100.0,
+         f"must be 0 (greedy) or from {MIN_TEMPERATURE} to 100"),
         ("top_k", decode.top_k >= 0, "must be 0 (off) or positive"),
         ("top_p", 0.0 < decode.top_p <= 1.0, "must be in (0, 1]"),
         ("seed", decode.seed is None or 0 <= decode.seed <= 2**63 - 1, "must be between 0 and 2**63 - 1"),

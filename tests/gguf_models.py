@@ -51,23 +51,27 @@ def weights_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generato
 
 def write_model(path: Path, architecture: str = "llama", type_name: str = "Q4_0", hidden: int = 256,
                 layers: int = 2, heads: int = 4, kv_heads: int = 2, ffn: int = 512, tied: bool = True,
-                seed: int = 0, types: dict[str, str] | None = None, states_vocab_size: bool = False) -> Path:
+                seed: int = 0, types: dict[str, str] | None = None, states_vocab_size: bool = False,
+                claims: dict[str, int] | None = None, nan_in: str | None = None) -> Path:
     """A tiny random model of `architecture` (llama, qwen2: with query/key/value biases) whose
     matrices are in `type_name` (or `types[name]` for a tensor name such as "output");
     `tied`: no output.weight, the head is the embedding; `states_vocab_size`: the header
-    holds `<architecture>.vocab_size` (real files mostly do; otherwise readers count tokens)."""
+    holds `<architecture>.vocab_size` (real files mostly do; otherwise readers count tokens);
+    `claims`: header numbers ("block_count", "head_count_kv") that disagree with the
+    tensors written; `nan_in`: a float32 vector's name whose values are all NaN."""
     import gguf
 
     rng = np.random.default_rng(seed)
     vocab = tokens()
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_name(f"tiny {architecture}")
-    writer.add_block_count(layers)
+    claims = claims or {}
+    writer.add_block_count(claims.get("block_count", layers))
     writer.add_context_length(512)
     writer.add_embedding_length(hidden)
     writer.add_feed_forward_length(ffn)
     writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
+    writer.add_head_count_kv(claims.get("head_count_kv", kv_heads))
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-6)
     if states_vocab_size:
@@ -90,7 +94,8 @@ def write_model(path: Path, architecture: str = "llama", type_name: str = "Q4_0"
         writer.add_tensor(name, weights_blocks(kind, rows, cols, rng), raw_dtype=gguf.GGMLQuantizationType[kind])
 
     def vector(name: str, size: int, around: float) -> None:
-        writer.add_tensor(name, (around + rng.standard_normal(size) * 0.05).astype(np.float32))
+        values = (around + rng.standard_normal(size) * 0.05).astype(np.float32)
+        writer.add_tensor(name, np.full(size, np.nan, np.float32) if name == nan_in else values)
 
     matrix("token_embd.weight", len(vocab), hidden)
     for i in range(layers):

@@ -23,6 +23,7 @@ from specdraft.profile import parse_profile
 from specdraft.errors import ProfileError
 from specdraft.models.loading import load_model
 from tiny import byte_tokenizer, tiny_llama
+from gguf_models import write_model
 
 
 @pytest.fixture
@@ -102,8 +103,8 @@ def gguf(tmp_path, monkeypatch, messages):
     """A stand-in .gguf file (`.path`) and its conversions (`.conversions`: how many log
     lines had been written when each began)."""
     monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path / "cache"))
-    file = tmp_path / "tiny.gguf"
-    file.write_bytes(b"GGUF stand-in")
+    # a real header (checked before anything loads), of an architecture not run on the kernels
+    file = write_model(tmp_path / "tiny.gguf", architecture="phi3", hidden=32, ffn=64, layers=1)
     conversions = []
     model_load = transformers.AutoModelForCausalLM.from_pretrained
     tokenizer_load = transformers.AutoTokenizer.from_pretrained

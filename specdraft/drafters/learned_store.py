@@ -41,12 +41,14 @@ from specdraft.storage.atomic_files import remove_stale_partials, staged_file, w
 from specdraft.drafters.datastore import StoreError, documents_of, open_store, read_meta, text_problem, \
     write_store
 from specdraft.drafters.suffix_index import SuffixIndex, concatenate
+from specdraft.storage.regular_files import read_npy
 
 log = logging.getLogger("specdraft")
 
 CURRENT = "CURRENT"
 COMPACT_MIN_TOKENS = 65536
 _NPY_HEADER = 128
+SEGMENT_LIMIT = 1 << 30  # bytes: one prompt and its output, far below this
 
 
 class LearnedStore:
@@ -143,13 +145,13 @@ class LearnedStore:
 
     def _read_segment(self, path: Path) -> list[np.ndarray]:
         """The documents of one segment; [] (and a warning) when it is damaged."""
-        try:
-            text = np.load(path)
+        try:  # a regular file whose header agrees with its length: no FIFO waits, no huge allocation
+            text = read_npy(path, limit=SEGMENT_LIMIT)
             problem = text_problem(text, self.vocab_size)
         except FileNotFoundError:
             return []
         except (OSError, ValueError, EOFError) as exc:
-            problem = str(exc)
+            problem = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         if problem:
             log.warning("learned store %s: segment %s is damaged (%s); skipped", self.root, path.name, problem)
             return []

@@ -27,6 +27,8 @@ from torch import nn
 
 from specdraft.storage.atomic_files import staged_file, write_text
 from specdraft.drafters.head_model import TargetSignature
+from specdraft.errors import UsageError
+from specdraft.storage.regular_files import read_regular_text
 
 CONFIG, STEERING_WEIGHTS, DRAFTER_WEIGHTS = "steer.json", "steer.safetensors", "drafter.safetensors"
 FORMAT = 1
@@ -36,6 +38,12 @@ FIRST_OFFSET = 2
 # Width of g. W_s maps it to a bias for every MLP unit of every layer (24 x 4864 on
 # Qwen2.5-0.5B), so its size is this times ~117k: 256 keeps it at 30M, computed once a block.
 DEFAULT_STEER_SIZE = 256
+
+
+def max_steer_size(target_hidden: int, drafter_hidden: int) -> int:
+    """The widest steering vector trained or loaded: wider than its inputs it learns nothing
+    more, and a file claiming more is damaged."""
+    return 4 * max(target_hidden, drafter_hidden)
 
 
 class SteeringFileError(Exception):
@@ -66,7 +74,20 @@ class SteeringConfig:
         data["layers"] = tuple(data["layers"])
         data["target"] = TargetSignature(**data["target"])
         data["drafter"] = TargetSignature(**data["drafter"])
-        return cls(**data)
+        config = cls(**data)
+        config.check_sizes()
+        return config
+
+    def check_sizes(self) -> None:
+        """Sizes checked against the models it claims before any tensor is allocated to them
+        (a damaged file, or one built to exhaust memory): ValueError naming the field."""
+        width, drafter_width = self.target.hidden_size, self.drafter.hidden_size
+        bounds = {"target_hidden": (width, width), "steer_size": (1, max_steer_size(width, drafter_width)),
+                  "drafter_layers": (1, self.drafter.num_hidden_layers), "intermediate": (1, 16 * drafter_width)}
+        for name, (low, high) in bounds.items():
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and low <= value <= high):
+                raise ValueError(f"{name} {value!r} is not from {low} to {high}")
 
 
 def default_layers(target_layers: int) -> tuple[int, int, int]:
@@ -145,7 +166,7 @@ def new_steering(target: nn.Module, drafter: nn.Module, layers: tuple[int, int, 
         raise ValueError(f"steering layers {list(layers)} must be hidden-state indices 0..{n}")
     config = SteeringConfig(
         layers=tuple(int(x) for x in layers), target_hidden=int(target.config.hidden_size),
-        steer_size=int(steer_size or min(DEFAULT_STEER_SIZE, drafter.config.hidden_size)), drafter_layers=len(mlps),
+        steer_size=_steer_size(steer_size, target, drafter), drafter_layers=len(mlps),
         intermediate=int(mlps[0].gate_proj.out_features), target=TargetSignature.of(target),
         drafter=TargetSignature.of(drafter), steering=steering)
     return Steering(config)
@@ -176,11 +197,12 @@ def read_steering_config(folder: Path) -> SteeringConfig:
     if not config_path.is_file():
         raise SteeringFileError(f"{folder}: not a steering folder ({CONFIG} expected)")
     try:
-        data = json.loads(config_path.read_text())
-        if data.get("format") != FORMAT:
-            raise SteeringFileError(f"{config_path}: format {data.get('format')!r}, this specdraft reads {FORMAT}")
+        data = json.loads(read_regular_text(config_path, limit=1 << 20))
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            found = data.get("format") if isinstance(data, dict) else None
+            raise SteeringFileError(f"{config_path}: format {found!r}, this specdraft reads {FORMAT}")
         return SteeringConfig.from_json(data)
-    except (json.JSONDecodeError, TypeError, KeyError) as exc:
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
         raise SteeringFileError(f"{config_path}: unreadable steering config ({exc})") from None
 
 
@@ -213,3 +235,10 @@ def load_steering(folder: Path, target: nn.Module, drafter: nn.Module) -> Steeri
             raise SteeringFileError(f"{folder}: the {role}'s weight {broken} holds nan or infinite values; "
                                     "train it again (a lower --lr)")
     return steering.eval()
+
+
+def _steer_size(given: int | None, target: nn.Module, drafter: nn.Module) -> int:
+    widest = max_steer_size(int(target.config.hidden_size), int(drafter.config.hidden_size))
+    if given is not None and given > widest:
+        raise UsageError(f"--steer-size {given}: at most {widest} for these models (4x the wider hidden size)")
+    return int(given or min(DEFAULT_STEER_SIZE, drafter.config.hidden_size))

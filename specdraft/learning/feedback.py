@@ -45,6 +45,20 @@ class RoundFeedback:
     # the token committed at its first wrong position came in its order: 1 = its runner-up).
     runner_ups: Sequence[tuple[int, int]] = ()
 
+    def __post_init__(self) -> None:
+        # Alignments are probabilities; a drafter (or a target) whose outputs are NaN yields
+        # NaN ones, which would poison every weight and estimate learned from them (and hang
+        # a Thompson draw). Such a position counts as rejected.
+        if not all(0.0 <= a <= 1.0 for a in self.alphas):
+            object.__setattr__(self, "alphas", _probabilities(self.alphas))
+        if self.gammas is not None and not all(g is None or all(0.0 <= v <= 1.0 for v in g) for g in self.gammas):
+            object.__setattr__(self, "gammas", [g if g is None else _probabilities(g) for g in self.gammas])
+
+
+def _probabilities(values: Sequence[float]) -> list[float]:
+    """`values` with NaN as 0 and each clamped into [0, 1]."""
+    return [min(1.0, max(0.0, v)) if v == v else 0.0 for v in values]
+
 
 def bd_reward(alphas: Sequence[float]) -> float:
     return sum(alphas) / len(alphas) if alphas else 0.0

@@ -19,6 +19,7 @@ Plain Python: no torch.
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Sequence
 
@@ -53,7 +54,10 @@ class _DecayedLine:
         return [self.w, self.sx, self.sy, self.sxx, self.sxy]
 
     def load(self, values: list[float]) -> None:
-        self.w, self.sx, self.sy, self.sxx, self.sxy = (float(v) for v in values)
+        w, sx, sy, sxx, sxy = (float(v) for v in values)
+        if w < 0 or sx < 0 or sy < 0 or sxx < 0:  # weights, widths and seconds: never negative
+            raise ValueError("state field costs.verify: a negative count, width or time")
+        self.w, self.sx, self.sy, self.sxx, self.sxy = w, sx, sy, sxx, sxy
 
 
 class VerifyCosts:
@@ -197,7 +201,7 @@ class RoundCostModel:
         if not (isinstance(verify, list) and len(verify) == 5 and all(is_number(v) for v in verify)):
             raise ValueError("state field costs.verify: expected 5 numbers")
         if not (isinstance(draft, list) and len(draft) == len(self.draft)
-                and all(d is None or is_number(d) for d in draft)):
+                and all(d is None or is_number(d) and d >= 0 for d in draft)):
             raise ValueError(f"state field costs.draft: expected {len(self.draft)} numbers or nulls")
         self.verify.load(verify)
         self.draft = list(draft)
@@ -223,6 +227,7 @@ class AcceptanceByPosition:
         """`alignment[m - first]`: acceptance probability of position m given the earlier ones
         were accepted; only positions up to the first (certain) rejection are conditional ones."""
         for m, value in enumerate(alignment[: max(0, self.k_max - first + 1)], start=first - 1):
+            value = min(1.0, max(0.0, value)) if math.isfinite(value) else 0.0  # a NaN model's alignment
             self.hits[arm][m] = self.decay * self.hits[arm][m] + value
             self.seen[arm][m] = self.decay * self.seen[arm][m] + 1
             if value == 0.0:
@@ -244,7 +249,8 @@ class AcceptanceByPosition:
             else:
                 alpha = hits[m] + w * anchor
                 beta = max(0.0, seen[m] - hits[m]) + w * (1.0 - anchor)
-                anchor = rng.betavariate(alpha + 1e-6, beta + 1e-6)
+                # betavariate never returns on a NaN parameter: anything not finite is the mean
+                anchor = rng.betavariate(alpha + 1e-6, beta + 1e-6) if math.isfinite(alpha + beta) else anchor
             out.append(anchor)
         return out
 
@@ -273,6 +279,9 @@ class AcceptanceByPosition:
                     and all(isinstance(r, list) and len(r) == self.k_max and all(is_number(v) for v in r)
                             for r in rows)):
                 raise ValueError(f"state field {field}.{key}: expected {len(self.hits)} lists of {self.k_max} numbers")
+        for hits, seen in zip(state["hits"], state["seen"]):
+            if any(h < 0 or h > s + 1e-9 for h, s in zip(hits, seen)):
+                raise ValueError(f"state field {field}: hits must be counts from 0 to seen")
         self.hits = [[float(v) for v in row] for row in state["hits"]]
         self.seen = [[float(v) for v in row] for row in state["seen"]]
 
@@ -306,5 +315,6 @@ def best_draft_length(expected: Sequence[float], seconds: Sequence[float]) -> in
 
 
 def is_number(value: object) -> bool:
-    """A JSON number (not a bool) read back from a state file."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite JSON number (not a bool) read back from a state file: Python's JSON reads
+    NaN and Infinity, and a NaN count would make every later plan NaN."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

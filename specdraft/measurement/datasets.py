@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from specdraft.errors import UsageError
+from specdraft.storage.regular_files import read_regular_bytes
 
 
 @dataclass(frozen=True)
@@ -24,16 +25,21 @@ class Example:
     task: str = "default"
 
 
+DATA_LIMIT = 2 << 30  # bytes: far more prompts than a run decodes; /dev/zero is refused, not read
+
+
 def load_dataset(file: str | Path, warn: Callable[[str], None], limit: int | None = None) -> list[Example]:
     if limit is not None and limit < 1:
         raise UsageError(f"--limit: must be at least 1 (got {limit})")
     path = Path(file)
     try:
-        data = path.read_bytes()
+        data = read_regular_bytes(path, limit=DATA_LIMIT)
     except FileNotFoundError:
         raise UsageError(f"--data {file}: file not found") from None
     except OSError as exc:
         raise UsageError(f"--data {file}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a pipe, a device, or more than a prompt file holds
+        raise UsageError(f"--data {file}: cannot read: {exc}") from None
     text = _decoded(data, str(file), warn)
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json", ".ndjson"):

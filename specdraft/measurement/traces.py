@@ -26,6 +26,8 @@ from specdraft.core.sampling import distributions
 from specdraft.drafters.base import TrajectoryScores
 from specdraft.drafters.registry import scored_by_own_forward
 from specdraft.errors import UsageError
+from specdraft.storage.atomic_files import fresh_stream
+from specdraft.storage.regular_files import read_regular_text
 from specdraft.measurement.datasets import Example
 from specdraft.models.cached_lm import CachedLM
 from specdraft.runtime import Runtime, build_runtime
@@ -105,23 +107,29 @@ class Trace:
 
     @classmethod
     def load(cls, file: str | Path, flag: str = "--trace") -> "Trace":
-        """`flag` names the option the file came from in error messages."""
+        """`flag` names the option the file came from in error messages; every field is
+        checked (trace_checks.py) before anything is built from it."""
+        from specdraft.measurement.trace_checks import checked_header, checked_prompt
+
         try:
-            text = Path(file).read_text(encoding="utf-8")
+            text = read_regular_text(file)
             lines = text.splitlines()
             if len(lines) > 1 and not text.endswith("\n") and not _parses(lines[-1]):
                 lines.pop()  # a run killed mid-write: every complete line is still good
+            if not lines:
+                raise ValueError("the file is empty")
             head = json.loads(lines[0])
-            if head.get("type") != "header" or head.get("version") != TRACE_VERSION:
+            if not isinstance(head, dict) or head.get("type") != "header" or head.get("version") != TRACE_VERSION:
                 raise ValueError("not a specdraft trace (version %s)" % TRACE_VERSION)
+            head = checked_header(head)
             head["costs"] = {k: ForwardCost(**v) for k, v in head["costs"].items()}
             header = TraceHeader(**head)
             prompts = []
-            for line in lines[1:]:
-                row = json.loads(line)
+            for number, line in enumerate(lines[1:], start=2):
+                row = checked_prompt(json.loads(line), number, header.drafters, header.draft_tokens)
                 row["drafters"] = {k: DrafterTrace(**v) for k, v in row["drafters"].items()}
                 prompts.append(PromptTrace(**row))
-        except (OSError, IndexError, ValueError, TypeError, KeyError) as exc:
+        except (OSError, ValueError, TypeError, RecursionError) as exc:
             raise UsageError(f"{flag} {file}: cannot read trace: {exc}") from None
         return cls(header, prompts)
 
@@ -135,7 +143,7 @@ class TraceWriter:
 
     def header(self, header: TraceHeader) -> None:
         # Opened only now, once the models are loaded: a failed start keeps an older file.
-        self.fh = open(self.file, "w", encoding="utf-8")
+        self.fh = fresh_stream(self.file)
         self._line(asdict(header))
 
     def prompt(self, prompt: PromptTrace) -> None:

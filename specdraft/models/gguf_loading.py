@@ -47,8 +47,14 @@ def load_gguf(gguf: Path, dtype: torch.dtype, kwargs: dict, file: str, key: str)
     once); straight from the GGUF when the cache cannot be written; rebuilt once when a
     cached entry still fails to load."""
     kwargs = {**kwargs, "local_files_only": True}
+    checked_gguf(gguf, file, key).close()
     for attempt in (1, 2):
-        folder = converted_float(gguf, file, key, dtype)
+        try:
+            folder = converted_float(gguf, file, key, dtype)
+        except (AssertionError, ValueError, KeyError, IndexError, TypeError, RuntimeError) as exc:
+            # transformers could not build a model from the file's tensors and metadata
+            raise ProfileError(file, key, f"transformers cannot build a model from {gguf.name}: "
+                                          f"{first_line(exc)}") from None
         try:
             with hub_offline(True):
                 if folder is None:
@@ -69,14 +75,11 @@ def load_gguf_mapped(gguf: Path, file: str, key: str) -> tuple[Any, Any]:
     (gguf_mapping.py). The cache keeps only what is slow to derive and small: the config and
     the tokenizer transformers builds from the file's metadata (seconds for a large
     vocabulary); an entry of an older specdraft holding the repacked weights is removed."""
-    from specdraft.models.gguf_file import GGUFError, GGUFFile
+    from specdraft.models.gguf_file import GGUFError
     from specdraft.models.gguf_mapping import mapped_model
     from specdraft.models.gguf_metadata import read_config_and_tokenizer
 
-    try:
-        mapped = GGUFFile(gguf)  # its header checked before anything reads it further
-    except GGUFError as exc:
-        raise ProfileError(file, key, str(exc)) from None
+    mapped = checked_gguf(gguf, file, key)
     gguf_cache.remove_weight_entries(gguf)
     for attempt in (1, 2):
         folder = gguf_cache.converted_gguf(gguf, file, key, lambda path, _: read_metadata(path, mapped), METADATA,
@@ -97,6 +100,24 @@ def load_gguf_mapped(gguf: Path, file: str, key: str) -> tuple[Any, Any]:
         except GGUFError as exc:
             raise ProfileError(file, key, str(exc)) from None
     raise AssertionError("unreachable")
+
+
+def checked_gguf(gguf: Path, file: str, key: str) -> Any:
+    """`gguf`'s parsed header (a GGUFFile, mapped), checked as a model's (gguf_checks.py)
+    before anything is built from it; a ProfileError (exit 2) naming the cause otherwise."""
+    from specdraft.models.gguf_checks import check_model_header
+    from specdraft.models.gguf_file import GGUFError, GGUFFile
+
+    try:
+        parsed = GGUFFile(gguf)
+    except GGUFError as exc:
+        raise ProfileError(file, key, str(exc)) from None
+    try:
+        check_model_header(parsed)
+    except GGUFError as exc:
+        parsed.close()
+        raise ProfileError(file, key, str(exc)) from None
+    return parsed
 
 
 def read_metadata(gguf: Path, parsed: Any = None) -> tuple[Any, Any]:

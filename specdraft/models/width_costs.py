@@ -26,6 +26,7 @@ from specdraft.models.cached_lm import CachedLM
 from specdraft.models.native import kernel_version
 from specdraft.storage.atomic_files import write_text
 from specdraft.storage.cache_root import cache_dir
+from specdraft.storage.regular_files import read_regular_text
 
 log = logging.getLogger("specdraft")
 
@@ -95,8 +96,10 @@ def _key_parts(lm: CachedLM, max_width: int) -> dict:
     parameter = next(model.parameters())
     device = lm.device
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    config = model.config.to_dict()
+    config.pop("_name_or_path", None)  # where the model was read from: one shape, one key
     return {
-        "config": model.config.to_json_string(use_diff=False),
+        "config": json.dumps(config, sort_keys=True, default=str),
         "dtype": str(parameter.dtype),
         "modules": sorted({type(m).__name__ for m in model.modules()}),  # quantized linears differ
         "device": f"{device.type}:{device_name}",
@@ -116,8 +119,8 @@ def _cache_file(lm: CachedLM, max_width: int) -> Path:
 
 def _read(file: Path, max_width: int) -> list[float] | None:
     try:
-        seconds = json.loads(file.read_text())["seconds"]
-    except (OSError, ValueError, KeyError, TypeError):
+        seconds = json.loads(read_regular_text(file, limit=1 << 20))["seconds"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
     if (isinstance(seconds, list) and len(seconds) == max_width
             and all(isinstance(s, (int, float)) and math.isfinite(s) and s > 0 for s in seconds)):

@@ -29,6 +29,7 @@ from specdraft.models.loading import LoadedModel
 from specdraft.profile import Profile
 from specdraft.runtime import sampling_params
 from specdraft.storage import atomic_files
+from specdraft.storage.regular_files import read_regular_text
 
 NO_LIMIT = 10**9  # the engine stops a request at its own max_tokens
 # The state file's key for the acceptance model (MatchCalibration) beside the
@@ -95,7 +96,7 @@ class ServingPool:
         self._lock = threading.Lock()
         self._requests = 0
         if state_file is not None and state_file.exists():
-            saved = json.loads(state_file.read_text(encoding="utf-8"))
+            saved = json.loads(read_regular_text(state_file, limit=64 << 20))
             self.new_driver().load_state_dict(saved)  # raises ValueError on a state of another pool
             if CALIBRATION_KEY in saved:  # (absent from a state `generate` wrote)
                 self.calibration.load(saved[CALIBRATION_KEY])

@@ -33,7 +33,7 @@ import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, TextIO
 
 STALE_FOREIGN_S = 3600.0  # a partial from another host (shared cache folder) is left alone this long
 _RENAME_EXCHANGE = 2
@@ -107,6 +107,24 @@ def staged_file(path: str | Path) -> Iterator[Path]:
     finally:
         with contextlib.suppress(OSError):
             staging.unlink()
+
+
+def fresh_stream(path: str | Path) -> TextIO:
+    """A text file at `path` to stream records into, flushed by the caller as it goes: a new
+    file renamed over the old one before the first record, never the old one truncated, so
+    that a name hard-linked to the old file (an input, say) keeps its content."""
+    file = Path(path)
+    parent = file.parent if str(file.parent) else Path(".")
+    fd, partial = tempfile.mkstemp(dir=parent, prefix=partial_prefix(file.name))
+    try:
+        os.chmod(partial, new_file_mode(file))
+        os.replace(partial, file)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
+    return os.fdopen(fd, "w", encoding="utf-8")
 
 
 def write_bytes(path: str | Path, data: bytes) -> None:

@@ -176,12 +176,13 @@ def _resume(path: Path, module: torch.nn.Module, optimizer: torch.optim.Optimize
             console: Console) -> int:
     if not path.exists():
         return 0
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # a torn or foreign file: train from scratch rather than fail
-        console.print(f"ignoring unreadable training state {path} ({exc})", markup=False)
+    try:  # weights_only: a state planted in the output folder is data, never code that runs
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a torn, foreign or code-carrying file: train from scratch rather than fail
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        console.print(f"ignoring unreadable training state {path} ({first})", markup=False)
         return 0
-    if state.get("identity") != settings.identity:
+    if not isinstance(state, dict) or state.get("identity") != settings.identity:
         console.print(f"{path} is from a run with other data or settings: training from scratch", markup=False)
         return 0
     module.load_state_dict(state["model"])

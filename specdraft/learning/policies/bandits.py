@@ -30,6 +30,7 @@ class UCBPolicy(Policy):
     name = "ucb"
     OPTIONS = {"beta": BETA, "reward": REWARD}
     STATE = ("pulls", "means", "t")
+    COUNTS = ("pulls", "t")
 
     def fresh(self) -> None:
         self.pulls = [0] * len(self.arms)
@@ -76,6 +77,7 @@ class DiscountedUCBPolicy(UCBPolicy):
                "discount": OptionSpec((float,), 0.95, lambda v: 0 < v <= 1, "must be in (0, 1]",
                                       "weight kept by a past round per round that passes")}
     STATE = ("pulls", "weights", "sums", "t")
+    COUNTS = ("pulls", "weights", "t")
 
     def fresh(self) -> None:
         super().fresh()
@@ -112,10 +114,17 @@ class SlidingWindowUCBPolicy(UCBPolicy):
                "window": OptionSpec((int,), 50, lambda v: v >= 1, "must be at least 1",
                                     "how many recent rounds the means look at")}
     STATE = ("history", "t")
+    COUNTS = ("t",)
 
     def fresh(self) -> None:
         super().fresh()
         self.history: deque = deque(maxlen=self.options["window"])
+
+    def check_loaded(self, state: dict) -> None:
+        for entry in state.get("history", ()):
+            if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], int)
+                    and 0 <= entry[0] < len(self.arms) and entry[1] is not None):
+                raise ValueError("state field history: expected [arm, reward] pairs")
 
     def carry_in(self, snapshot: dict, factor: float) -> None:
         # The window itself bounds the evidence, and cutting it shorter would leave arms with

@@ -38,6 +38,10 @@ class Policy(ABC):
     OPTIONS: ClassVar[dict[str, OptionSpec]] = {}
     FULL_INFORMATION: ClassVar[bool] = False  # needs evaluate = "all"
     STATE: ClassVar[tuple[str, ...]] = ()  # attributes that hold what was learned, saved as JSON
+    # Of those: counts that cannot be negative, and lists of arm indices (a saved state is
+    # checked against both, and a per-arm list must keep one entry per arm).
+    COUNTS: ClassVar[tuple[str, ...]] = ()
+    ARM_INDICES: ClassVar[tuple[str, ...]] = ()
     # Rounds that what earlier prompts taught is worth to the next one: the planner's
     # acceptance by position always, the learner's own state under reset = "carry".
     CARRIED_ROUNDS: ClassVar[float] = 4.0
@@ -218,7 +222,28 @@ class Policy(ABC):
         self.learned_rounds = 0.0  # the loaded state is the start: nothing earlier is carried into it
         self.reset()
 
+    def check_loaded(self, state: dict) -> None:
+        """A policy whose state has a shape the generic checks do not know checks it here
+        (ValueError naming the field)."""
+
     def _apply_state(self, state: dict) -> None:
-        for key in self.STATE:
-            if key in state:
-                setattr(self, key, restored(key, getattr(self, key), copy.deepcopy(state[key])))
+        checked = {key: restored(key, getattr(self, key), copy.deepcopy(state[key]))
+                   for key in self.STATE if key in state}
+        for key, value in checked.items():
+            current = getattr(self, key)
+            if isinstance(current, list) and len(current) == len(self.arms) and key not in self.ARM_INDICES \
+                    and len(value) != len(self.arms):
+                raise ValueError(f"state field {key}: expected {len(self.arms)} entries, one per arm")
+            if key in self.COUNTS and any(v < 0 for v in _flat(value)):
+                raise ValueError(f"state field {key}: counts cannot be negative")
+            if key in self.ARM_INDICES and not all(isinstance(v, int) and 0 <= v < len(self.arms) for v in value):
+                raise ValueError(f"state field {key}: expected arm numbers from 0 to {len(self.arms) - 1}")
+        self.check_loaded(checked)
+        for key, value in checked.items():
+            setattr(self, key, value)
+
+
+def _flat(value: Any) -> list:
+    if isinstance(value, (list, tuple)) or hasattr(value, "maxlen"):
+        return [leaf for item in value for leaf in _flat(item)]
+    return [] if value is None else [value]

@@ -27,6 +27,8 @@ class HalvingPolicy(Policy):
                                    'must be "prompt" or "never" (halving explores each prompt from the start)',
                                    "forget what was learned before each prompt, or keep learning across prompts")}
     STATE = ("survivors", "phase", "queue", "sums", "counts")
+    COUNTS = ("phase", "counts")
+    ARM_INDICES = ("survivors", "queue")
 
     def fresh(self) -> None:
         n = len(self.arms)

@@ -50,6 +50,7 @@ HEDGE_OPTIONS = {
 class HedgeFamily(Policy):
     FULL_INFORMATION = True
     STATE = ("weights_state", "rounds")
+    COUNTS = ("rounds",)
     MAX_INTERVAL = 16
 
     def fresh(self) -> None:
