@@ -57,7 +57,7 @@ def write_model(path: Path, architecture: str = "llama", type_name: str = "Q4_0"
     matrices are in `type_name` (or `types[name]` for a tensor name such as "output");
     `tied`: no output.weight, the head is the embedding; `states_vocab_size`: the header
     holds `<architecture>.vocab_size` (real files mostly do; otherwise readers count tokens);
-    `claims`: header numbers ("block_count", "head_count_kv") that disagree with the
+    `claims`: header numbers ("block_count", "head_count_kv", "embedding_length") that disagree with the
     tensors written; `nan_in`: a float32 vector's name whose values are all NaN."""
     import gguf
 
@@ -68,7 +68,7 @@ def write_model(path: Path, architecture: str = "llama", type_name: str = "Q4_0"
     claims = claims or {}
     writer.add_block_count(claims.get("block_count", layers))
     writer.add_context_length(512)
-    writer.add_embedding_length(hidden)
+    writer.add_embedding_length(claims.get("embedding_length", hidden))
     writer.add_feed_forward_length(ffn)
     writer.add_head_count(heads)
     writer.add_head_count_kv(claims.get("head_count_kv", kv_heads))

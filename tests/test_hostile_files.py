@@ -433,6 +433,8 @@ def test_a_model_file_given_as_the_profile_gets_a_hint(tmp_path):
     ({"claims": {"block_count": 3}}, "its header says 3 layers but its tensors are for 2"),
     ({"claims": {"head_count_kv": 0}}, "head_count_kv 0 does not divide"),
     ({"claims": {"head_count_kv": 3}}, "head_count_kv 3 does not divide"),
+    ({"claims": {"embedding_length": 512}}, "tensor token_embd.weight is 269x256, but the header's sizes make it "
+                                             "269x512"),
     ({"nan_in": "output_norm.weight"}, "tensor output_norm.weight holds NaN"),
     ({"nan_in": "blk.1.ffn_norm.weight"}, "tensor blk.1.ffn_norm.weight holds NaN"),
 ])

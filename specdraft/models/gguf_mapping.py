@@ -150,12 +150,31 @@ def mapped_model(gguf: GGUFFile, config: Any, progress: Progress | None = None) 
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config = GenerationConfig.from_model_config(config)
+    _check_shapes(model, gguf, places)
     _fill(model, gguf, places, tied, progress)
     missing = [name for name, p in list(model.named_parameters()) + list(model.named_buffers()) if p.is_meta]
     if missing:
         raise GGUFError(f"{gguf.path.name} has no tensor for {len(missing)} of the model's weights "
                         f"(first: {missing[0]})")
     return model.eval()
+
+
+def _check_shapes(model: nn.Module, gguf: GGUFFile, places: list[Placement]) -> None:
+    """Every tensor of the file has the shape its header's sizes give its module (checked on
+    the empty model, before anything is read or repacked)."""
+    for place in places:
+        info = place.tensor
+        try:
+            expected = tuple((model.get_submodule(place.target).weight if place.matrix
+                              else model.get_parameter(place.target)).shape)
+        except AttributeError:
+            continue  # a tensor the model has no parameter for is reported as missing or left out
+        found = info.rows_cols if place.matrix else tuple(reversed(info.shape))
+        if len(expected) == 1:
+            found = (int(np.prod(info.shape)),)
+        if tuple(found) != expected:
+            raise GGUFError(f"{gguf.path.name}: tensor {info.name} is {'x'.join(map(str, found))}, but the "
+                            f"header's sizes make it {'x'.join(map(str, expected))}")
 
 
 def _fill(model: nn.Module, gguf: GGUFFile, places: list[Placement], tied: bool, progress: Progress | None) -> None:
