@@ -541,3 +541,24 @@ def test_a_head_config_claiming_huge_sizes_is_refused_before_building(tmp_path, 
     (tmp_path / "head" / CONFIG).write_text("[1, 2]")
     with pytest.raises(HeadFileError, match="format None"):
         load_head(tmp_path / "head", target)
+
+
+def test_a_nan_drafter_under_soft_feedback_finishes_with_the_targets_text(pool_file):
+    """The issue's hang: soft feedback from a drafter whose outputs are NaN. Its alignments
+    count as rejections; the text is still plain decoding's."""
+    from specdraft.profile import load_profile
+    from specdraft.runtime import build_runtime
+    from specdraft.session.prompt_run import PromptRun
+
+    text = pool_file.read_text().replace("[decode]\n", '[decode]\nfeedback = "soft"\n')
+    pool_file.write_text(text)
+    profile = load_profile(pool_file).with_overrides(policy="normalhedge")
+    runtime = build_runtime(profile)
+    small = next(d for d in runtime.drafters if d.name == "small")
+    with torch.no_grad():
+        for parameter in small.causal_lm.parameters():
+            parameter.fill_(float("nan"))
+    run = finishes(lambda: PromptRun(runtime, "the cat sat on the mat, the cat sat", False).run())
+    plain = PromptRun(build_runtime(profile, runtime.target, plain=True), "the cat sat on the mat, the cat sat",
+                      False).run()
+    assert run.detokenizer.ids == plain.detokenizer.ids
