@@ -15,6 +15,7 @@ from typing import Annotated, Optional
 import typer
 
 from specdraft import __version__
+from specdraft.config.default_pool import profile_path
 from specdraft.commands.io import CommandExit, err_console, exit_codes, quiet_libraries, sigterm_interrupts
 
 app = typer.Typer(
@@ -23,7 +24,9 @@ app = typer.Typer(
     help="Lossless speculative decoding with a pool of drafters picked online by a learning policy.",
 )
 
-Pool = Annotated[str, typer.Option("--pool", "-p", help="TOML drafter-pool profile.", show_default=False)]
+Pool = Annotated[Optional[str], typer.Option("--pool", "-p", help="TOML drafter-pool profile (or -m MODEL).",
+                                             show_default=False)]
+Model = Annotated[Optional[str], typer.Option("--model", "-m", help="A .gguf file, model folder or hub id, run with the built-in pool (lookup + suffix, normalhedge) instead of a --pool profile.", show_default=False)]
 
 
 def _version(value: bool) -> None:
@@ -42,7 +45,6 @@ def _root(
 
 @app.command()
 def generate(
-    pool: Pool,
     prompt: Annotated[Optional[str], typer.Argument(help="Prompt text; read from stdin when omitted.")] = None,
     each_line: Annotated[bool, typer.Option("--each-line", help="Treat every stdin line as its own prompt.")] = False,
     keep_empty: Annotated[bool, typer.Option("--keep-empty", help="With --each-line: answer an empty or unusable line with an empty line (with --json: a record with an error field), so output line N belongs to input line N.")] = False,
@@ -59,6 +61,8 @@ def generate(
     truncate: Annotated[bool, typer.Option("--truncate", help="Keep the end of a prompt too long for the model's context instead of refusing it.")] = False,
     seed: Annotated[Optional[int], typer.Option(help="Seed for sampling and random policies.")] = None,
     policy_state: Annotated[Optional[str], typer.Option("--policy-state", help="JSON file: start from the learned policy state in it (if present) and save it back.")] = None,
+    pool: Pool = None,
+    model: Model = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show library logs on stderr.")] = False,
 ) -> None:
     """Generate text for a prompt, streaming it to stdout as it is committed."""
@@ -66,7 +70,7 @@ def generate(
 
     console = err_console()
     options = _options(GenerateOptions, locals())
-    _run(console, verbose, lambda: run_generate(options, console))
+    _run(console, verbose, lambda: run_generate(_with_pool(options, model), console))
 
 
 @app.command()
@@ -89,6 +93,7 @@ def bench(
     versus: Annotated[Optional[str], typer.Option(help="Also show every row's speed as a ratio to this configuration, e.g. fixed:lookup.")] = None,
     engine: Annotated[str, typer.Option(help="specdraft: its own engine; vllm: vLLM plain, vLLM's ngram (and suffix) speculation and specdraft's proposer, each in a fresh vLLM engine.")] = "specdraft",
     concurrency: Annotated[Optional[str], typer.Option(help="With --engine vllm: requests in flight, comma-separated, e.g. 1,8,32 (default 1).")] = None,
+    model: Model = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Measure speedup over plain decoding on a dataset, live or replayed from a trace."""
@@ -96,50 +101,54 @@ def bench(
 
     console = err_console()
     options = _options(BenchOptions, locals())
-    _run(console, verbose, lambda: run_bench_command(options, console))
+    _run(console, verbose, lambda: run_bench_command(_with_pool(options, model, optional=True), console))
 
 
 @app.command()
 def trace(
-    pool: Pool,
     data: Annotated[str, typer.Option(help="Prompts file (jsonl, csv or text).")],
     out: Annotated[str, typer.Option(help="Trace file to write (JSON lines).")],
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", "-n")] = None,
     limit: Annotated[Optional[int], typer.Option()] = None,
     chat: Annotated[Optional[bool], typer.Option("--chat/--raw", show_default=False)] = None,
+    pool: Pool = None,
+    model: Model = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Decode each prompt once and score every drafter on it, for offline replay."""
     from specdraft.commands.trace import run_trace_command
 
     console = err_console()
-    _run(console, verbose, lambda: run_trace_command(pool, data, out, max_new_tokens, limit, chat, console))
+    _run(console, verbose, lambda: run_trace_command(profile_path(pool, model), data, out, max_new_tokens, limit,
+                                                     chat, console))
 
 
 @app.command()
 def export(
-    pool: Pool,
     out: Annotated[str, typer.Option(help="Folder to write the target to (transformers layout).")],
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "bfloat16",
     force: Annotated[bool, typer.Option("--force", help="Replace --out when it exists and is not empty.")] = False,
+    pool: Pool = None,
+    model: Model = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Write the profile's target as a plain transformers folder (config, safetensors, tokenizer) that vLLM and other engines load as is."""
     from specdraft.commands.export import run_export_command
 
     console = err_console()
-    _run(console, verbose, lambda: run_export_command(pool, out, dtype, force, console))
+    _run(console, verbose, lambda: run_export_command(profile_path(pool, model), out, dtype, force, console))
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def serve(
     ctx: typer.Context,
-    pool: Pool,
     port: Annotated[int, typer.Option(help="Port of the OpenAI-compatible server.")] = 8000,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     dtype: Annotated[str, typer.Option(help="auto (float32 on a CPU, bfloat16 on CUDA), float32, bfloat16 or float16.")] = "auto",
     policy_state: Annotated[Optional[str], typer.Option("--policy-state", help="JSON file: start from the learned policy state in it (if present) and save it back while serving.")] = None,
     log_every: Annotated[float, typer.Option("--log-every", help="Seconds between the proposer's log lines (acceptance, drafters' shares) on stderr; 0 = none.")] = 10.0,
+    pool: Pool = None,
+    model: Model = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Serve the profile's target with vLLM (OpenAI-compatible API), its pool and policy drafting per request. Arguments after -- go to vLLM."""
@@ -147,12 +156,11 @@ def serve(
 
     console = err_console()
     opts = ServeOptions(pool, port, host, dtype, policy_state, log_every, tuple(ctx.args))
-    _run(console, verbose, lambda: run_serve_command(opts, console))
+    _run(console, verbose, lambda: run_serve_command(_with_pool(opts, model), console))
 
 
 @app.command("calibrate-beta")
 def calibrate_beta(
-    pool: Pool,
     data: Annotated[Optional[str], typer.Option(help="Calibration prompts (to record a trace).")] = None,
     trace_file: Annotated[Optional[str], typer.Option("--trace", help="Reuse this trace (recorded and saved here if missing).")] = None,
     grid: Annotated[Optional[str], typer.Option(help="Comma-separated values to try.")] = None,
@@ -163,6 +171,8 @@ def calibrate_beta(
     limit: Annotated[Optional[int], typer.Option()] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", "-n")] = None,
     chat: Annotated[Optional[bool], typer.Option("--chat/--raw", show_default=False)] = None,
+    pool: Pool = None,
+    model: Model = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Find the best UCB exploration strength (or another parameter) by offline replay."""
@@ -170,7 +180,28 @@ def calibrate_beta(
 
     console = err_console()
     options = _options(CalibrateOptions, locals())
-    _run(console, verbose, lambda: run_calibrate(options, console))
+    _run(console, verbose, lambda: run_calibrate(_with_pool(options, model), console))
+
+
+profile_app = typer.Typer(no_args_is_help=True, help="Profiles: a target, its pool of drafters and the policy.")
+app.add_typer(profile_app, name="profile")
+
+
+@profile_app.command("init")
+def profile_init(
+    model: Annotated[str, typer.Argument(help="A .gguf file, model folder or hub id (org/name).", show_default=False)],
+) -> None:
+    """Print a commented profile for MODEL with the built-in pool, to edit and run with --pool (`specdraft profile init m.gguf > my.toml`)."""
+    from specdraft.config.default_pool import default_profile_text
+
+    console = err_console()
+    _run(console, False, lambda: _print(default_profile_text(model)))
+
+
+def _print(text: str) -> int:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return 0
 
 
 datastore_app = typer.Typer(no_args_is_help=True, help="Datastores the suffix drafter drafts from.")
@@ -179,10 +210,11 @@ app.add_typer(datastore_app, name="datastore")
 
 @datastore_app.command("build")
 def datastore_build(
-    pool: Pool,
     files: Annotated[list[str], typer.Argument(help="Text, JSONL or source files, or folders of them.", show_default=False)],
     out: Annotated[str, typer.Option(help="Folder to write the datastore to.", show_default=False)],
     depth: Annotated[int, typer.Option(help="Longest context suffix the store can match, in tokens.")] = 32,
+    pool: Pool = None,
+    model: Model = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Tokenize files with the pool's target tokenizer into a store that suffix drafters read (their store key)."""
@@ -190,7 +222,7 @@ def datastore_build(
 
     console = err_console()
     options = _options(DatastoreOptions, locals())
-    _run(console, verbose, lambda: run_datastore_build(options, console))
+    _run(console, verbose, lambda: run_datastore_build(_with_pool(options, model), console))
 
 
 train_app = typer.Typer(no_args_is_help=True, help="Train drafters from the frozen target.")
@@ -199,7 +231,6 @@ app.add_typer(train_app, name="train")
 
 @train_app.command("head")
 def train_head(
-    pool: Pool,
     data: Annotated[list[str], typer.Option("--data", help="Training text: JSONL (a prompt and an answer become a chat exchange; `generate --json` output works), text or source files, or folders of them; more may follow as arguments.", show_default=False)],
     out: Annotated[str, typer.Option(help="Folder for the head (a `head` drafter's path).", show_default=False)],
     epochs: Annotated[Optional[float], typer.Option(help="Passes over the data (default 4).", show_default=False)] = None,
@@ -218,6 +249,8 @@ def train_head(
     restart: Annotated[bool, typer.Option("--restart", help="Ignore a saved training state in --out and start over.")] = False,
     seed: Annotated[int, typer.Option(help="Seed for initialisation, batching and noise.")] = 0,
     more: Annotated[Optional[list[str]], typer.Argument(help="More training files or folders (as for --data).", show_default=False)] = None,
+    pool: Pool = None,
+    model: Model = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Train an EAGLE-style draft head for the pool's target (for a `head` drafter)."""
@@ -226,12 +259,11 @@ def train_head(
     console = err_console()
     data = [*data, *(more or [])]  # `--data a b c` reads as --data a plus arguments b c
     options = _options(TrainHeadOptions, locals())
-    _run(console, verbose, lambda: run_train_head(options, console), sigterm=True)
+    _run(console, verbose, lambda: run_train_head(_with_pool(options, model), console), sigterm=True)
 
 
 @train_app.command("steer")
 def train_steer(
-    pool: Pool,
     drafter: Annotated[str, typer.Option(help="The pool's pretrained drafter to steer (a `model` or `steered` drafter's name).", show_default=False)],
     data: Annotated[list[str], typer.Option("--data", help="Training text, as for `train head`; more may follow as arguments.", show_default=False)],
     out: Annotated[str, typer.Option(help="Folder for the steering (a `steered` drafter's steering).", show_default=False)],
@@ -255,6 +287,8 @@ def train_steer(
     restart: Annotated[bool, typer.Option("--restart", help="Ignore a saved training state in --out and start over.")] = False,
     seed: Annotated[int, typer.Option(help="Seed for initialisation, batching and offsets.")] = 0,
     more: Annotated[Optional[list[str]], typer.Argument(help="More training files or folders (as for --data).", show_default=False)] = None,
+    pool: Pool = None,
+    model: Model = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Train SD2 steering for a pretrained drafter (for a `steered` drafter), or the distilled baseline."""
@@ -263,13 +297,20 @@ def train_steer(
     console = err_console()
     data = [*data, *(more or [])]
     options = _options(TrainSteerOptions, locals())
-    _run(console, verbose, lambda: run_train_steer(options, console), sigterm=True)
+    _run(console, verbose, lambda: run_train_steer(_with_pool(options, model), console), sigterm=True)
 
 
 def _options(cls, values: dict):
     """The command's options object from its parameters (`locals()`): every dataclass field
     is a parameter of the same name, so adding an option is one line in each place."""
     return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+
+
+def _with_pool(options, model: str | None, optional: bool = False):
+    """`options` with the profile to run: its --pool, or -m MODEL's built-in profile."""
+    if optional and not (options.pool or model):
+        return options
+    return dataclasses.replace(options, pool=profile_path(options.pool, model))
 
 
 def _run(console, verbose: bool, body, sigterm: bool = False) -> None:

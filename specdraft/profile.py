@@ -32,6 +32,7 @@ from specdraft.storage.regular_files import is_regular, read_regular_text
 # Below this, logits / temperature overflow float32 (1e-39 gives inf, then NaN probabilities);
 # such a temperature is greedy decoding in all but name, so 0 is asked for instead.
 MIN_TEMPERATURE = 1e-3
+DEFAULT_POLICY = "normalhedge"  # a profile with drafters and no [policy] (README, "Policies")
 PROFILE_LIMIT = 4 << 20  # bytes: a profile is a page of TOML; /dev/zero or a model file is refused
 
 
@@ -144,7 +145,7 @@ def parse_profile(text: str, path: Path) -> Profile:
         seen[d.name] = i
 
     policy_table = Table(root.get("policy", dict, {}), shown, "policy")
-    name = policy_table.get("name", str, "random" if drafters else "fixed")
+    name = policy_table.get("name", str, DEFAULT_POLICY if drafters else "fixed")
     options = {k: v for k, v in policy_table.data.items() if k != "name"}
     root.finish()
     profile = Profile(path, target, decode, PolicyConfig(name, options), drafters)
@@ -211,8 +212,10 @@ def _check_policy(config: PolicyConfig, profile: Profile, flag: bool) -> None:
     problems = check_policy(config.name, config.options, [d.name for d in profile.drafters])
     if problems and problems[0][0] == "name":
         raise ProfileError(file, "--policy" if flag else "policy.name", problems[0][1])
-    if not profile.drafters:
-        raise ProfileError(file, "drafters", "the pool is empty: add at least one [[drafters]] table")
+    if not profile.drafters and config.name != "fixed":
+        raise ProfileError(file, "--policy" if flag else "policy.name",
+                           f"{config.name} chooses among drafters and the pool has none (a profile without "
+                           "[[drafters]] decodes plainly)")
     if problems:
         option, message = problems[0]
         raise ProfileError(file, f"--policy ({config.name}.{option})" if flag else f"policy.{option}", message)

@@ -64,6 +64,7 @@ def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bo
     `record=False`: drafters read what earlier runs taught them but write nothing (bench,
     trace: a measurement must not teach the next one)."""
     file = str(profile.file)
+    plain = plain or not profile.drafters  # a pool of no drafters is plain decoding
     models = {} if models is None else models
     target = target or load_model(profile.target, file, "target")
     decode = profile.decode

@@ -96,9 +96,19 @@ def test_syntax_error_names_the_line(tmp_path):
     assert "TOML syntax error" in message and "line 6" in message
 
 
-def test_missing_target_and_empty_pool(tmp_path):
+def test_missing_target(tmp_path):
     assert "missing section [target]" in error_of('[decode]\ndraft_tokens = 2\n', tmp_path)
-    assert "drafters: the pool is empty" in error_of('[target]\nhub = "a/b"\n', tmp_path)
+
+
+def test_a_pool_of_no_drafters_is_plain_decoding_and_no_policy_is_normalhedge(tmp_path):
+    plain = parse('[target]\nhub = "a/b"\n', tmp_path)
+    assert plain.drafters == () and plain.policy.name == "fixed"
+    assert "ucb chooses among drafters and the pool has none" in error_of(
+        '[target]\nhub = "a/b"\n[policy]\nname = "ucb"\n', tmp_path)
+    with pytest.raises(ProfileError, match="--policy: ucb chooses among drafters"):
+        plain.with_overrides(policy="ucb")
+    pooled = parse('[target]\nhub = "a/b"\n[[drafters]]\nname = "lookup"\nkind = "ngram"\n', tmp_path)
+    assert pooled.policy.name == "normalhedge"
 
 
 def test_missing_profile_file(tmp_path):
