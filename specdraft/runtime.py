@@ -56,15 +56,14 @@ def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bo
                   record: bool = True) -> Runtime:
     """`target` may be passed in when the caller already loaded it (tests, bench), and
     `models` (another runtime's `.models`) to share the drafters' weights with it.
-    `plain=True` builds the baseline: the same engine with only the no-draft arm.
+    `plain=True` (or a pool of no drafters) builds the baseline: the engine with only the no-draft arm.
     `keep_dense`: a target whose linear layers get packed keeps its dense weights too, so
     that transformers' own generation can run on the stock kernels (packed_linear.py).
-    `warn_absent=False`: an optional drafter left out is not warned about again (a runtime
-    built beside one that already said so).
+    `warn_absent=False`: an optional drafter left out is not warned about again.
     `record=False`: drafters read what earlier runs taught them but write nothing (bench,
     trace: a measurement must not teach the next one)."""
     file = str(profile.file)
-    plain = plain or not profile.drafters  # a pool of no drafters is plain decoding
+    plain = plain or not profile.drafters
     models = {} if models is None else models
     target = target or load_model(profile.target, file, "target")
     decode = profile.decode

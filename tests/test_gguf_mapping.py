@@ -121,6 +121,7 @@ def test_the_command_says_so_in_one_line_and_exits_1(tmp_path):
     env = {**__import__("os").environ, "SPECDRAFT_MEMORY_LIMIT": "100K", "SPECDRAFT_CACHE_DIR": str(tmp_path / "c"),
            "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-m", "specdraft", "generate", "--pool", str(profile), "hello"],
+                          stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 1 and done.stdout == ""
     errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]

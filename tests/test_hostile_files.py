@@ -562,3 +562,17 @@ def test_a_nan_drafter_under_soft_feedback_finishes_with_the_targets_text(pool_f
     plain = PromptRun(build_runtime(profile, runtime.target, plain=True), "the cat sat on the mat, the cat sat",
                       False).run()
     assert run.detokenizer.ids == plain.detokenizer.ids
+
+
+def test_metadata_of_another_architecture_over_llama_tensors_is_one_line(tmp_path, monkeypatch):
+    """`phi3` metadata over llama tensors: transformers cannot build it (its report went to a
+    silenced log); the user gets one line naming the file, exit 2."""
+    from gguf_models import write_model
+
+    from specdraft.models.gguf_loading import load_gguf
+
+    monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_model(tmp_path / "p.gguf", architecture="phi3", tied=False)
+    with pytest.raises(ProfileError, match="transformers cannot build a model from p.gguf") as caught:
+        load_gguf(path, torch.float32, {}, "p.toml", "target")
+    assert caught.value.exit_code == 2 and "\n" not in str(caught.value)

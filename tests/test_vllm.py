@@ -96,7 +96,7 @@ def test_serve_answers_a_streamed_completion_as_vllm_plain_does_and_stops_on_ctr
     port = free_port()
     state = tmp_path / "state.json"
     specdraft = shutil.which("specdraft") or str(Path(sys.executable).parent / "specdraft")
-    server = subprocess.Popen([specdraft, "serve", "--pool", str(DEMO), "--port", str(port), "--policy-state",
+    server = subprocess.Popen([specdraft, "serve", "--engine", "vllm", "--pool", str(DEMO), "--port", str(port), "--policy-state",
                                str(state), "--log-every", "1", "--", "--kv-cache-memory-bytes", str(2**28),
                                "--max-model-len", "512"], stdout=subprocess.PIPE, stderr=open(tmp_path / "serve.log", "wb"),
                               start_new_session=True, env=dict(os.environ),

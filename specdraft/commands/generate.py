@@ -51,6 +51,8 @@ class GenerateOptions:
     truncate: bool = False
     seed: int | None = None
     policy_state: str | None = None  # JSON file: load the learned policy state, save it back
+    system: str | None = None  # the chat's system message (replaces the template's default)
+    stop: list[str] | None = None  # more stop strings, after the profile's
 
 
 def run_generate(opts: GenerateOptions, console: Console, stdout: IO[str] | None = None,
@@ -92,9 +94,13 @@ def _checked_profile(opts: GenerateOptions) -> tuple[Profile, dict | None]:
     saved_state = read_policy_state(opts.policy_state)
     from specdraft.profile import load_profile
 
-    profile = load_profile(opts.pool).with_overrides(
+    if any(not s for s in opts.stop or ()):
+        raise UsageError("--stop: an empty stop string would end every answer at once")
+    base = load_profile(opts.pool)
+    profile = base.with_overrides(
         policy=opts.policy, draft_tokens=opts.draft_tokens, temperature=opts.temperature, top_k=opts.top_k,
         top_p=opts.top_p, max_new_tokens=opts.max_new_tokens, seed=opts.seed,
+        stop=(*base.decode.stop, *opts.stop) if opts.stop else None,
     )
     if saved_state is not None:
         check_policy_state(profile, saved_state, opts.policy_state)
@@ -130,7 +136,9 @@ def _load(opts: GenerateOptions, profile: Profile, saved_state: dict | None, con
 def _start(runtime, line: Line, opts: GenerateOptions, console: Console):
     from specdraft.session.prompt_run import PromptRun
 
-    run = PromptRun(runtime, line.text, opts.chat, truncate=opts.truncate)
+    from specdraft.session.prompt_ids import ChatFrame
+
+    run = PromptRun(runtime, line.text, opts.chat, truncate=opts.truncate, frame=ChatFrame(opts.system))
     if run.truncated:
         where = f"stdin line {line.number}: " if line.number else ""
         warner(console)(f"{where}the prompt was cut to its last {len(run.prompt_ids)} tokens "

@@ -1,5 +1,5 @@
-"""Where `generate` gets its prompts: the argument, all of piped stdin, or (`--each-line`)
-one prompt per stdin line.
+"""Where `generate` gets its prompts: the argument (after piped stdin's text, when both are
+given, as llm joins them), all of piped stdin, or (`--each-line`) one prompt per stdin line.
 
 stdin is read as bytes and decoded line by line, so a line that is not UTF-8 becomes a
 `Line` with an error naming its number and column instead of ending the whole batch.
@@ -8,6 +8,9 @@ Empty lines come through too (text ""): the caller decides to skip or answer the
 
 from __future__ import annotations
 
+import io
+import os
+import stat
 from dataclasses import dataclass
 from typing import IO, Any, Iterator
 
@@ -33,9 +36,23 @@ def read_prompts(prompt: str | None, each_line: bool, stdin: IO[Any]) -> Iterato
         if stdin.isatty():
             raise UsageError("no prompt: pass PROMPT or pipe text on stdin")
         prompt = _read_all(stdin)
+    elif _piped(stdin):  # `cat notes.txt | specdraft generate "summarise"`, as llm joins them
+        piped = _read_all(stdin)
+        if piped.strip():
+            prompt = piped.rstrip("\n") + "\n\n" + prompt
     if not prompt.strip():
         raise UsageError("the prompt is empty")
     return iter([Line(0, prompt)])
+
+
+def _piped(stdin: IO[Any]) -> bool:
+    """Whether stdin is a pipe or a file (text to join with PROMPT): not a terminal, and
+    not a device such as /dev/null."""
+    try:
+        mode = os.fstat(stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return not stdin.isatty()  # an in-memory stream (tests, embedding)
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
 
 
 def _lines(stdin: IO[Any]) -> Iterator[Line]:

@@ -1,7 +1,11 @@
-"""`specdraft serve`: vLLM's OpenAI-compatible server with specdraft's pool and policy as its
-speculative proposer (serving/). The profile, the policy state and vLLM itself are checked
-before anything starts; the server runs as a child process and Ctrl-C stops it cleanly.
-Arguments after `--` go to vLLM unchanged."""
+"""`specdraft serve`: an OpenAI-compatible server of the profile's target.
+
+`--engine specdraft` (the default): specdraft's own engine keeps the model and the learned
+policy loaded and decodes one request at a time (serving/resident.py); the policy state is
+saved back on exit with `--policy-state`. `--engine vllm`: vLLM's server with specdraft's
+pool and policy as its speculative proposer (serving/), for many requests at once; the
+profile, the policy state and vLLM itself are checked before anything starts, the server runs
+as a child process and Ctrl-C stops it cleanly; arguments after `--` go to vLLM unchanged."""
 
 from __future__ import annotations
 
@@ -26,16 +30,57 @@ class ServeOptions:
     policy_state: str | None = None
     log_every: float = 10.0
     vllm_args: tuple[str, ...] = ()
+    engine: str = "specdraft"
+    max_new_tokens: int | None = None
+    temperature: float | None = None
 
 
 def run_serve_command(opts: ServeOptions, console: Console) -> int:
+    if opts.engine not in ("specdraft", "vllm"):
+        raise UsageError(f'--engine {opts.engine}: expected "specdraft" or "vllm"')
+    if not 0 <= opts.port < 65536:
+        raise UsageError(f"--port {opts.port}: expected 0..65535 (0: any free port)")
+    if opts.engine == "specdraft":
+        return _serve_resident(opts, console)
+    return _serve_vllm(opts, console)
+
+
+def _serve_resident(opts: ServeOptions, console: Console) -> int:
+    from specdraft.commands.generate import load_policy_state, read_policy_state, save_policy_state
+    from specdraft.profile import load_profile
+    from specdraft.runtime import build_runtime
+    from specdraft.serving.resident import Resident, serve_forever
+    from specdraft.ui.progress import loading
+
+    if opts.vllm_args:
+        raise UsageError("arguments after -- go to vLLM: use them with --engine vllm")
+    profile = load_profile(opts.pool).with_overrides(max_new_tokens=opts.max_new_tokens,
+                                                     temperature=opts.temperature)
+    state = read_policy_state(opts.policy_state)
+    with loading(console):
+        runtime = build_runtime(profile)
+    if state is not None:
+        load_policy_state(runtime.engine.driver, state, opts.policy_state, profile.decode.draft_tokens)
+    name = Path(profile.target.describe()).stem
+    resident = Resident(runtime, name)
+    say = lambda url: console.print(f'serving {profile.target.describe()} as model "{name}" on {url} (one request '  # noqa: E731
+                                    f"at a time; Ctrl-C stops)", markup=False, highlight=False)
+    try:
+        serve_forever(resident, opts.host, opts.port, say)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    finally:
+        if opts.policy_state:
+            save_policy_state(runtime.engine.driver, Path(opts.policy_state))
+    return EXIT_OK
+
+
+def _serve_vllm(opts: ServeOptions, console: Console) -> int:
     from specdraft.commands.generate import check_policy_state, read_policy_state
     from specdraft.profile import load_profile
     from specdraft.serving import launch
     from specdraft.serving.pool import check_calibration, served_drafters
 
-    if not 0 < opts.port < 65536:
-        raise UsageError(f"--port {opts.port}: expected 1..65535")
     if opts.dtype not in ("auto", "float32", "bfloat16", "float16"):
         raise UsageError(f"--dtype {opts.dtype}: expected auto, float32, bfloat16 or float16")
     profile = load_profile(opts.pool)

@@ -29,6 +29,7 @@ from typing import Iterator, Sequence
 import torch
 
 from specdraft.decoding.evaluation import PoolEvaluator, RoundEvidence
+from specdraft.decoding.prefix_cache import PrefixCache
 from specdraft.decoding.tree_verify import Proposal, Verified, verify_tree
 from specdraft.core.sampling import SamplingParams, sampling_probs
 from specdraft.core.stopwatch import Stopwatch
@@ -82,9 +83,10 @@ class RoundRecord:
     winner: str | None = None  # the drafter whose chain the committed tokens followed furthest
     runner_ups: list[tuple[str, int]] = field(default_factory=list)  # (drafter, its runner-up leaves verified)
     runner_up_won: str | None = None  # the drafter whose runner-up leaf the committed tokens ended on
-    # On a prompt's first round: the prompt's prefill before it (the target's, and under full
-    # information the drafters' that will be scored from the first round on).
+    # On a prompt's first round: its prefill (the target's, and under full information the
+    # drafters' scored from the first round on) and the prompt tokens the target fed.
     prefill_s: float = 0.0
+    prefill_tokens: int = 0
 
     @property
     def gammas(self) -> Gammas | None:
@@ -98,6 +100,7 @@ class _Prompt:
     context: list[int]  # committed tokens, prompt included
     next_input: torch.Tensor  # [1]
     prefill_s: float  # the prefill's seconds, reported with the first round
+    prefill_tokens: int = 0  # prompt tokens the target fed (the rest were in its cache)
     produced: int = 0
 
 
@@ -118,6 +121,9 @@ class SpeculativeEngine:
         self.feature_drafters = [d for d in self.drafters if d.feature_layers]
         self.feature_layers = tuple(sorted({layer for d in self.feature_drafters for layer in d.feature_layers}))
         self.may_sleep = len(self.drafters) > 1 and any(d.may_sleep for d in self.drafters)
+        # A prompt that starts with what the cache holds prefills only the rest. Drafters that
+        # read the target's features need them at every position: with one, nothing is kept.
+        self.prefix = PrefixCache(target, enabled=not self.feature_layers)
 
     @property
     def policy(self) -> Policy:
@@ -151,14 +157,15 @@ class SpeculativeEngine:
                                                    last=finish is not None)
                 watch.lap("overhead")
                 watch.move(learned.evaluate_s, "overhead", "evaluate")
-                prefill_s, state.prefill_s = state.prefill_s, 0.0  # reported once, with the first round
+                prefill_s, prefill_tokens = state.prefill_s, state.prefill_tokens  # reported once: first round
+                state.prefill_s, state.prefill_tokens = 0.0, 0
                 yield RoundRecord(arm=arm, drafter=drafter.name, drafted=feedback.drafted, accepted=verified.accepted,
                                   tokens=tokens, alphas=verified.alphas, draft_s=watch["draft"],
                                   verify_s=watch["verify"], overhead_s=watch["overhead"],
                                   evaluate_s=watch["evaluate"], finish=finish, evaluated=learned.evaluated or None,
                                   values=learned.values or None, value_unit=value_unit(self.driver.planner), planned=k,
                                   expected_tokens=plan.expected_tokens, expected_seconds=plan.expected_seconds,
-                                  verify_width=verified.width, prefill_s=prefill_s,
+                                  verify_width=verified.width, prefill_s=prefill_s, prefill_tokens=prefill_tokens,
                                   branches=[(self.drafters[a].name, p.drafted, n)
                                             for (a, n), p in zip(verified.kept, proposals)],
                                   tree_size=verified.tree_size, winner=self._winner(verified),
@@ -170,6 +177,7 @@ class SpeculativeEngine:
         finally:  # also when the caller stops early: what was generated is still text
             for drafter in self.drafters:
                 drafter.end_prompt(state.context)
+            self.prefix.remember(state.context)
 
     def _propose(self, context: list[int], plan: RoundPlan, watch: Stopwatch) -> tuple[RoundPlan, list[Proposal]]:
         """The round's proposals: the chosen drafter's draft (in a chain round a lookup's is
@@ -208,28 +216,30 @@ class SpeculativeEngine:
         return [drafter.awake_at(context, len(context)) for drafter in self.drafters]
 
     def _start(self, prompt_ids: Sequence[int]) -> _Prompt:
-        """Reset every cache and the policy (as it asks), and prefill the prompt: the target's
-        cache, and under full information every drafter's that the planner scores now (it is
-        scored from the first round on, whichever arm drafts)."""
+        """Reset the caches (the target's to its prefix of the prompt) and the policy; prefill the target and the drafters scored now."""
         if not prompt_ids:
             raise ValueError("the prompt is empty: nothing to condition on")
         started = self.target.clock()
-        self.target.reset()
+        context = list(prompt_ids)
+        kept = self.prefix.take(context)
+        if kept:
+            self.target.crop(kept)
+        else:
+            self.target.reset()
         for drafter in self.drafters:
             drafter.reset()
-        context = list(prompt_ids)
         self.driver.start_prompt(PoolEvaluator(self.drafters, context, self.settings.sampling) if self.driver.full_information else None)
         device = self.target.device
-        if len(context) > 1:  # prefill all but the last token; the first verify feeds that one
-            _, hidden = self.target.feed_with_hidden(torch.tensor(context[:-1], dtype=torch.long, device=device), 1,
-                                                     self.feature_layers)
-            self._hand_over(0, hidden, len(context) - 1)
+        if len(context) - 1 > kept:  # prefill all but the last token; the first verify feeds that one
+            _, hidden = self.target.feed_with_hidden(
+                torch.tensor(context[kept:-1], dtype=torch.long, device=device), 1, self.feature_layers)
+            self._hand_over(kept, hidden, len(context) - 1 - kept)
         if self.driver.full_information:  # (a drafter the planner would not score catches up if it drafts)
             for drafter, scored in zip(self.drafters, self.driver.scored_now(), strict=True):
                 if scored:
                     drafter.prepare_scoring(context)
         return _Prompt(context, torch.tensor(context[-1:], dtype=torch.long, device=device),
-                       self.target.clock() - started)
+                       self.target.clock() - started, len(context) - 1 - kept)
 
     def _branches(self, context: list[int], branches: Sequence[tuple[int, int]], leaves: dict[int, tuple[int, int]],
                   ranks: bool) -> list[Proposal]:
@@ -274,9 +284,8 @@ class SpeculativeEngine:
         else:
             probs = sampling_probs(logits, self.settings.sampling)
             verdict = verify_sampling(probs, draft.tokens, draft.probs, self.generator)
-        # The round's one device-to-host read of data: accepted count, tokens and alphas at once,
-        # and whether the logits were numbers (NaN weights would otherwise decode as token 0
-        # for ever). float64 holds every token id exactly.
+        # The round's one device-to-host read: accepted count, tokens, alphas and whether the
+        # logits were finite (NaN weights would decode token 0 for ever). float64 holds any id.
         packed = torch.cat(
             [verdict.n_accepted.view(1).double(), verdict.tokens.double(), verdict.alphas.double(),
              torch.isfinite(logits).all().view(1).double()]

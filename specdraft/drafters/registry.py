@@ -79,3 +79,26 @@ def build_pool(configs: Sequence[DrafterConfig], pool: "PoolContext", warn_absen
                 log.warning('drafter "%s" left out of the pool: %s', config.name, exc)
             absent[config.name] = str(exc)
     return drafters, absent
+
+
+def built_in_pool_toml() -> str:
+    """The drafter tables of the pool `-m MODEL` runs (commands/model_flag.py), commented:
+    drafters that need nothing trained, and the trained kind to add when one exists."""
+    return """# Prompt lookup: copies what follows an earlier occurrence of the last few tokens.
+[[drafters]]
+name = "lookup"
+kind = "ngram"
+
+# Suffix drafter: matches the prompt, this run's earlier answers and (learn = true) what
+# earlier runs with this tokenizer generated, kept under the cache folder.
+[[drafters]]
+name = "suffix"
+kind = "suffix"
+learn = true
+
+# A trained draft head drafts where nothing is copied (`specdraft train head`):
+# [[drafters]]
+# name = "head"
+# kind = "head"
+# path = "heads/my-model"
+"""

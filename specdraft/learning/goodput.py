@@ -74,6 +74,11 @@ class VerifyCosts:
     # A wider forward is used only when it is this much cheaper: timings are noisy and a
     # wider forward does more arithmetic for nothing when the two really cost the same.
     MARGIN = 0.95
+    # A curve measured while the machine was busy (or on another day's memory bandwidth) is
+    # off by a factor, not by noise: when the median of the last RECENT verifies is off the
+    # tracked scale by more than OFF, the scale jumps to it instead of creeping there.
+    RECENT = 5
+    OFF = 1.5
 
     def __init__(self, decay: float):
         self.line = _DecayedLine(decay)
@@ -81,13 +86,14 @@ class VerifyCosts:
         self.shape: list[float] | None = None  # [w] seconds, index 0 unused
         self.pad_to: list[int] = []
         self.scale = 1.0
+        self.recent: list[float] = []  # the last RECENT ratios of a verify's time to the curve's
 
     def install(self, shape: Sequence[float]) -> None:
         """A measured curve: `shape[w - 1]` = seconds of a forward over w tokens."""
         curve = [0.0, *(float(s) for s in shape)]
         if len(curve) < 2 or any(s <= 0 for s in curve[1:]):
             raise ValueError("a verify cost curve needs a positive time per width")
-        self.shape, self.scale = curve, 1.0
+        self.shape, self.scale, self.recent = curve, 1.0, []
         # pad_to[w]: the cheapest width from w up, when it beats w itself by the margin.
         widest = len(curve) - 1
         self.pad_to = [0] * (widest + 1)
@@ -104,8 +110,14 @@ class VerifyCosts:
     def add(self, width: int, seconds: float) -> None:
         """A verify over `width` tokens (after padding) took `seconds`."""
         self.line.add(width, seconds)
-        if self.shape is not None and 0 < width < len(self.shape):
-            self.scale = self.decay * self.scale + (1 - self.decay) * seconds / self.shape[width]
+        if self.shape is not None and 0 < width < len(self.shape) and math.isfinite(seconds) and seconds > 0:
+            ratio = seconds / self.shape[width]
+            self.scale = self.decay * self.scale + (1 - self.decay) * ratio
+            self.recent = [*self.recent[-(self.RECENT - 1):], ratio]
+            if len(self.recent) == self.RECENT:
+                median = sorted(self.recent)[self.RECENT // 2]
+                if not 1 / self.OFF <= median / self.scale <= self.OFF:
+                    self.scale = median
 
     def __call__(self, width: int) -> float | None:
         if self.shape is None or width >= len(self.shape):

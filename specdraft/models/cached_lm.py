@@ -46,6 +46,7 @@ class CachedLM:
                        if graphs and self.kv is not None and self.kv.static else None)
         self.length = 0
         self.tree_start = 0  # where the last token tree was fed (feed_tree, keep_path)
+        self.resets = 0  # how often the cache was emptied: a holder of its prefix checks this
 
     def twin(self) -> "CachedLM":
         """The same model with a fresh cache of the same kind (for timing it apart)."""
@@ -63,6 +64,7 @@ class CachedLM:
         if self.kv is not None:  # the lean buffer is simply written from position 0 again
             self.kv.reset()
         self.length = 0
+        self.resets += 1
 
     def reserve(self, length: int) -> None:
         """Room in the cache for `length` tokens (a static cache grows when it must)."""

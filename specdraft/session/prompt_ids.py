@@ -15,6 +15,22 @@ from specdraft.errors import UsageError
 from specdraft.runtime import Runtime
 
 
+@dataclass(frozen=True)
+class ChatFrame:
+    """What comes before the prompt in a chat: a system message (None: the template's own
+    default, if it has one) and the earlier turns as (role, text) pairs."""
+
+    system: str | None = None
+    turns: tuple[tuple[str, str], ...] = ()
+
+    def messages(self, prompt: str) -> list[dict[str, str]]:
+        system = [{"role": "system", "content": self.system}] if self.system is not None else []
+        return [*system, *({"role": r, "content": t} for r, t in self.turns), {"role": "user", "content": prompt}]
+
+
+NO_FRAME = ChatFrame()
+
+
 def has_chat_template(tokenizer: Any) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
@@ -52,13 +68,13 @@ def check_budget(limit: ContextLimit | None) -> None:
 
 
 def fitted_prompt_ids(tokenizer: Any, prompt: str, chat: bool | None, limit: ContextLimit | None,
-                      truncate: bool = False) -> tuple[list[int], int]:
+                      truncate: bool = False, frame: ChatFrame = NO_FRAME) -> tuple[list[int], int]:
     """(token ids, characters dropped from the front); refuses a prompt that does not fit
     unless `truncate`. A prompt far longer in characters than the context could hold in
     tokens is refused before tokenizing (a 10 MB line would otherwise take seconds and
     gigabytes)."""
     if limit is None:
-        return prompt_token_ids(tokenizer, prompt, chat), 0
+        return prompt_token_ids(tokenizer, prompt, chat, frame), 0
     check_budget(limit)
     budget = limit.prompt_budget
     # No token covers more characters than the longest vocabulary entry; twice that bounds
@@ -67,19 +83,19 @@ def fitted_prompt_ids(tokenizer: Any, prompt: str, chat: bool | None, limit: Con
     if len(prompt) > max_chars and not truncate:
         raise UsageError(_too_long(f"{len(prompt)} characters", limit))
     text = prompt[-max_chars:]
-    ids = prompt_token_ids(tokenizer, text, chat)
+    ids = prompt_token_ids(tokenizer, text, chat, frame)
     if len(ids) > budget:
         if not truncate:
             raise UsageError(_too_long(f"{len(ids)} tokens", limit, len(ids)))
-        ids, text = _truncated(tokenizer, text, chat, budget, limit)
+        ids, text = _truncated(tokenizer, text, chat, budget, limit, frame)
     return ids, len(prompt) - len(text)
 
 
 def _truncated(tokenizer: Any, prompt: str, chat: bool | None, budget: int,
-               limit: ContextLimit) -> tuple[list[int], str]:
+               limit: ContextLimit, frame: ChatFrame = NO_FRAME) -> tuple[list[int], str]:
     """Keep the end of the prompt: cut its content tokens from the front (the chat template
     and special tokens stay), re-encode, and tighten until it fits."""
-    full = prompt_token_ids(tokenizer, prompt, chat)
+    full = prompt_token_ids(tokenizer, prompt, chat, frame)
     content = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     overhead = max(0, len(full) - len(content))
     for _ in range(8):
@@ -88,7 +104,7 @@ def _truncated(tokenizer: Any, prompt: str, chat: bool | None, budget: int,
             break
         text = tokenizer.decode(content[-keep:], skip_special_tokens=False).lstrip("\ufffd")
         if text.strip():
-            ids = prompt_token_ids(tokenizer, text, chat)
+            ids = prompt_token_ids(tokenizer, text, chat, frame)
             if len(ids) <= budget:
                 return ids, text
             overhead += len(ids) - budget
@@ -132,17 +148,20 @@ def _max_token_chars(tokenizer: Any) -> int:
     return longest
 
 
-def prompt_token_ids(tokenizer: Any, prompt: str, chat: bool | None) -> list[int]:
-    """Token ids for `prompt`; chat=None uses the chat template when the tokenizer has one."""
+def prompt_token_ids(tokenizer: Any, prompt: str, chat: bool | None, frame: ChatFrame = NO_FRAME) -> list[int]:
+    """Token ids for `prompt` after `frame`; chat=None uses the chat template when the
+    tokenizer has one."""
     if not prompt.strip():
         raise UsageError("the prompt is empty")
     if chat is None:
         chat = has_chat_template(tokenizer)
+    if not chat and frame != NO_FRAME:
+        raise UsageError("a system message and earlier turns need the chat template (--chat), not --raw")
     if chat:
         if not has_chat_template(tokenizer):
             raise UsageError("--chat: this tokenizer has no chat template; use --raw")
         ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+            frame.messages(prompt), add_generation_prompt=True, tokenize=True, return_dict=False
         )
         ids = ids["input_ids"] if isinstance(ids, dict) else ids
     else:

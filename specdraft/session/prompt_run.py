@@ -9,11 +9,11 @@ token ids come from prompt_ids.py, which fits them to the models' context.
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from specdraft.decoding.engine import RoundRecord
 from specdraft.runtime import Runtime
-from specdraft.session.prompt_ids import context_limit, fitted_prompt_ids
+from specdraft.session.prompt_ids import NO_FRAME, ChatFrame, context_limit, fitted_prompt_ids
 from specdraft.session.stats import GenerationStats
 from specdraft.session.text import Detokenizer, StopStringFilter
 
@@ -26,13 +26,14 @@ ESTIMATES_EVERY = 16
 class PromptRun:
     """Iterate to run; each step yields (text that became final this round, the round's record)."""
 
-    def __init__(self, runtime: Runtime, prompt: str, chat: bool | None = None, truncate: bool = False):
+    def __init__(self, runtime: Runtime, prompt: str, chat: bool | None = None, truncate: bool = False,
+                 frame: ChatFrame = NO_FRAME, stops: Sequence[str] = ()):
         self.runtime = runtime
         self.prompt = prompt
         self.prompt_ids, self.truncated = fitted_prompt_ids(runtime.tokenizer, prompt, chat, context_limit(runtime),
-                                                            truncate)
+                                                            truncate, frame)
         self.detokenizer = Detokenizer(runtime.tokenizer)
-        self.stops = StopStringFilter(runtime.profile.decode.stop)
+        self.stops = StopStringFilter((*runtime.profile.decode.stop, *stops))  # a request's own after the profile's
         self.stats = GenerationStats([d.name for d in runtime.drafters], runtime.profile.decode.draft_tokens)
         self.pieces: list[str] = []
         self.records: list[RoundRecord] = []

@@ -42,6 +42,7 @@ class GenerationStats:
     last_planned: int = 0
     evaluate_s: float = 0.0
     prefill_s: float = 0.0  # the prompts' prefill: the target's, and the drafters' scored from the start
+    prefill_tokens: int = 0  # prompt tokens the target prefilled (a prefix its cache held is not)
     # drafted tokens per round (a tree's size: shared prefixes once) -> rounds
     draft_lengths: Counter = field(default_factory=Counter)
     tree_rounds: int = 0  # rounds that verified more than one drafter's chain
@@ -75,6 +76,7 @@ class GenerationStats:
         self.overhead_s += record.overhead_s
         self.evaluate_s += record.evaluate_s
         self.prefill_s += record.prefill_s
+        self.prefill_tokens += record.prefill_tokens
         values = record.values  # valued by the policy, in the objective it optimises
         for j, (arm, gammas) in enumerate(record.evaluated or ()):
             if self.regret_tracker is None:
@@ -210,6 +212,7 @@ class GenerationStats:
             "rounds": self.rounds,
             "mean_accepted": round(self.tokens_per_round, 4),
             "tokens_per_s": round(self.tokens_per_s, 3),
+            "prefill_tokens": self.prefill_tokens,
             "elapsed_s": round(self.elapsed_s, 4),
             "drafters": {n: {"rounds": u.rounds, "accepted": u.accepted, "drafted": u.drafted,
                              "branched": u.branched, "won": u.won, "runner_ups": u.runner_ups,
@@ -225,8 +228,9 @@ class GenerationStats:
             "draft_lengths": {str(k): n for k, n in sorted(self.draft_lengths.items())},
             "estimated_tokens_per_s": _round(self.estimated_tokens_per_s, 3),
             "modelled_rounds_tokens_per_s": _round(self.modelled_tokens_per_s, 3),
-            "achieved_speedup": _round(self.achieved_speedup, 3),
-            "ideal_speedup": _round(self.ideal_speedup, 3),
+            # against the cost model's plain step, not a timed plain run: estimates, named so
+            "estimated_speedup": _round(self.achieved_speedup, 3),
+            "estimated_ideal_speedup": _round(self.ideal_speedup, 3),
             "regret": None if self.regret is None else round(self.regret, 4),
             "regret_unit": self.regret_unit,
             "regret_rounds": self.regret_rounds,

@@ -87,14 +87,17 @@ def regret_unit_phrase(unit: str | None, rounds: int | None) -> str:
 
 def _speed_parts(stats: GenerationStats) -> list[str]:
     """The cost model next to reality: what it expected of the planned rounds, what they
-    achieved, and the ideal speedup of this pool on this machine."""
+    achieved, and what it estimates this run and the pool at best are worth against plain
+    decoding. Plain decoding was not timed here, so those are labelled estimates (a measured
+    speedup is bench's), and none is shown for a run that only decoded plainly."""
     parts = []
     estimated, modelled = stats.estimated_tokens_per_s, stats.modelled_tokens_per_s
     if estimated is not None and modelled is not None:
         parts.append(f"rounds {modelled:.1f} tok/s (est. {estimated:.1f})")
     achieved, ideal = stats.achieved_speedup, stats.ideal_speedup
-    if achieved is not None and ideal is not None:
-        parts.append(f"speedup [bold]{achieved:.2f}x[/] of ideal {ideal:.2f}x")
+    speculated = any(u.drafted for u in stats.usage.values())
+    if achieved is not None and ideal is not None and speculated:
+        parts.append(f"est. [bold]{achieved:.2f}x[/] plain's speed (at best {ideal:.2f}x; plain not timed)")
     return parts
 
 

@@ -1,10 +1,9 @@
-"""The profile `-m MODEL` runs: a model named on the command line with the built-in pool (prompt
-lookup and a suffix drafter that learns across runs, chosen by normalhedge), written as a
-commented TOML text. `specdraft profile init MODEL` prints the same text to start a profile
+"""`-m MODEL`, the option every command has beside `--pool`: the profile it runs is the model with the built-in pool (drafters/registry.py: prompt lookup and
+a suffix drafter that learns across runs), chosen by normalhedge, as a commented TOML text. `specdraft profile init MODEL` prints the same text to start a profile
 from; every command given `-m` runs the profile this text parses to.
 
 MODEL is a .gguf file, a transformers folder, or a hub id ("org/name") resolved from the
-local Hugging Face cache only. Plain Python: no torch.
+local Hugging Face cache only. Plain Python: no torch (the CLI imports it at start).
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ import hashlib
 import re
 from pathlib import Path
 
+from specdraft.drafters.registry import built_in_pool_toml
 from specdraft.errors import UsageError
 from specdraft.storage.atomic_files import write_text
 from specdraft.storage.cache_root import cache_dir
@@ -56,24 +56,7 @@ temperature = 0.0          # 0: greedy (output identical to plain decoding); > 0
 [policy]
 name = "normalhedge"       # learns online which drafter pays, round by round
 
-# Prompt lookup: copies what follows an earlier occurrence of the last few tokens.
-[[drafters]]
-name = "lookup"
-kind = "ngram"
-
-# Suffix drafter: matches the prompt, this run's earlier answers and (learn = true) what
-# earlier runs with this tokenizer generated, kept under the cache folder.
-[[drafters]]
-name = "suffix"
-kind = "suffix"
-learn = true
-
-# A trained draft head drafts where nothing is copied (`specdraft train head`):
-# [[drafters]]
-# name = "head"
-# kind = "head"
-# path = "heads/my-model"
-"""
+{built_in_pool_toml()}"""
 
 
 def model_profile(model: str) -> str:
