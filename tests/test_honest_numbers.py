@@ -94,3 +94,23 @@ def test_tiny_forwards_are_below_the_noise_floor_and_kept_as_measured(monkeypatc
     monkeypatch.setattr(width_costs, "timed_widths", lambda *a, **k: noisy)
     width_costs.width_costs(lm, 4)
     assert width_costs._cache_file(lm, 4).exists()
+
+
+def test_calibrate_costs_measures_again_and_keeps_a_quiet_curve(pool_file, tmp_path, monkeypatch):
+    from specdraft.models import width_costs
+
+    monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path))
+    quiet = [[0.01 * w] * 3 for w in range(1, 6)]
+    monkeypatch.setattr(width_costs, "timed_widths", lambda *a, **k: quiet)
+    result = runner.invoke(app, ["calibrate", "costs", "--pool", str(pool_file)])
+    assert result.exit_code == 0, result.stderr
+    rows = result.stdout.splitlines()
+    assert rows[0] == "width\tms\tms/token" and rows[1:] == [f"{w}\t{10 * w:.3f}\t10.000" for w in range(1, 6)]
+    assert "kept in" in result.stderr
+    (file,) = (tmp_path / "width-costs").iterdir()
+    assert json.loads(file.read_text())["seconds"] == [0.01 * w for w in range(1, 6)]
+    busy = [[0.012 * w, 0.03 * w, 0.02 * w] for w in range(1, 6)]
+    monkeypatch.setattr(width_costs, "timed_widths", lambda *a, **k: busy)
+    again = runner.invoke(app, ["calibrate", "costs", "--pool", str(pool_file)])
+    assert again.exit_code == 1 and "not kept" in again.stderr
+    assert json.loads(file.read_text())["seconds"] == [0.01 * w for w in range(1, 6)]  # the quiet one stays

@@ -131,3 +131,30 @@ def test_train_steer_checks_its_numbers_and_folders_before_loading(tiny_models, 
         assert result.exit_code == 2, (extra, result.stderr)
         assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, (extra, result.stderr)
     assert [p.name for p in papers.iterdir()] == ["notes.txt"]
+
+
+def test_a_gguf_drafter_is_trained_on_its_dequantized_weights(tmp_path):
+    """A .gguf drafter loads onto the file's block codes by default, which have no gradients
+    (train steer crashed with "element 0 of tensors does not require grad"): it trains on its
+    weights dequantized, and a large training state is announced before it is written."""
+    from gguf_models import write_model
+
+    target = write_model(tmp_path / "t.gguf", hidden=64, ffn=128, layers=4, tied=False, seed=0)
+    drafter = write_model(tmp_path / "d.gguf", hidden=64, ffn=128, layers=2, tied=False, seed=1)
+    pool = tmp_path / "pool.toml"
+    pool.write_text(f'[target]\npath = "{target}"\n[[drafters]]\nname = "small"\nkind = "model"\npath = "{drafter}"\n')
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    from specdraft.training import loop
+
+    original = loop.LARGE_STATE
+    loop.LARGE_STATE = 1  # any state is "large" here: the announcement must come
+    try:
+        result = CliRunner().invoke(app, ["train", "steer", "--pool", str(pool), "--drafter", "small", "--data",
+                                          str(corpus), "--out", str(tmp_path / "steer"), "--steps", "2",
+                                          "--seq-len", "32", "--features", str(tmp_path / "f")])
+    finally:
+        loop.LARGE_STATE = original
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "steer" / "steer.json").exists()
+    assert "the training state kept in" in result.stderr + result.stdout

@@ -17,7 +17,7 @@ from specdraft import __version__
 from specdraft.cli.common import (DraftTokens, Model, PolicyFlag, Pool, Seed, System, Temperature, TopK, TopP, options_of,
                                   run_command, with_pool)
 from specdraft.commands.model_flag import profile_path
-from specdraft.cli.groups import datastore_app, profile_app, train_app
+from specdraft.cli.groups import calibrate_app, datastore_app, profile_app, train_app
 from specdraft.commands.io import err_console
 
 app = typer.Typer(
@@ -211,6 +211,7 @@ def calibrate_beta(
 
 
 app.add_typer(profile_app, name="profile")
+app.add_typer(calibrate_app, name="calibrate")
 app.add_typer(datastore_app, name="datastore")
 app.add_typer(train_app, name="train")
 

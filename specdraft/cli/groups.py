@@ -1,4 +1,5 @@
-"""The command groups: `profile init`, `datastore build`, `train head` and `train steer`."""
+"""The command groups: `profile init`, `calibrate costs`, `datastore build`, `train head` and
+`train steer`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import typer
 
 from specdraft.cli.common import Model, Pool, options_of, run_command, with_pool
 from specdraft.commands.io import err_console
+from specdraft.commands.model_flag import profile_path
 
 profile_app = typer.Typer(no_args_is_help=True, help="Profiles: a target, its pool of drafters and the policy.")
 
@@ -28,6 +30,22 @@ def _print(text: str) -> int:
     sys.stdout.write(text)
     sys.stdout.flush()
     return 0
+
+
+calibrate_app = typer.Typer(no_args_is_help=True, help="Measure what the planner plans with.")
+
+
+@calibrate_app.command("costs")
+def calibrate_costs(
+    pool: Pool = None,
+    model: Model = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Time the target's verify at every width again and keep the curve (run it on a quiet machine); the table goes to stdout."""
+    from specdraft.commands.calibrate_costs import run_calibrate_costs
+
+    console = err_console()
+    run_command(console, verbose, lambda: run_calibrate_costs(profile_path(pool, model), console))
 
 
 datastore_app = typer.Typer(no_args_is_help=True, help="Datastores the suffix drafter drafts from.")

@@ -9,6 +9,7 @@ every checkpoint, so an interrupted run still leaves a usable drafter) and the r
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,7 +103,10 @@ def _models(opts: TrainSteerOptions, profile: Profile, spec: ModelSpec, key: str
     from specdraft.models.loading import LoadedModel, check_tokenizers, load_model
 
     device = target.device
-    drafter_loaded = load_model(spec, str(profile.file), key)
+    # A .gguf drafter would load onto the file's own block codes, which have no gradients:
+    # training needs its weights dequantized (float32 master weights, below).
+    trainable = dataclasses.replace(spec, quantization="none") if _is_gguf(spec) else spec
+    drafter_loaded = load_model(trainable, str(profile.file), key)
     check_tokenizers(LoadedModel(target.model, target.tokenizer, "the target"), drafter_loaded, str(profile.file),
                      key)
     # float32 master weights; nn.Module's own cast, since transformers refuses `.float()` on
@@ -113,6 +117,10 @@ def _models(opts: TrainSteerOptions, profile: Profile, spec: ModelSpec, key: str
     except ValueError as exc:
         raise ProfileError(str(profile.file), key, str(exc)) from None
     return _Models(drafter, steering, target.model.get_output_embeddings().weight.detach().clone(), device)
+
+
+def _is_gguf(spec: ModelSpec) -> bool:
+    return (spec.path or Path(spec.file or "")).name.lower().endswith(".gguf")
 
 
 def _set_trainable(models: _Models, opts: TrainSteerOptions, profile: Profile, key: str) -> None:

@@ -40,14 +40,15 @@ BUSY_SPREAD = 0.25  # repeats differing by more than this (median over widths): 
 NOISE_FLOOR_S = 0.002
 
 
-def width_costs(lm: CachedLM, max_width: int, use_disk: bool = True) -> list[float]:
+def width_costs(lm: CachedLM, max_width: int, use_disk: bool = True, fresh: bool = False) -> list[float]:
     """Seconds of a forward over w = 1 .. max_width tokens of `lm` (its cache is reset),
     from the disk cache when this model shape was measured on this machine before and a
-    quick timing of one width agrees with it. A measurement expected to take more than a
-    few seconds is announced on stderr; one taken while the machine was busy is used for
-    this run only, not kept."""
+    quick timing of one width agrees with it (`fresh`: measured again regardless, as
+    `calibrate costs` does). A measurement expected to take more than a few seconds is
+    announced on stderr; one taken while the machine was busy is used for this run only,
+    not kept."""
     file = _cache_file(lm, max_width)
-    if use_disk:
+    if use_disk and not fresh:
         known = _read(file, max_width)
         if known is not None:
             now = _quick_step(lm)
@@ -70,6 +71,12 @@ def width_costs(lm: CachedLM, max_width: int, use_disk: bool = True) -> list[flo
         except OSError as exc:  # a read-only cache only costs the next run the measurement
             log.warning("specdraft: could not keep the verify costs in %s (%s)", file, exc)
     return seconds
+
+
+def stored(lm: CachedLM, max_width: int) -> tuple[Path, list[float] | None]:
+    """The file this model's curve is kept in, and the curve it holds (None: none)."""
+    file = _cache_file(lm, max_width)
+    return file, _read(file, max_width)
 
 
 def known(lm: CachedLM, max_width: int) -> bool:

@@ -66,6 +66,7 @@ def train(module: torch.nn.Module, settings: LoopSettings, step_loss: Callable[[
     """Run `settings.steps` optimizer steps of `step_loss(step) -> (loss, metrics)` on the
     trainable parameters of `module`, resuming from `out/training-state.pt` when it was
     written by a run with the same identity."""
+    _say_state_size(module, out, console)
     loop = _Loop(module, settings, save, out, console, label)
     try:
         loop.run(step_loss)
@@ -74,6 +75,21 @@ def train(module: torch.nn.Module, settings: LoopSettings, step_loss: Callable[[
         raise
     loop.keep()
     return LoopResult(loop.step, loop.resumed_from, time.perf_counter() - loop.started, loop.metrics)
+
+
+LARGE_STATE = 1 << 30  # bytes: a training state this large is announced before it is first written
+
+
+def _say_state_size(module: torch.nn.Module, out: Path, console: Console) -> None:
+    """The training state (every weight, and AdamW's two moments of each trained one) is kept
+    in `out` to resume from; a large one is said before it is written, not found afterwards."""
+    weights = sum(t.numel() * t.element_size() for t in module.state_dict().values())
+    moments = 2 * sum(p.numel() * 4 for p in module.parameters() if p.requires_grad)
+    if weights + moments >= LARGE_STATE:
+        console.print(f"the training state kept in {out / STATE} to resume from takes about "
+                      f"{(weights + moments) / 2**30:.1f} GiB (the weights and the optimizer's moments); it is "
+                      "rewritten at each checkpoint and can be deleted once training is done",
+                      markup=False, highlight=False)
 
 
 def _optimizer(module: torch.nn.Module, settings: LoopSettings) -> tuple[list[torch.nn.Parameter], torch.optim.AdamW]:
