@@ -29,8 +29,8 @@ def test_bench_runs_every_config_interleaved_and_reports_no_mismatch(pool_file, 
                                  "normalhedge,fixed:lookup", "--baseline", "transformers", "--repeat", "2",
                                  "--out", str(out), "--csv", str(tmp_path / "r.csv")])
     assert result.exit_code == 0, result.stderr
-    assert result.stdout == ""
-    assert "data.jsonl:3: skipped" in result.stderr and "speedup" in result.stderr
+    assert "specdraft bench" in result.stdout  # the table is the output; progress and warnings on stderr
+    assert "data.jsonl:3: skipped" in result.stderr and "speedup" in result.stdout
     report = json.loads(out.read_text())
     configs = {s["config"] for s in report["samples"]}
     assert configs == {"plain", "normalhedge", "fixed:lookup", "transformers greedy", "transformers prompt-lookup",
@@ -79,7 +79,7 @@ def test_trace_then_replay_and_calibrate(pool_file, data_file, tmp_path):
     assert {r["config"] for r in summary} == {"plain", "ucb", "normalhedge", "fixed:lookup"}
     assert all(r["speedup"] > 0 for r in summary)
     # The hindsight bound beside the table (stderr) and in the file: no replayed policy above it.
-    assert "in hindsight" in replayed.stderr and "in hindsight" not in replayed.stdout
+    assert "in hindsight" in replayed.stdout and "in hindsight" not in replayed.stderr
     bounds = {b["task"]: b for b in written["hindsight"]}
     assert set(bounds) >= {"all"} and set(bounds["all"]["drafters"]) >= {"lookup"}
     for row in summary:
@@ -310,7 +310,7 @@ def test_bench_samples_at_a_temperature_without_comparing_outputs(pool_file, dat
     result = runner.invoke(app, ["bench", "--pool", str(pool_file), "--data", str(data_file), "--policies",
                                  "fixed:small", "--temperature", "1", "--seed", "3", "--out", str(out)])
     assert result.exit_code == 0, result.stderr
-    assert "sampled at T = 1" in result.stderr and "differ from plain" not in result.stderr
+    assert "sampled at T = 1" in result.stdout and "differ from plain" not in result.stderr
     report = json.loads(out.read_text())
     assert all(r["mismatches"] is None for r in report["summary"])
     refused = runner.invoke(app, ["bench", "--pool", str(pool_file), "--data", str(data_file), "--temperature", "1",
@@ -395,7 +395,8 @@ def test_replay_with_skip_and_versus_from_the_command_line(pool_file, data_file,
     result = runner.invoke(app, ["bench", "--replay", str(trace), "--policies", "ucb,fixed:lookup", "--skip", "1",
                                  "--versus", "fixed:lookup", "--out", str(out)])
     assert result.exit_code == 0, result.stderr
-    assert "vs fixed:lookup" in result.stderr and "leaves out the first 1" in result.stderr
+    flat = " ".join(result.stdout.replace("│", " ").split())  # the table wraps its title and headers at 100 columns
+    assert "vs" in flat and "fixed:lookup" in flat and "leaves out the first 1" in flat
     report = json.loads(out.read_text())
     assert {r["prompts"] for r in report["summary"] if r["task"] == "all"} == {2}  # of 3 prompts
     assert len({s["id"] for s in report["samples"]}) == 3  # the samples keep every prompt
@@ -424,3 +425,55 @@ def test_live_bench_refuses_an_unknown_versus_before_measuring(pool_file, data_f
     result = runner.invoke(app, ["bench", "--pool", str(pool_file), "--data", str(data_file), "--policies",
                                  "fixed:lookup", "--versus", "ucb", "-n", "4"])
     assert result.exit_code == 2 and '--versus: no configuration "ucb"' in result.stderr, result.stderr
+
+
+def test_a_killed_bench_leaves_the_finished_prompts_in_out(pool_file, data_file, tmp_path, monkeypatch):
+    """Not Ctrl-C (which reports): a kill. --out and --csv are rewritten whole after every
+    prompt, so what was measured is there, readable, whatever stops the process."""
+    from specdraft.decoding.engine import SpeculativeEngine
+
+    original, runs = SpeculativeEngine.generate, []
+
+    def die_on_third_prompt(self, prompt_ids):
+        runs.append(1)
+        if len(runs) == 2 * 2 + 1:
+            raise SystemExit(137)  # as good as SIGKILL here: no report runs after it
+        yield from original(self, prompt_ids)
+
+    monkeypatch.setattr(SpeculativeEngine, "generate", die_on_third_prompt)
+    out, table = tmp_path / "r.json", tmp_path / "r.csv"
+    runner.invoke(app, ["bench", "--pool", str(pool_file), "--data", str(data_file), "--policies", "fixed:lookup",
+                        "--out", str(out), "--csv", str(table)])
+    written = json.loads(out.read_text())
+    assert sorted((s["id"], s["config"]) for s in written["samples"]) == [("1", "fixed:lookup"), ("1", "plain")]
+    assert {r["config"] for r in written["summary"]} == {"plain", "fixed:lookup"}
+
+
+def test_the_table_fits_100_columns_and_the_csv_is_flat(pool_file, data_file, tmp_path):
+    import csv
+
+    table = tmp_path / "r.csv"
+    result = runner.invoke(app, ["bench", "--pool", str(pool_file), "--data", str(data_file), "--policies",
+                                 "normalhedge,fixed:lookup", "--versus", "fixed:lookup", "--csv", str(table)])
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 100 and not any("…" in line for line in lines), result.stdout
+    assert "normalhedge" in result.stdout and "regret" not in result.stdout and "differ" in result.stdout
+    rows = list(csv.DictReader(table.open()))
+    cells = [value for row in rows for value in row.values()]
+    assert not any(value.startswith(("{", "[")) for value in cells)  # no Python reprs in cells
+    assert "time_share.verify" in rows[0] and any(key.startswith("acceptance_at.") for key in rows[0])
+    wide = runner.invoke(app, ["bench", "--pool", str(pool_file), "--data", str(data_file), "--policies",
+                               "normalhedge", "--verbose"])
+    assert "regret" in wide.stdout and "acceptance by position" in wide.stdout
+
+
+def test_quick_runs_a_few_short_prompts_against_the_profiles_policy(pool_file, tmp_path):
+    data = tmp_path / "many.txt"
+    data.write_text("".join(f"prompt {i} hello hello\n" for i in range(20)))
+    out = tmp_path / "q.json"
+    result = runner.invoke(app, ["bench", "--pool", str(pool_file), "--data", str(data), "--quick", "--out", str(out)])
+    assert result.exit_code == 0, result.stderr
+    samples = json.loads(out.read_text())["samples"]
+    assert {s["config"] for s in samples} == {"plain", "random"}  # the profile's policy, not every drafter fixed
+    assert len({s["id"] for s in samples}) == 4 and max(s["tokens"] for s in samples) <= 32

@@ -98,20 +98,26 @@ class Terminal:
             os.execvpe(argv[0], argv, {**os.environ, "TERM": "dumb", "COLUMNS": "100"})
         self.seen = ""
 
-    def read_until(self, text: str, timeout: float = 120.0) -> str:
+    def read_until(self, text: str, since: int = 0, timeout: float = 120.0) -> int:
+        """Wait until `text` appears after position `since` of what was shown; the position
+        just past it."""
         end = time.monotonic() + timeout
-        while text not in self.seen:
+        while text not in self.seen[since:]:
             left = end - time.monotonic()
             assert left > 0, f"{text!r} did not appear; the terminal showed {self.seen[-400:]!r}"
-            ready, _, _ = select.select([self.fd], [], [], left)
-            if ready:
-                try:
-                    chunk = os.read(self.fd, 4096)
-                except OSError:
-                    chunk = b""
-                assert chunk, f"the process ended before {text!r}; it showed {self.seen[-400:]!r}"
-                self.seen += chunk.decode("utf-8", "replace")
-        return self.seen
+            self.pump(left)
+        return self.seen.index(text, since) + len(text)
+
+    def pump(self, timeout: float) -> None:
+        """Read what the child printed within `timeout` seconds (nothing when it printed nothing)."""
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if ready:
+            try:
+                chunk = os.read(self.fd, 4096)
+            except OSError:
+                chunk = b""
+            assert chunk, f"the process ended; it showed {self.seen[-400:]!r}"
+            self.seen += chunk.decode("utf-8", "replace")
 
     def type(self, keys: str) -> None:
         os.write(self.fd, keys.encode())
@@ -130,34 +136,29 @@ class Terminal:
 def test_a_terminal_session_with_the_demo_model():
     term = Terminal([sys.executable, "-m", "specdraft", "chat", "-m", str(DEMO), "-n", "2000", "--stats"])
     try:
-        term.read_until("> ")
-        mark = len(term.seen)
+        at = term.read_until("> ")  # each step waits for the prompt before typing: no typing ahead
         term.type("Name three colors.\n")
-        term.read_until("prefilled", timeout=120)
-        assert term.seen[mark:].count("prefilled") == 1
-        term.read_until("> ")
-        term.type("/system You are a pirate.\n")
-        term.read_until("system message set")
-        term.read_until("> ")
-        mark = len(term.seen)
-        term.type("Write a long story about the sea, with many chapters.\n")
-        end = time.monotonic() + 120
-        while len(term.seen) - mark < 80 and time.monotonic() < end:  # the answer has begun
-            ready, _, _ = select.select([term.fd], [], [], 0.05)
-            if ready:
-                term.seen += os.read(term.fd, 4096).decode("utf-8", "replace")
+        at = term.read_until("prefilled", at)
+        at = term.read_until("> ", at)
+        term.type("Count from 1 to 1000, separated by commas.\n")
+        begun = at
+        while len(term.seen) - begun < 60 and "prefilled" not in term.seen[begun:]:
+            term.pump(120)  # until the answer is under way
+        assert "prefilled" not in term.seen[begun:], "the answer ended before Ctrl-C could stop it"
         term.type("\x03")
-        term.read_until("(answer stopped)")
-        term.read_until("> ")
-        mark = len(term.seen)
+        at = term.read_until("(answer stopped)", at)
+        at = term.read_until("> ", at)
+        term.type("/system You answer in one word.\n")
+        at = term.read_until("system message set", at)
+        at = term.read_until("> ", at)
         term.type("/clear\n")
-        term.read_until("conversation cleared")
-        term.read_until("> ")
+        at = term.read_until("conversation cleared", at)
+        at = term.read_until("> ", at)
         term.type("Say hello.\n")
-        term.read_until("prefilled", timeout=120)
-        term.read_until("> ")
+        at = term.read_until("prefilled", at)
+        at = term.read_until("> ", at)
         assert "Traceback" not in term.seen
-        term.type("\x04")  # Ctrl-D leaves
+        term.type("\x04")  # Ctrl-D on an empty line leaves
         end = time.monotonic() + 30
         while time.monotonic() < end:
             done, status = os.waitpid(term.pid, os.WNOHANG)
@@ -165,10 +166,9 @@ def test_a_terminal_session_with_the_demo_model():
                 assert os.waitstatus_to_exitcode(status) == 0
                 return
             try:
-                select.select([term.fd], [], [], 0.2)
-                os.read(term.fd, 4096)
-            except OSError:
-                pass
-        raise AssertionError("Ctrl-D did not end the session")
+                term.pump(0.2)
+            except AssertionError:  # it ended: waitpid says how
+                continue
+        raise AssertionError(f"Ctrl-D did not end the session; it showed {term.seen[-300:]!r}")
     finally:
         term.close()

@@ -116,8 +116,9 @@ def bench(
     versus: Annotated[Optional[str], typer.Option(help="Also show every row's speed as a ratio to this configuration, e.g. fixed:lookup.")] = None,
     engine: Annotated[str, typer.Option(help="specdraft: its own engine; vllm: vLLM plain, vLLM's ngram (and suffix) speculation and specdraft's proposer, each in a fresh vLLM engine.")] = "specdraft",
     concurrency: Annotated[Optional[str], typer.Option(help="With --engine vllm: requests in flight, comma-separated, e.g. 1,8,32 (default 1).")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="A first look in about a minute: 4 prompts, 32 tokens each, plain decoding against the profile's policy only.")] = False,
     model: Model = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="The wide table (acceptance by position, regret, time split, draft lengths) and library logs.")] = False,
 ) -> None:
     """Measure speedup over plain decoding on a dataset, live or replayed from a trace."""
     from specdraft.commands.bench import BenchOptions, run_bench_command

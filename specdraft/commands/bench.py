@@ -9,9 +9,8 @@ prints and writes the summary of what was measured so far, then exits 130.
 
 from __future__ import annotations
 
-import csv
+import dataclasses
 import importlib.util
-import io
 import json
 import logging
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from rich.console import Console
 
 from specdraft.commands.io import (EXIT_INTERRUPTED, EXIT_OK, CommandExit, check_count, check_seed, labelled,
                                    warner)
-from specdraft.commands.outputs import JsonLines, atomic_write_text, check_outputs
+from specdraft.commands.outputs import JsonLines, atomic_write_text, check_outputs, stdout_console, write_flat_csv
 from specdraft.errors import UsageError
 
 if TYPE_CHECKING:
@@ -51,6 +50,12 @@ class BenchOptions:
     versus: str | None = None  # a configuration every row's speed is also a ratio to
     engine: str = "specdraft"  # "vllm": vLLM plain, its built-in speculation and specdraft's proposer
     concurrency: str | None = None  # with --engine vllm: comma-separated requests in flight
+    quick: bool = False  # a first look: QUICK_PROMPTS prompts, QUICK_TOKENS tokens, the profile's policy only
+    verbose: bool = False  # the wide table: acceptance by position, regret, time split, draft lengths
+
+
+QUICK_PROMPTS = 4
+QUICK_TOKENS = 32
 
 
 # transformers' own generation on the stock kernels, and the same over the packed target
@@ -72,6 +77,9 @@ def run_bench_command(opts: BenchOptions, console: Console) -> int:
         raise UsageError(f'--engine {opts.engine}: expected "specdraft" or "vllm"')
     if opts.concurrency:
         raise UsageError("--concurrency needs --engine vllm (specdraft's own engine decodes one request at a time)")
+    if opts.quick:
+        opts = dataclasses.replace(opts, limit=min(opts.limit or QUICK_PROMPTS, QUICK_PROMPTS),
+                                   max_new_tokens=opts.max_new_tokens or QUICK_TOKENS, repeat=1)
     _check_options(opts)
     if opts.replay:
         return _replay_command(opts, console)
@@ -101,7 +109,7 @@ def _checked_inputs(opts: BenchOptions, console: Console) -> tuple[Profile, list
         problem = llama_cpp_problem(profile)
         if problem is not None:
             raise UsageError(f"--baseline llama.cpp: {problem}")
-    flags = split_policy_flags(opts.policies) if opts.policies else None
+    flags = split_policy_flags(opts.policies) if opts.policies else ([profile.policy.name] if opts.quick else None)
     for flag in flags or ():
         profile.with_overrides(policy=flag)  # a bad --policies entry is a usage error now
     examples = load_dataset(opts.data, warner(console), opts.limit)
@@ -170,6 +178,10 @@ def _measure(opts: BenchOptions, console: Console, configs: list[Config], exampl
             if stream is not None:
                 for sample in done:
                     stream.write(sample.as_dict())
+            if opts.out or opts.csv_file:  # what was measured so far, whole: a killed bench keeps it
+                from specdraft.measurement.summary import summarize
+
+                _write_outputs(opts, summarize(samples), [s.as_dict() for s in samples], None)
             times = ", ".join(f"{s.config} {s.elapsed_s:.2f}s" for s in done)
             progress.note(f"prompt {len(samples) // len(configs)}/{opts.repeat * len(examples)} "
                           f"({done[0].id}, repeat {done[0].repeat}): {times}")
@@ -245,9 +257,10 @@ def _report(opts: BenchOptions, console: Console, samples: list, what: str, simu
         title = f"specdraft bench --replay {opts.replay} · {what} · simulated from measured forward costs"
     else:
         title = f"specdraft bench · {what} · speedup = wall time of plain decoding / wall time"
-    console.print(bench_table(rows, title, simulated=simulated, versus=opts.versus))
+    table_out = stdout_console(opts.verbose)  # the results are the output; progress and warnings stay on stderr
+    table_out.print(bench_table(rows, title, simulated=simulated, versus=opts.versus, wide=opts.verbose))
     if bounds:
-        console.print(hindsight_table(bounds))
+        table_out.print(hindsight_table(bounds))
     for line in noise_warnings(rows):
         console.print(labelled("warning:", "yellow", line), soft_wrap=True)
     mismatched = sum(s.mismatch for s in samples if s.config != PLAIN)
@@ -330,10 +343,4 @@ def _write_outputs(opts: BenchOptions, rows: list[dict], samples: list[dict], bo
         written = {"summary": rows, "samples": samples} | ({"hindsight": bounds} if bounds else {})
         atomic_write_text(opts.out, json.dumps(written, indent=1))
     if opts.csv_file and rows:
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: (" ".join("" if a is None else f"{a:.4f}" for a in v) if isinstance(v, list) else v)
-                             for k, v in row.items()})
-        atomic_write_text(opts.csv_file, buffer.getvalue())
+        write_flat_csv(opts.csv_file, rows)

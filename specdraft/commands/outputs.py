@@ -1,11 +1,12 @@
 """Output files of bench, trace and calibrate-beta: checked before any model loads, then
-written so that what was measured survives a crash or Ctrl-C.
+written so that what was measured survives a crash or Ctrl-C; and bench's table on stdout.
 
 `check_outputs` refuses (exit 2, naming the flag) a path whose folder is missing or not
 writable, a folder given as a file, two flags naming one file, and an output that would
 overwrite an input. Records are streamed as JSON lines (flushed per record); whole files
 (a summary, a CSV, a profile) are written to a temporary sibling and renamed into place,
-so a reader never sees half a file.
+so a reader never sees half a file. A CSV holds no Python reprs: nested values become their
+own columns.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable
+
+from rich.console import Console
 
 from specdraft.storage.atomic_files import fresh_stream, write_text
 from specdraft.errors import UsageError
@@ -93,3 +96,38 @@ def _key(path: Path) -> tuple:
         return ("path", str(resolved))
     return ("inode", info.st_dev, info.st_ino)
 
+
+def stdout_console(wide: bool) -> Console:
+    """stdout as a Rich console: a terminal's own width, else 100 columns (what the compact
+    table fits; 220 for the wide one), never the 80 Rich assumes for a pipe."""
+    import sys
+
+    return Console(file=sys.stdout, width=None if sys.stdout.isatty() else 220 if wide else 100, highlight=False)
+
+
+def write_flat_csv(path: str | Path, rows: list[dict]) -> None:
+    """`rows` as CSV, whole or not at all, one flat column per value (`_flat`)."""
+    import csv
+    import io
+
+    flat = [_flat(row) for row in rows]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(dict.fromkeys(k for row in flat for k in row)))
+    writer.writeheader()
+    writer.writerows(flat)
+    write_text(path, buffer.getvalue())
+
+
+def _flat(row: dict, prefix: str = "") -> dict:
+    """One CSV row: nested objects as `key.sub` columns, lists as one column per position
+    (`key.1`, `key.2`, ...), numbers and strings as they are."""
+    out: dict = {}
+    for key, value in row.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{name}."))
+        elif isinstance(value, (list, tuple)):
+            out.update(_flat({str(i): v for i, v in enumerate(value, start=1)}, f"{name}."))
+        else:
+            out[name] = "" if value is None else round(value, 6) if isinstance(value, float) else value
+    return out

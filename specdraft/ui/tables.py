@@ -1,4 +1,5 @@
-"""Rich tables for bench, replay and calibrate-beta results (printed to stderr)."""
+"""Rich tables for bench, replay and calibrate-beta results (bench's on stdout, the others on
+stderr)."""
 
 from __future__ import annotations
 
@@ -12,19 +13,28 @@ def _num(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def bench_table(rows: Sequence[dict], title: str, simulated: bool = False, versus: str | None = None) -> Table:
-    """bench's summary; with `versus`, a column of each row's speed over that configuration's."""
+COMPACT = ("task", "config", "prompts", "speedup", "simulated speedup", "mean accepted", "tok/s", "mismatches")
+SHORT = {"simulated speedup": "sim. speedup", "mean accepted": "accepted", "mismatches": "differ"}  # compact headers
+
+
+def bench_table(rows: Sequence[dict], title: str, simulated: bool = False, versus: str | None = None,
+                wide: bool = False) -> Table:
+    """bench's summary; with `versus`, a column of each row's speed over that configuration's.
+    Compact (fits 100 columns) unless `wide`: then also acceptance by position, best-arm
+    share, regret, the ideal, the time split, draft lengths and trees."""
     table = Table(title=escape(title), title_justify="left", show_lines=False)  # titles quote file names
     versus_column = (f"vs {versus}",) if versus else ()
     # (a column only when some round verified a tree: several chains, or runner-up leaves)
     trees = any(r.get("tree_share") or r.get("runner_up_share") for r in rows)
-    for column in ("task", "config", "prompts", "simulated speedup" if simulated else "speedup", *versus_column,
-                   "mean accepted",
-                   "acceptance by position", "tok/s", "best-arm share", "regret", "mismatches", "ideal",
-                   "time d/v/e/p/o", "tree size: rounds" if trees else "K: rounds", *(("trees · won",) if trees else ())):
-        table.add_column(escape(column), justify="left" if column in ("task", "config", "acceptance by position",
-                                                                      "K: rounds", "tree size: rounds", "trees · won")
-                         else "right", no_wrap=True)
+    shown = [column for column in ("task", "config", "prompts", "simulated speedup" if simulated else "speedup",
+                                   *versus_column, "mean accepted", "acceptance by position", "tok/s", "best-arm share",
+                                   "regret", "mismatches", "ideal", "time d/v/e/p/o",
+                                   "tree size: rounds" if trees else "K: rounds", *(("trees · won",) if trees else ()))
+             if (wide or column in COMPACT or column in versus_column) and not (simulated and column == "tok/s")]
+    for column in shown:
+        left = column in ("task", "config", "acceptance by position", "K: rounds", "tree size: rounds", "trees · won")
+        table.add_column(escape(column if wide else SHORT.get(column, column)), justify="left" if left else "right",
+                         no_wrap=True)
     for r in rows:
         accept = "/".join("-" if a is None else f"{a:.0%}" for a in r.get("acceptance_at") or [])
         mismatches = r.get("mismatches")
@@ -36,7 +46,7 @@ def bench_table(rows: Sequence[dict], title: str, simulated: bool = False, versu
         # "?": a speedup bench.summarize marked noisy or implausible (a warning line says why).
         doubt = "?" if r.get("noisy") or r.get("implausible") else ""
         versus_cell = (_num(r.get("versus"), ".2f") + ("x" if r.get("versus") is not None else ""),) if versus else ()
-        table.add_row(
+        cells = [
             escape(str(r["task"])), escape(r["config"]), str(r["prompts"]), _num(r.get("speedup"), ".2f") + "x" + doubt,
             *versus_cell,
             _num(r.get("mean_accepted"), ".2f"), accept or "-",
@@ -45,8 +55,13 @@ def bench_table(rows: Sequence[dict], title: str, simulated: bool = False, versu
             differ,
             _num(r.get("ideal_speedup"), ".2f") + ("x" if r.get("ideal_speedup") is not None else ""),
             _split(r.get("time_share")), _lengths(r.get("draft_lengths")), *((_trees(r),) if trees else ()),
-            style="bold" if r["task"] == "all" else None,
-        )
+        ]
+        everything = ["task", "config", "prompts", "speedup", *versus_column, "mean accepted", "acceptance by position",
+                      "tok/s", "best-arm share", "regret", "mismatches", "ideal", "time d/v/e/p/o", "K", *(("trees",)
+                                                                                                         if trees else ())]
+        keep = [(wide or name in COMPACT or name in versus_column) and not (simulated and name == "tok/s")
+                for name in everything]
+        table.add_row(*(cell for cell, kept in zip(cells, keep) if kept), style="bold" if r["task"] == "all" else None)
     return table
 
 
