@@ -233,11 +233,11 @@ def test_interrupted_bench_keeps_what_it_measured(pool_file, data_file, tmp_path
 
     original, runs = SpeculativeEngine.generate, []
 
-    def stop_on_third_prompt(self, prompt_ids):
+    def stop_on_third_prompt(self, prompt_ids, budget=None):
         runs.append(1)
         if len(runs) == 2 * 2 + 1:  # warm-up (2 configs) + first prompt (2 configs), then Ctrl-C
             raise KeyboardInterrupt
-        yield from original(self, prompt_ids)
+        yield from original(self, prompt_ids, budget)
 
     monkeypatch.setattr(SpeculativeEngine, "generate", stop_on_third_prompt)
     out, table = tmp_path / "r.json", tmp_path / "r.csv"
@@ -434,11 +434,11 @@ def test_a_killed_bench_leaves_the_finished_prompts_in_out(pool_file, data_file,
 
     original, runs = SpeculativeEngine.generate, []
 
-    def die_on_third_prompt(self, prompt_ids):
+    def die_on_third_prompt(self, prompt_ids, budget=None):
         runs.append(1)
         if len(runs) == 2 * 2 + 1:
             raise SystemExit(137)  # as good as SIGKILL here: no report runs after it
-        yield from original(self, prompt_ids)
+        yield from original(self, prompt_ids, budget)
 
     monkeypatch.setattr(SpeculativeEngine, "generate", die_on_third_prompt)
     out, table = tmp_path / "r.json", tmp_path / "r.csv"

@@ -163,8 +163,8 @@ def test_missing_profile_exits_2(tmp_path):
 def test_ctrl_c_prints_committed_text_and_exits_130(pool_file, monkeypatch):
     original = SpeculativeEngine.generate
 
-    def interrupted(self, prompt_ids):
-        for i, record in enumerate(original(self, prompt_ids)):
+    def interrupted(self, prompt_ids, budget=None):
+        for i, record in enumerate(original(self, prompt_ids, budget)):
             if i == 3:
                 raise KeyboardInterrupt
             yield record

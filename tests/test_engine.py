@@ -530,3 +530,13 @@ def test_a_drafter_scored_from_hidden_states_sits_out_whole_batches_the_planner_
     assert calls["n"] <= 1 + len(records) // (1 if update_every == "adaptive" else 4) + 1
     if update_every == "adaptive":
         assert evaluations < len(records) and calls["n"] <= evaluations + 2
+
+
+def test_a_prompts_budget_cuts_below_the_settings_and_never_above(target, pool):
+    """`generate(prompt, budget)`: a request's max_tokens (the resident server) under the cap."""
+    names = [d.name for d in pool]
+    engine, generate = run(target, pool, RandomPolicy(names, seed=1), 4, max_new=20)
+    prompt = PROMPTS[0]
+    reference = plain_greedy(target, prompt, 20)
+    assert committed(generate(prompt, 7)) == reference[:7]
+    assert committed(generate(prompt, 500)) == reference  # the settings' 20 stay the cap

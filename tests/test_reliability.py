@@ -283,8 +283,8 @@ def test_ctrl_c_under_the_panel_shows_the_text_once(pool_file, monkeypatch, heig
     term = Terminal(60, height)
     original = SpeculativeEngine.generate
 
-    def interrupted(self, prompt_ids):
-        for i, record in enumerate(original(self, prompt_ids)):
+    def interrupted(self, prompt_ids, budget=None):
+        for i, record in enumerate(original(self, prompt_ids, budget)):
             if i == stop_at:
                 time.sleep(0.3)  # let Live's refresh thread draw the frame the user is looking at
                 term.write("^C")  # what the tty echoes when the user presses Ctrl-C

@@ -23,7 +23,7 @@ from typing import IO, Any, Callable, Iterator
 
 from rich.console import Console
 
-from specdraft.commands.io import EXIT_OK, check_seed
+from specdraft.commands.io import EXIT_OK, check_seed, decode_flags
 from specdraft.errors import UsageError
 
 HELP = ("/system TEXT  replace the system message (/system alone: the template's default)\n"
@@ -62,9 +62,7 @@ def run_chat(opts: ChatOptions, console: Console, stdin: IO[Any] | None = None,
     check_seed(opts.seed)
     from specdraft.profile import load_profile
 
-    profile = load_profile(opts.pool).with_overrides(
-        policy=opts.policy, draft_tokens=opts.draft_tokens, temperature=opts.temperature, top_k=opts.top_k,
-        top_p=opts.top_p, max_new_tokens=opts.max_new_tokens, seed=opts.seed)
+    profile = load_profile(opts.pool).with_overrides(**decode_flags(opts))
     interactive = stdin.isatty()
     runtime = _load(profile, console)
     from specdraft.session.prompt_ids import has_chat_template
@@ -81,7 +79,7 @@ def run_chat(opts: ChatOptions, console: Console, stdin: IO[Any] | None = None,
             if _command(text, conversation, console):
                 break
             continue
-        _turn(runtime, conversation, text, opts, console, stdout, interactive)
+        _turn(runtime, conversation, text, opts, console, stdout)
     return EXIT_OK
 
 
@@ -142,8 +140,7 @@ def _command(text: str, conversation: Conversation, console: Console) -> bool:
     return False
 
 
-def _turn(runtime, conversation: Conversation, text: str, opts: ChatOptions, console: Console, stdout: IO[str],
-          interactive: bool) -> None:
+def _turn(runtime, conversation: Conversation, text: str, opts: ChatOptions, console: Console, stdout: IO[str]) -> None:
     from specdraft.session.prompt_ids import ChatFrame
     from specdraft.session.prompt_run import PromptRun
     from specdraft.ui.panel import summary_line

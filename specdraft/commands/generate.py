@@ -20,8 +20,8 @@ from typing import IO, TYPE_CHECKING, Any, Iterator
 
 from rich.console import Console
 
-from specdraft.commands.io import (EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, CommandExit, check_seed, print_error,
-                                   warner)
+from specdraft.commands.io import (EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, CommandExit, check_seed, decode_flags,
+                                   print_error, warner)
 from specdraft.commands.outputs import atomic_write_text, check_writable
 from specdraft.commands.prompts import Line, read_prompts
 from specdraft.storage.regular_files import read_regular_text
@@ -97,11 +97,7 @@ def _checked_profile(opts: GenerateOptions) -> tuple[Profile, dict | None]:
     if any(not s for s in opts.stop or ()):
         raise UsageError("--stop: an empty stop string would end every answer at once")
     base = load_profile(opts.pool)
-    profile = base.with_overrides(
-        policy=opts.policy, draft_tokens=opts.draft_tokens, temperature=opts.temperature, top_k=opts.top_k,
-        top_p=opts.top_p, max_new_tokens=opts.max_new_tokens, seed=opts.seed,
-        stop=(*base.decode.stop, *opts.stop) if opts.stop else None,
-    )
+    profile = base.with_overrides(**decode_flags(opts), stop=(*base.decode.stop, *opts.stop) if opts.stop else None)
     if saved_state is not None:
         check_policy_state(profile, saved_state, opts.policy_state)
     return profile, saved_state
@@ -134,9 +130,8 @@ def _load(opts: GenerateOptions, profile: Profile, saved_state: dict | None, con
 
 
 def _start(runtime, line: Line, opts: GenerateOptions, console: Console):
-    from specdraft.session.prompt_run import PromptRun
-
     from specdraft.session.prompt_ids import ChatFrame
+    from specdraft.session.prompt_run import PromptRun
 
     run = PromptRun(runtime, line.text, opts.chat, truncate=opts.truncate, frame=ChatFrame(opts.system))
     if run.truncated:

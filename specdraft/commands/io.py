@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 import traceback
-from typing import Iterator
+from typing import Any, Iterator
 
 from rich.console import Console
 from rich.text import Text
@@ -94,6 +94,15 @@ def quiet_libraries(verbose: bool, console: Console | None = None) -> None:
 def check_seed(seed: int | None, flag: str = "--seed") -> None:
     if seed is not None and not 0 <= seed <= MAX_SEED:
         raise UsageError(f"{flag}: must be between 0 and 2**63 - 1 (got {seed})")
+
+
+# The decoding flags generate and chat share, each over the profile's value of the same name.
+DECODE_FLAGS = ("policy", "draft_tokens", "temperature", "top_k", "top_p", "max_new_tokens", "seed")
+
+
+def decode_flags(opts: Any) -> dict[str, Any]:
+    """`opts`' DECODE_FLAGS, for `Profile.with_overrides` (None: the profile's own)."""
+    return {name: getattr(opts, name) for name in DECODE_FLAGS}
 
 
 def check_count(value: int | None, flag: str) -> None:

@@ -1,6 +1,8 @@
-"""`-m MODEL`, the option every command has beside `--pool`: the profile it runs is the model with the built-in pool (drafters/registry.py: prompt lookup and
-a suffix drafter that learns across runs), chosen by normalhedge, as a commented TOML text. `specdraft profile init MODEL` prints the same text to start a profile
-from; every command given `-m` runs the profile this text parses to.
+"""`-m MODEL`, the option every command has beside `--pool`: the profile it runs is the
+model with the built-in pool (drafters/registry.py: prompt lookup and a suffix drafter that
+learns across runs), chosen by normalhedge, as a commented TOML text. `specdraft profile init
+MODEL` prints the same text to start a profile from; every command given `-m` runs the
+profile this text parses to.
 
 MODEL is a .gguf file, a transformers folder, or a hub id ("org/name") resolved from the
 local Hugging Face cache only. Plain Python: no torch (the CLI imports it at start).

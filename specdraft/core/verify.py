@@ -28,6 +28,7 @@ import torch
 
 from specdraft.core.sampling import SamplingParams, distributions, greedy_tokens
 from specdraft.core.tree import TokenTree
+from specdraft.errors import NonFiniteLogits
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,16 @@ class Verdict:
     n_accepted: torch.Tensor  # [] long: how many drafted tokens were accepted
     tokens: torch.Tensor  # [k + 1] long: tokens[:n_accepted + 1] are committed
     alphas: torch.Tensor  # [k] float: 1 - TV(p_j, q_j), the acceptance probability per position
+
+
+def read_if_finite(values: torch.Tensor, logits: torch.Tensor) -> list:
+    """`values` [n] read to the host in the same device read as whether `logits` are all
+    finite; NonFiniteLogits when they are not (NaN weights would otherwise decode as token 0
+    for ever)."""
+    read = torch.cat([values, torch.isfinite(logits).all().view(1).to(values.dtype)]).tolist()
+    if not read.pop():
+        raise NonFiniteLogits()
+    return read
 
 
 def overlap(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -33,9 +33,8 @@ from specdraft.decoding.prefix_cache import PrefixCache
 from specdraft.decoding.tree_verify import Proposal, Verified, verify_tree
 from specdraft.core.sampling import SamplingParams, sampling_probs
 from specdraft.core.stopwatch import Stopwatch
-from specdraft.core.verify import verify_greedy, verify_sampling
+from specdraft.core.verify import read_if_finite, verify_greedy, verify_sampling
 from specdraft.drafters.base import Draft, Drafter
-from specdraft.errors import NonFiniteLogits
 from specdraft.learning.driver import Gammas, PolicyDriver, RoundOutcome
 from specdraft.learning.feedback import RoundFeedback
 from specdraft.learning.round_plan import RoundPlan
@@ -100,6 +99,7 @@ class _Prompt:
     context: list[int]  # committed tokens, prompt included
     next_input: torch.Tensor  # [1]
     prefill_s: float  # the prefill's seconds, reported with the first round
+    budget: int  # tokens this prompt may generate
     prefill_tokens: int = 0  # prompt tokens the target fed (the rest were in its cache)
     produced: int = 0
 
@@ -129,10 +129,11 @@ class SpeculativeEngine:
     def policy(self) -> Policy:
         return self.driver.policy
 
-    def generate(self, prompt_ids: Sequence[int]) -> Iterator[RoundRecord]:
-        state = self._start(prompt_ids)
+    def generate(self, prompt_ids: Sequence[int], budget: int | None = None) -> Iterator[RoundRecord]:
+        """The rounds of one prompt; `budget`: at most this many tokens (the settings' cap at most)."""
+        state = self._start(prompt_ids, min(budget or self.settings.max_new_tokens, self.settings.max_new_tokens))
         try:
-            while state.produced < self.settings.max_new_tokens:
+            while state.produced < state.budget:
                 watch = Stopwatch(self.target.clock)
                 awake = self._awake(state.context)
                 plan = self.driver.choose(state.produced, awake)
@@ -215,7 +216,7 @@ class SpeculativeEngine:
             return None
         return [drafter.awake_at(context, len(context)) for drafter in self.drafters]
 
-    def _start(self, prompt_ids: Sequence[int]) -> _Prompt:
+    def _start(self, prompt_ids: Sequence[int], budget: int) -> _Prompt:
         """Reset the caches (the target's to its prefix of the prompt) and the policy; prefill the target and the drafters scored now."""
         if not prompt_ids:
             raise ValueError("the prompt is empty: nothing to condition on")
@@ -239,7 +240,7 @@ class SpeculativeEngine:
                 if scored:
                     drafter.prepare_scoring(context)
         return _Prompt(context, torch.tensor(context[-1:], dtype=torch.long, device=device),
-                       self.target.clock() - started, len(context) - 1 - kept)
+                       self.target.clock() - started, budget, len(context) - 1 - kept)
 
     def _branches(self, context: list[int], branches: Sequence[tuple[int, int]], leaves: dict[int, tuple[int, int]],
                   ranks: bool) -> list[Proposal]:
@@ -286,12 +287,8 @@ class SpeculativeEngine:
             verdict = verify_sampling(probs, draft.tokens, draft.probs, self.generator)
         # The round's one device-to-host read: accepted count, tokens, alphas and whether the
         # logits were finite (NaN weights would decode token 0 for ever). float64 holds any id.
-        packed = torch.cat(
-            [verdict.n_accepted.view(1).double(), verdict.tokens.double(), verdict.alphas.double(),
-             torch.isfinite(logits).all().view(1).double()]
-        ).tolist()
-        if not packed.pop():
-            raise NonFiniteLogits()
+        packed = read_if_finite(
+            torch.cat([verdict.n_accepted.view(1).double(), verdict.tokens.double(), verdict.alphas.double()]), logits)
         n = int(packed[0])
         tokens = [int(t) for t in packed[1 : n + 2]]
         # (a drafter that ranks tokens and was wrong: where does the target's token come in its order?)
@@ -341,7 +338,7 @@ class SpeculativeEngine:
             if token in self.settings.eos_ids:
                 tokens, finish = tokens[: i + 1], "eos"
                 break
-        room = self.settings.max_new_tokens - state.produced
+        room = state.budget - state.produced
         if len(tokens) >= room:
             tokens, finish = tokens[:room], finish or "length"
         state.context.extend(tokens)

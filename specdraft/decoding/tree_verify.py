@@ -15,8 +15,7 @@ import torch
 
 from specdraft.core.sampling import SamplingParams, distributions, greedy_tokens, sampling_probs
 from specdraft.core.tree import TokenTree, accept_greedy, matched
-from specdraft.core.verify import tree_alignment, verify_tree_sampling
-from specdraft.errors import NonFiniteLogits
+from specdraft.core.verify import read_if_finite, tree_alignment, verify_tree_sampling
 from specdraft.drafters.base import Draft
 from specdraft.models.cached_lm import CachedLM
 
@@ -103,10 +102,10 @@ def verify_tree(target: CachedLM, root: int, proposals: list[Proposal], padded_w
     probs = None
     if params.greedy:
         best = greedy_tokens(logits)
-        path, tokens = accept_greedy(tree, _finite_read(best, logits))
+        path, tokens = accept_greedy(tree, read_if_finite(best, logits))
         judge = distributions(logits, params) if params.soft_feedback else best
     else:
-        _finite_read(logits[:0, 0].long(), logits)
+        read_if_finite(logits.new_empty(0), logits)  # the sampling verify reads its own values
         probs = sampling_probs(logits, params)
         path, tokens = verify_tree_sampling(tree, probs, [p.draft.probs for p in proposals] + [None] * len(leaves),
                                             generator)
@@ -146,11 +145,3 @@ def _read_drafts(proposals: Sequence[Proposal]) -> tuple[list[list[int]], list[l
         offset += n
     return chains, ranked
 
-
-def _finite_read(values: torch.Tensor, logits: torch.Tensor) -> list[int]:
-    """`values` read to the host, in the same read as whether `logits` are all finite
-    (NonFiniteLogits when not: NaN weights would otherwise decode as token 0 for ever)."""
-    read = torch.cat([values, torch.isfinite(logits).all().view(1).long()]).tolist()
-    if not read.pop():
-        raise NonFiniteLogits()
-    return read

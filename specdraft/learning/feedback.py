@@ -56,8 +56,12 @@ class RoundFeedback:
 
 
 def _probabilities(values: Sequence[float]) -> list[float]:
-    """`values` with NaN as 0 and each clamped into [0, 1]."""
-    return [min(1.0, max(0.0, v)) if v == v else 0.0 for v in values]
+    return [probability(v) for v in values]
+
+
+def probability(value: float) -> float:
+    """`value` as a probability: NaN as 0 (a rejection), anything else clamped into [0, 1]."""
+    return min(1.0, max(0.0, value)) if value == value else 0.0
 
 
 def bd_reward(alphas: Sequence[float]) -> float:

@@ -23,6 +23,8 @@ import math
 import random
 from typing import Sequence
 
+from specdraft.learning.feedback import probability
+
 
 class _DecayedLine:
     """Least-squares line y = fixed + slope * x over decayed observations (slope, fixed >= 0).
@@ -239,7 +241,7 @@ class AcceptanceByPosition:
         """`alignment[m - first]`: acceptance probability of position m given the earlier ones
         were accepted; only positions up to the first (certain) rejection are conditional ones."""
         for m, value in enumerate(alignment[: max(0, self.k_max - first + 1)], start=first - 1):
-            value = min(1.0, max(0.0, value)) if math.isfinite(value) else 0.0  # a NaN model's alignment
+            value = probability(value)  # a NaN model's alignment is a rejection
             self.hits[arm][m] = self.decay * self.hits[arm][m] + value
             self.seen[arm][m] = self.decay * self.seen[arm][m] + 1
             if value == 0.0:

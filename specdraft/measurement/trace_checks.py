@@ -13,8 +13,9 @@ Each problem is a ValueError naming the line and the field.
 
 from __future__ import annotations
 
-import math
 from typing import Any
+
+from specdraft.learning.goodput import is_number
 
 MAX_DRAFT_TOKENS = 64  # the profile's own bound on draft_tokens (profile.py)
 MAX_NEW_TOKENS = 1 << 20
@@ -119,13 +120,9 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _seconds(value: Any) -> bool:
-    return _number(value) and 0 <= value < 1e6
+    return is_number(value) and 0 <= value < 1e6
 
 
 def _probability(value: Any) -> bool:
-    return _number(value) and 0.0 <= value <= 1.0
+    return is_number(value) and 0.0 <= value <= 1.0

@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import platform
+import statistics
 from pathlib import Path
 from typing import Callable
 
@@ -81,7 +82,7 @@ def stored(lm: CachedLM, max_width: int) -> tuple[Path, list[float] | None]:
 
 def known(lm: CachedLM, max_width: int) -> bool:
     """Whether this model shape was measured on this machine before."""
-    return _read(_cache_file(lm, max_width), max_width) is not None
+    return stored(lm, max_width)[1] is not None
 
 
 def measure_width_costs(lm: CachedLM, max_width: int, context: int = PROBE_CONTEXT,
@@ -99,20 +100,10 @@ def _steady(samples: list[list[float]]) -> bool:
     return not spreads or spreads[len(spreads) // 2] <= BUSY_SPREAD
 
 
-@torch.inference_mode()
 def _quick_step(lm: CachedLM, context: int = 8, repeats: int = 3) -> float:
-    """The median seconds of a one-token forward after `context` tokens (a stored curve's
-    check: a few milliseconds to a few tenths of a second)."""
-    lm.reset()
-    lm.feed(torch.arange(3, 3 + context, device=lm.device), keep=1)
-    times = []
-    for _ in range(repeats + 1):  # the first warms up
-        start = lm.clock()
-        lm.feed(torch.full((1,), 5, dtype=torch.long, device=lm.device), keep=1)
-        times.append(lm.clock() - start)
-        lm.crop(context)
-    lm.reset()
-    return sorted(times[1:])[len(times[1:]) // 2]
+    """The median seconds of a one-token forward after `context` tokens, timed as the curve
+    it checks was (timed_widths): a few milliseconds to a few tenths of a second."""
+    return statistics.median(timed_widths(lm, 1, context, repeats)[0])
 
 
 @torch.inference_mode()

@@ -12,7 +12,6 @@ stops its decoding. Bound to 127.0.0.1 unless told otherwise. Concurrency at sca
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import threading
@@ -47,23 +46,19 @@ class Resident:
         from specdraft.session.prompt_run import PromptRun
 
         with self.lock:
-            engine = self.runtime.engine
-            settings = engine.settings
             try:
                 run = PromptRun(self.runtime, request.prompt, request.chat,
-                                frame=ChatFrame(request.system, request.turns), stops=request.stop)
+                                frame=ChatFrame(request.system, request.turns), stops=request.stop,
+                                budget=request.max_tokens)
             except UsageError as exc:  # too long for the context, empty, no chat template
                 raise ApiError(400, str(exc)) from None
-            engine.settings = dataclasses.replace(settings, max_new_tokens=request.max_tokens)
             try:
                 for delta, _ in run:
                     if delta:
                         emit(delta)
             except BrokenPipeError:
-                engine.prefix.forget()
+                self.runtime.engine.prefix.forget()
                 raise
-            finally:
-                engine.settings = settings
             self.served += 1
             log.info("request %d: %d prompt tokens (%d prefilled), %d tokens at %.1f tok/s", self.served,
                      len(run.prompt_ids), run.stats.prefill_tokens, run.stats.tokens, run.stats.tokens_per_s)

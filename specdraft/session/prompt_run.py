@@ -27,9 +27,10 @@ class PromptRun:
     """Iterate to run; each step yields (text that became final this round, the round's record)."""
 
     def __init__(self, runtime: Runtime, prompt: str, chat: bool | None = None, truncate: bool = False,
-                 frame: ChatFrame = NO_FRAME, stops: Sequence[str] = ()):
+                 frame: ChatFrame = NO_FRAME, stops: Sequence[str] = (), budget: int | None = None):
         self.runtime = runtime
         self.prompt = prompt
+        self.budget = budget  # at most this many tokens, below the profile's max_new_tokens (None: that)
         self.prompt_ids, self.truncated = fitted_prompt_ids(runtime.tokenizer, prompt, chat, context_limit(runtime),
                                                             truncate, frame)
         self.detokenizer = Detokenizer(runtime.tokenizer)
@@ -46,7 +47,7 @@ class PromptRun:
 
     def __iter__(self) -> Iterator[tuple[str, RoundRecord]]:
         self._start = time.perf_counter()
-        rounds = self.runtime.engine.generate(self.prompt_ids)
+        rounds = self.runtime.engine.generate(self.prompt_ids, self.budget)
         try:
             for record in rounds:
                 self.records.append(record)

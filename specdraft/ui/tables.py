@@ -23,46 +23,47 @@ def bench_table(rows: Sequence[dict], title: str, simulated: bool = False, versu
     Compact (fits 100 columns) unless `wide`: then also acceptance by position, best-arm
     share, regret, the ideal, the time split, draft lengths and trees."""
     table = Table(title=escape(title), title_justify="left", show_lines=False)  # titles quote file names
-    versus_column = (f"vs {versus}",) if versus else ()
+    versus_column = f"vs {versus}" if versus else None
     # (a column only when some round verified a tree: several chains, or runner-up leaves)
     trees = any(r.get("tree_share") or r.get("runner_up_share") for r in rows)
-    shown = [column for column in ("task", "config", "prompts", "simulated speedup" if simulated else "speedup",
-                                   *versus_column, "mean accepted", "acceptance by position", "tok/s", "best-arm share",
-                                   "regret", "mismatches", "ideal", "time d/v/e/p/o",
-                                   "tree size: rounds" if trees else "K: rounds", *(("trees · won",) if trees else ()))
-             if (wide or column in COMPACT or column in versus_column) and not (simulated and column == "tok/s")]
+    cells = [_bench_cells(r, simulated, versus_column, trees) for r in rows]
+    shown = [column for column in (cells[0] if cells else _bench_cells({}, simulated, versus_column, trees))
+             if (wide or column in COMPACT or column == versus_column) and not (simulated and column == "tok/s")]
     for column in shown:
         left = column in ("task", "config", "acceptance by position", "K: rounds", "tree size: rounds", "trees · won")
         table.add_column(escape(column if wide else SHORT.get(column, column)), justify="left" if left else "right",
                          no_wrap=True)
-    for r in rows:
-        accept = "/".join("-" if a is None else f"{a:.0%}" for a in r.get("acceptance_at") or [])
-        mismatches = r.get("mismatches")
-        # a peer engine's row: the share of prompts with the same text as plain decoding
-        differ = _num(r.get("identical"), ".0%") + " same" if r.get("identical") is not None else \
-            "-" if mismatches is None else (f"[bold red]{mismatches}[/]" if mismatches else "0")
-        if r.get("failed"):
-            differ += f" [bold red]{r['failed']} failed[/]"
-        # "?": a speedup bench.summarize marked noisy or implausible (a warning line says why).
-        doubt = "?" if r.get("noisy") or r.get("implausible") else ""
-        versus_cell = (_num(r.get("versus"), ".2f") + ("x" if r.get("versus") is not None else ""),) if versus else ()
-        cells = [
-            escape(str(r["task"])), escape(r["config"]), str(r["prompts"]), _num(r.get("speedup"), ".2f") + "x" + doubt,
-            *versus_cell,
-            _num(r.get("mean_accepted"), ".2f"), accept or "-",
-            _num(r.get("tokens_per_s"), ".1f") if not simulated else "-",
-            _num(r.get("best_arm_share"), ".0%"), _regret(r.get("regret"), r.get("regret_unit")),
-            differ,
-            _num(r.get("ideal_speedup"), ".2f") + ("x" if r.get("ideal_speedup") is not None else ""),
-            _split(r.get("time_share")), _lengths(r.get("draft_lengths")), *((_trees(r),) if trees else ()),
-        ]
-        everything = ["task", "config", "prompts", "speedup", *versus_column, "mean accepted", "acceptance by position",
-                      "tok/s", "best-arm share", "regret", "mismatches", "ideal", "time d/v/e/p/o", "K", *(("trees",)
-                                                                                                         if trees else ())]
-        keep = [(wide or name in COMPACT or name in versus_column) and not (simulated and name == "tok/s")
-                for name in everything]
-        table.add_row(*(cell for cell, kept in zip(cells, keep) if kept), style="bold" if r["task"] == "all" else None)
+    for r, row_cells in zip(rows, cells):
+        table.add_row(*(row_cells[column] for column in shown), style="bold" if r["task"] == "all" else None)
     return table
+
+
+def _bench_cells(r: dict, simulated: bool, versus_column: str | None, trees: bool) -> dict[str, str]:
+    """One row of bench's table: every column's cell, by column, in the wide table's order."""
+    accept = "/".join("-" if a is None else f"{a:.0%}" for a in r.get("acceptance_at") or [])
+    mismatches = r.get("mismatches")
+    # a peer engine's row: the share of prompts with the same text as plain decoding
+    differ = _num(r.get("identical"), ".0%") + " same" if r.get("identical") is not None else \
+        "-" if mismatches is None else (f"[bold red]{mismatches}[/]" if mismatches else "0")
+    if r.get("failed"):
+        differ += f" [bold red]{r['failed']} failed[/]"
+    # "?": a speedup bench.summarize marked noisy or implausible (a warning line says why).
+    doubt = "?" if r.get("noisy") or r.get("implausible") else ""
+    cells = {"task": escape(str(r.get("task", ""))), "config": escape(r.get("config", "")),
+             "prompts": str(r.get("prompts", "")),
+             "simulated speedup" if simulated else "speedup": _num(r.get("speedup"), ".2f") + "x" + doubt}
+    if versus_column:
+        cells[versus_column] = _num(r.get("versus"), ".2f") + ("x" if r.get("versus") is not None else "")
+    cells |= {"mean accepted": _num(r.get("mean_accepted"), ".2f"), "acceptance by position": accept or "-",
+              "tok/s": _num(r.get("tokens_per_s"), ".1f") if not simulated else "-",
+              "best-arm share": _num(r.get("best_arm_share"), ".0%"),
+              "regret": _regret(r.get("regret"), r.get("regret_unit")), "mismatches": differ,
+              "ideal": _num(r.get("ideal_speedup"), ".2f") + ("x" if r.get("ideal_speedup") is not None else ""),
+              "time d/v/e/p/o": _split(r.get("time_share")),
+              "tree size: rounds" if trees else "K: rounds": _lengths(r.get("draft_lengths"))}
+    if trees:
+        cells["trees · won"] = _trees(r)
+    return cells
 
 
 def _regret(value: float | None, unit: str | None) -> str:
