@@ -32,6 +32,9 @@ from specdraft.storage.regular_files import is_regular, read_regular_text
 # Below this, logits / temperature overflow float32 (1e-39 gives inf, then NaN probabilities);
 # such a temperature is greedy decoding in all but name, so 0 is asked for instead.
 MIN_TEMPERATURE = 1e-3
+# A penalty outside these bounds flattens the distribution into noise (or makes a repeated
+# token certain); a window past this many tokens is what -1 (the whole context) is for.
+MIN_REPEAT_PENALTY, MAX_REPEAT_PENALTY, MAX_REPEAT_WINDOW = 0.1, 10.0, 1 << 16
 DEFAULT_POLICY = "normalhedge"  # a profile with drafters and no [policy] (README, "Policies")
 PROFILE_LIMIT = 4 << 20  # bytes: a profile is a page of TOML; /dev/zero or a model file is refused
 
@@ -43,6 +46,10 @@ class DecodeConfig:
     temperature: float = 0.0
     top_k: int = 0  # 0 disables top-k filtering
     top_p: float = 1.0  # 1.0 disables nucleus filtering
+    # The target's logits of tokens among the last `repeat_last_n` of the context (-1: all of
+    # it) divided by this when positive, multiplied when not (llama.cpp's); 1.0 disables it.
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
     seed: int | None = None
     stop: tuple[str, ...] = ()
     feedback: str = "exact"  # greedy alignment: "exact" (argmax agreement) or "soft" (T = 1 overlap)
@@ -90,6 +97,14 @@ class Profile:
         if policy is not None:
             profile = dataclasses.replace(profile, policy=parse_policy_flag(policy, profile))
         return profile
+
+
+def refuse_penalty(profile: Profile, what: str) -> None:
+    """A ProfileError when `profile` sets a repetition penalty that `what` would not apply."""
+    decode = profile.decode
+    if decode.repeat_penalty != 1.0 and decode.repeat_last_n != 0:
+        raise ProfileError(str(profile.file), "decode.repeat_penalty",
+                           f"{what} decodes without a repetition penalty: set it to 1 (or leave it out) to compare")
 
 
 def load_profile(file: str | Path) -> Profile:
@@ -233,6 +248,8 @@ def _parse_decode(table: Table) -> DecodeConfig:
         temperature=table.get("temperature", (int, float), 0.0),
         top_k=table.get("top_k", int, 0),
         top_p=table.get("top_p", (int, float), 1.0),
+        repeat_penalty=table.get("repeat_penalty", (int, float), 1.0),
+        repeat_last_n=table.get("repeat_last_n", int, 64),
         seed=table.get("seed", int, None),
         stop=tuple(stop),
         feedback=table.choice("feedback", ("exact", "soft"), "exact"),
@@ -255,6 +272,10 @@ def _check_decode(decode: DecodeConfig, file: Path | str, prefix: str) -> None:
          f"must be 0 (greedy) or from {MIN_TEMPERATURE} to 100"),
         ("top_k", decode.top_k >= 0, "must be 0 (off) or positive"),
         ("top_p", 0.0 < decode.top_p <= 1.0, "must be in (0, 1]"),
+        ("repeat_penalty", MIN_REPEAT_PENALTY <= decode.repeat_penalty <= MAX_REPEAT_PENALTY,
+         f"must be from {MIN_REPEAT_PENALTY} to {MAX_REPEAT_PENALTY:g} (1 is off)"),
+        ("repeat_last_n", -1 <= decode.repeat_last_n <= MAX_REPEAT_WINDOW,
+         f"must be -1 (the whole context), 0 (off) or up to {MAX_REPEAT_WINDOW}"),
         ("seed", decode.seed is None or 0 <= decode.seed <= 2**63 - 1, "must be between 0 and 2**63 - 1"),
     )
     for name, ok, message in checks:

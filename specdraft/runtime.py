@@ -17,6 +17,7 @@ import torch
 
 from specdraft.profile import PolicyConfig, Profile
 from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
+from specdraft.core.penalty import RepeatPenalty
 from specdraft.core.sampling import SamplingParams
 from specdraft.drafters import DraftContext, Drafter, PlainDecoding, PoolContext
 from specdraft.drafters.registry import build_pool
@@ -49,6 +50,12 @@ class Runtime:
 def sampling_params(profile: Profile) -> SamplingParams:
     d = profile.decode
     return SamplingParams(d.temperature, d.top_k, d.top_p, soft_feedback=d.feedback == "soft")
+
+
+def engine_settings(profile: Profile, target: LoadedModel, params: SamplingParams) -> EngineSettings:
+    decode = profile.decode
+    return EngineSettings(decode.draft_tokens, decode.max_new_tokens, params, eos_token_ids(target.model, target.tokenizer),
+                          RepeatPenalty(decode.repeat_penalty, decode.repeat_last_n))
 
 
 def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bool = False,
@@ -93,9 +100,7 @@ def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bo
         drafters.append(PlainDecoding(ctx))  # the "none" arm: a plain round when nothing pays off
     policy = build_policy(policy_config.name, policy_config.options, [d.name for d in drafters], seed=seed,
                           draft_tokens=profile.decode.draft_tokens, horizon=profile.decode.max_new_tokens)
-    settings = EngineSettings(decode.draft_tokens, decode.max_new_tokens, ctx.params,
-                              eos_token_ids(target.model, target.tokenizer))
-    engine = SpeculativeEngine(target_lm, drafters, policy, settings, generator)
+    engine = SpeculativeEngine(target_lm, drafters, policy, engine_settings(profile, target, ctx.params), generator)
     if not plain and decode.verify_costs == "measure":
         # From disk, else measured now (once per model shape and machine): the planner's
         # verify costs by width.

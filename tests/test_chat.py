@@ -172,3 +172,28 @@ def test_a_terminal_session_with_the_demo_model():
         raise AssertionError(f"Ctrl-D did not end the session; it showed {term.seen[-300:]!r}")
     finally:
         term.close()
+
+
+def test_the_status_line_leaves_piped_answers_as_they_are(pool_file):
+    args = ["chat", "--pool", str(pool_file), "-n", "6"]
+    quiet, shown = runner.invoke(app, args, input="one\ntwo\n"), runner.invoke(app, [*args, "--panel"], input="one\ntwo\n")
+    assert quiet.exit_code == 0 and shown.exit_code == 0, quiet.stderr + shown.stderr
+    assert shown.stdout == quiet.stdout
+
+
+def test_the_status_line_on_a_terminal(pool_file):
+    """`--panel` on a terminal: a compact live line (drafter, accepted, tok/s) while the
+    answer comes, the answer printed once the line is gone, the session going on."""
+    term = Terminal([sys.executable, "-m", "specdraft", "chat", "--pool", str(pool_file), "-n", "40", "--panel"])
+    try:
+        at = term.read_until("> ")
+        term.type("hi\n")
+        at = term.read_until("tok/s", at)
+        at = term.read_until("> ", at)
+        term.type("again\n")
+        at = term.read_until("> ", at)
+        assert "Traceback" not in term.seen and "accepted" in term.seen
+        term.type("/exit\n")
+        os.waitpid(term.pid, 0)
+    finally:
+        term.close()

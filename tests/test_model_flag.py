@@ -118,3 +118,34 @@ def test_system_replaces_the_templates_default_and_raw_refuses_it(pool_file):
     assert framed != plain and tokenizer.decode(framed).count("You answer in French.") == 1
     refused = runner.invoke(app, ["generate", "--pool", str(pool_file), "--raw", "--system", "x", "hi"])
     assert refused.exit_code == 2 and "need the chat template" in refused.stderr
+
+
+def test_a_head_trained_with_m_joins_the_built_in_pool(tiny_models, tmp_path, monkeypatch):
+    """`train head -m MODEL` without --out writes to the model's heads folder; every later
+    `-m MODEL` run has it in its pool (and `profile init` shows it), and decodes losslessly."""
+    import json
+
+    monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    model = str(tiny_models / "target")
+    before = runner.invoke(app, ["profile", "init", model])
+    assert '\nkind = "head"' not in before.stdout and '# kind = "head"' in before.stdout
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(" ".join(map(str, range(i))) for i in range(5, 40)))
+    trained = runner.invoke(app, ["train", "head", "-m", model, "--data", str(corpus), "--steps", "3", "--seq-len", "64",
+                                  "--batch", "2", "--draft-vocab", "200", "--features", str(tmp_path / "f"), "--fp32"])
+    assert trained.exit_code == 0, trained.stderr
+    after = runner.invoke(app, ["profile", "init", model])
+    assert after.stdout.count('\nkind = "head"') == 1 and '\nname = "head"' in after.stdout
+    args = ["-n", "16", "--raw", "--json", "1 2 3 4 5 6"]
+    head = runner.invoke(app, ["generate", "-m", model, "--policy", "fixed:head", *args])
+    plain = runner.invoke(app, ["generate", "-m", model, "--policy", "fixed:none", *args])
+    assert head.exit_code == 0 and plain.exit_code == 0, head.stderr + plain.stderr
+    assert json.loads(head.stdout)["text"] == json.loads(plain.stdout)["text"]
+    assert json.loads(head.stdout)["drafters"]["head"]["rounds"] > 0
+
+
+def test_train_head_needs_out_or_m(tiny_models, tmp_path):
+    profile = tmp_path / "p.toml"
+    profile.write_text(f'[target]\npath = "{tiny_models}/target"\n')
+    result = runner.invoke(app, ["train", "head", "--pool", str(profile), "--data", str(profile)])
+    assert result.exit_code == 2 and "--out" in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -93,7 +93,7 @@ def test_fixed_policy_panel_claims_no_unknown_regret():
 def test_regret_says_its_unit_in_the_panel_and_the_json():
     """Issue 38: a regret in tokens per second (goodput) and one in accepted tokens read the
     same without their unit; the panel, --json and bench say which."""
-    from specdraft.decoding.engine import RoundRecord
+    from specdraft.decoding.records import RoundRecord
 
     def record(values, unit):
         return RoundRecord(arm=0, drafter="lookup", drafted=2, accepted=1, tokens=[5, 6], alphas=[1.0, 0.0],
@@ -167,9 +167,21 @@ def test_keep_empty_keeps_line_correspondence(pool_file):
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r["line"] for r in records] == [1, 2, 3, 4]
     assert records[1]["finish_reason"] == "empty" and records[2]["finish_reason"] == "error"
-    text = invoke("--pool", pool_file, "--each-line", "--keep-empty", "-n", "3", input="a\n\nb\n")
+    text = invoke("--pool", pool_file, "--each-line", "--keep-empty", "--separator", "", "-n", "3", input="a\n\nb\n")
     alone = [invoke("--pool", pool_file, "-n", "3", prompt).stdout for prompt in ("a", "b")]
     assert text.exit_code == 0 and text.stdout == alone[0] + "\n" + alone[1]
+
+
+@pytest.mark.parametrize("flags, between", [((), "\n"), (("--separator", "\\0"), "\0"),
+                                            (("--separator", "\\n---\\n"), "\n---\n")])
+def test_each_line_answers_in_plain_text_are_kept_apart(pool_file, flags, between):
+    """A blank line (by default) or the --separator after every answer: multi-line answers
+    never run together."""
+    text = invoke("--pool", pool_file, "--each-line", "--keep-empty", *flags, "-n", "6", input="a\n\nb\n")
+    alone = [invoke("--pool", pool_file, "-n", "6", prompt).stdout for prompt in ("a", "b")]
+    assert text.exit_code == 0 and text.stdout == alone[0] + between + "\n" + between + alone[1] + between
+    refused = invoke("--pool", pool_file, "--separator", "x", "a")
+    assert refused.exit_code == 2 and "--separator only applies" in refused.stderr
 
 
 @pytest.mark.parametrize("data", [b"", b"\n  \n\n"])

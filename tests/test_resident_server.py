@@ -53,9 +53,9 @@ def _client(url):
     return OpenAI(base_url=url, api_key="none", max_retries=0, timeout=300)
 
 
-def _generate_chat(prompt: str, n: int) -> str:
+def _generate_chat(prompt: str, n: int, *flags: str) -> str:
     done = subprocess.run([sys.executable, "-m", "specdraft", "generate", "-m", str(DEMO), "--chat", "--json", "-n",
-                           str(n), prompt], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+                           str(n), *flags, prompt], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)["text"]
 
@@ -102,8 +102,10 @@ def test_bad_requests_are_openai_errors(server):
     import openai
 
     client = _client(server)
-    with pytest.raises(openai.BadRequestError, match="temperature 0"):
-        client.completions.create(model="demo", prompt="hi", temperature=0.8)
+    with pytest.raises(openai.BadRequestError, match="temperature must be 0"):
+        client.completions.create(model="demo", prompt="hi", temperature=0.0001)
+    with pytest.raises(openai.BadRequestError, match="frequency_penalty is not supported"):
+        client.completions.create(model="demo", prompt="hi", frequency_penalty=0.5)
     with pytest.raises(openai.BadRequestError, match="last message must be the user's"):
         client.chat.completions.create(model="demo", messages=[{"role": "assistant", "content": "hi"}])
     with pytest.raises(openai.NotFoundError):
@@ -116,13 +118,40 @@ def test_bad_requests_are_openai_errors(server):
     ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
     ({"prompt": "x", "stop": [""]}, "stop"),
     ({"prompt": "x", "n": 2}, "n must be 1"),
-    ({"prompt": "x", "top_p": 0.5}, "top_p 1"),
+    ({"prompt": "x", "top_p": "high"}, "top_p must be a number"),
+    ({"prompt": "x", "top_k": 2.5}, "top_k must be a whole number"),
+    ({"prompt": "x", "seed": True}, "seed must be a whole number"),
+    ({"prompt": "x", "presence_penalty": 1}, "presence_penalty is not supported"),
 ])
 def test_request_checks(body, message):
     with pytest.raises(ApiError, match=message) as caught:
-        parse_request(body, False, 64, 0.0, 1.0)
+        parse_request(body, False, 64)
     assert caught.value.status == 400
 
 
 def test_max_tokens_is_held_to_the_servers_budget():
-    assert parse_request({"prompt": "x", "max_tokens": 10**6}, False, 64, 0.0, 1.0).max_tokens == 64
+    assert parse_request({"prompt": "x", "max_tokens": 10**6}, False, 64).max_tokens == 64
+
+
+def test_a_request_sets_its_own_sampling_rule():
+    request = parse_request({"prompt": "x", "temperature": 1, "top_p": 0.9, "top_k": 40, "repeat_penalty": 1.1,
+                             "seed": 7, "frequency_penalty": 0}, False, 64)
+    assert dict(request.sampling) == {"temperature": 1.0, "top_p": 0.9, "top_k": 40, "repeat_penalty": 1.1, "seed": 7}
+
+
+def test_a_greedy_request_with_a_penalty_is_generates_text_with_it(server):
+    prompt = "Write the word river five times."
+    done = _client(server).chat.completions.create(model="demo", messages=[{"role": "user", "content": prompt}],
+                                                   max_tokens=32, temperature=0, extra_body={"repeat_penalty": 1.3})
+    assert done.choices[0].message.content == _generate_chat(prompt, 32, "--repeat-penalty", "1.3")
+    assert done.choices[0].message.content != _generate_chat(prompt, 32)
+
+
+def test_a_sampled_request_decodes_at_its_own_temperature(server):
+    client = _client(server)
+    texts = {client.completions.create(model="demo", prompt="Once upon a time", max_tokens=16, temperature=1.2,
+                                       seed=seed).choices[0].text for seed in (1, 2, 3)}
+    assert len(texts) > 1  # drawn, not greedy
+    greedy = client.completions.create(model="demo", prompt="Once upon a time", max_tokens=16).choices[0].text
+    assert greedy == client.completions.create(model="demo", prompt="Once upon a time", max_tokens=16,
+                                               temperature=0).choices[0].text

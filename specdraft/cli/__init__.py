@@ -14,8 +14,8 @@ from typing import Annotated, Optional
 import typer
 
 from specdraft import __version__
-from specdraft.cli.common import (DraftTokens, Model, PolicyFlag, Pool, Seed, System, Temperature, TopK, TopP, options_of,
-                                  run_command, with_pool)
+from specdraft.cli.common import (DraftTokens, Model, PolicyFlag, Pool, RepeatLastN, RepeatPenalty, Seed, System,
+                                  Temperature, TopK, TopP, options_of, run_command, with_pool)
 from specdraft.commands.model_flag import profile_path
 from specdraft.cli.groups import calibrate_app, datastore_app, profile_app, train_app
 from specdraft.commands.io import err_console
@@ -44,7 +44,8 @@ def _root(
 def generate(
     prompt: Annotated[Optional[str], typer.Argument(help="Prompt text; read from stdin when omitted. Piped stdin and a PROMPT together make one prompt: the piped text, a blank line, then PROMPT.")] = None,
     each_line: Annotated[bool, typer.Option("--each-line", help="Treat every stdin line as its own prompt.")] = False,
-    keep_empty: Annotated[bool, typer.Option("--keep-empty", help="With --each-line: answer an empty or unusable line with an empty line (with --json: a record with an error field), so output line N belongs to input line N.")] = False,
+    keep_empty: Annotated[bool, typer.Option("--keep-empty", help="With --each-line: answer an empty or unusable line with an empty answer (with --json: a record with an error field), so answer N belongs to input line N.")] = False,
+    separator: Annotated[Optional[str], typer.Option("--separator", help="With --each-line, plain text: written after every answer's last line (default: a blank line; '' for none; escapes such as '\\0' or '\\n---\\n' are read).", show_default=False)] = None,
     json_output: Annotated[bool, typer.Option("--json", help="One JSON object per prompt on stdout.")] = False,
     chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Wrap the prompt in the tokenizer's chat template (default: when it has one).", show_default=False)] = None,
     panel: Annotated[Optional[bool], typer.Option("--panel/--no-panel", help="Live panel on stderr (default: when both stdout and stderr are a terminal).", show_default=False)] = None,
@@ -54,6 +55,8 @@ def generate(
     temperature: Temperature = None,
     top_k: TopK = None,
     top_p: TopP = None,
+    repeat_penalty: RepeatPenalty = None,
+    repeat_last_n: RepeatLastN = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="Generation budget per prompt.")] = None,
     truncate: Annotated[bool, typer.Option("--truncate", help="Keep the end of a prompt too long for the model's context instead of refusing it.")] = False,
     seed: Seed = None,
@@ -77,11 +80,14 @@ def chat(
     system: System = None,
     json_output: Annotated[bool, typer.Option("--json", help="One JSON object per turn on stdout (with prefill_tokens: only a turn's new tokens are prefilled).")] = False,
     stats: Annotated[bool, typer.Option("--stats", help="A one-line summary per answer on stderr.")] = False,
+    panel: Annotated[bool, typer.Option("--panel/--no-panel", help="A one-line live status on stderr while the answer streams: drafter, accepted length, tok/s.")] = False,
     policy: PolicyFlag = None,
     draft_tokens: DraftTokens = None,
     temperature: Temperature = None,
     top_k: TopK = None,
     top_p: TopP = None,
+    repeat_penalty: RepeatPenalty = None,
+    repeat_last_n: RepeatLastN = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="Budget per answer.")] = None,
     seed: Seed = None,
     pool: Pool = None,

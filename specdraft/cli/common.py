@@ -22,6 +22,8 @@ DraftTokens = Annotated[Optional[int], typer.Option("--draft-tokens", "-k", help
 Temperature = Annotated[Optional[float], typer.Option(help="0 = greedy.")]
 TopK = Annotated[Optional[int], typer.Option(help="Top-k filter (0 = off).")]
 TopP = Annotated[Optional[float], typer.Option(help="Nucleus filter (1 = off).")]
+RepeatPenalty = Annotated[Optional[float], typer.Option(help="Penalise tokens seen in the last --repeat-last-n tokens (llama.cpp's; 1 = off, 1.1 is usual). Output stays exactly what plain decoding with this penalty gives.", show_default=False)]
+RepeatLastN = Annotated[Optional[int], typer.Option(help="Tokens --repeat-penalty looks back over, prompt included (-1 = all, default 64).", show_default=False)]
 Seed = Annotated[Optional[int], typer.Option(help="Seed for sampling and random policies.")]
 
 

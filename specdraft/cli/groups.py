@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import Annotated, Optional
 
 import typer
 
 from specdraft.cli.common import Model, Pool, options_of, run_command, with_pool
 from specdraft.commands.io import err_console
-from specdraft.commands.model_flag import profile_path
+from specdraft.commands.model_flag import head_out, profile_path
 
 profile_app = typer.Typer(no_args_is_help=True, help="Profiles: a target, its pool of drafters and the policy.")
 
@@ -74,7 +75,7 @@ train_app = typer.Typer(no_args_is_help=True, help="Train drafters from the froz
 @train_app.command("head")
 def train_head(
     data: Annotated[list[str], typer.Option("--data", help="Training text: JSONL (a prompt and an answer become a chat exchange; `generate --json` output works), text or source files, or folders of them; more may follow as arguments.", show_default=False)],
-    out: Annotated[str, typer.Option(help="Folder for the head (a `head` drafter's path).", show_default=False)],
+    out: Annotated[Optional[str], typer.Option(help="Folder for the head (a `head` drafter's path; with -m MODEL, by default the model's heads folder, so that -m runs it).", show_default=False)] = None,
     epochs: Annotated[Optional[float], typer.Option(help="Passes over the data (default 4).", show_default=False)] = None,
     steps: Annotated[Optional[int], typer.Option(help="Optimizer steps (overrides --epochs).", show_default=False)] = None,
     lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 1e-3,
@@ -101,7 +102,11 @@ def train_head(
     console = err_console()
     data = [*data, *(more or [])]  # `--data a b c` reads as --data a plus arguments b c
     options = options_of(TrainHeadOptions, locals())
-    run_command(console, verbose, lambda: run_train_head(with_pool(options, model), console), sigterm=True)
+
+    def run() -> int:
+        return run_train_head(replace(with_pool(options, model), out=head_out(out, model)), console)
+
+    run_command(console, verbose, run, sigterm=True)
 
 
 @train_app.command("steer")

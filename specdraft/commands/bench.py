@@ -96,13 +96,15 @@ def run_bench_command(opts: BenchOptions, console: Console) -> int:
 def _checked_inputs(opts: BenchOptions, console: Console) -> tuple[Profile, list[str] | None, list[Example]]:
     """The profile with the flags over it, the `--policies` flags and the prompts: everything
     the user wrote, checked before torch, transformers or a model loads."""
-    from specdraft.profile import load_profile, split_policy_flags
+    from specdraft.profile import load_profile, refuse_penalty, split_policy_flags
     from specdraft.measurement.datasets import load_dataset
 
     profile = load_profile(opts.pool).with_overrides(max_new_tokens=opts.max_new_tokens, seed=opts.seed,
                                                      temperature=opts.temperature)
     if opts.baseline and not profile.decode.greedy:
         raise UsageError(f"--baseline {opts.baseline} times greedy decoding; it cannot run with temperature > 0")
+    if opts.baseline:
+        refuse_penalty(profile, f"--baseline {opts.baseline}")
     if "llama.cpp" in _baselines(opts.baseline):
         from specdraft.measurement.llama_cpp import llama_cpp_problem
 

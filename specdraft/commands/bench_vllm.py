@@ -35,7 +35,7 @@ def parse_concurrency(flag: str | None) -> list[int]:
 
 def run_vllm_bench_command(opts, console: Console) -> int:
     from specdraft.measurement.datasets import load_dataset
-    from specdraft.profile import load_profile
+    from specdraft.profile import load_profile, refuse_penalty
     from specdraft.serving import launch
     from specdraft.serving.pool import served_drafters
 
@@ -55,6 +55,7 @@ def run_vllm_bench_command(opts, console: Console) -> int:
                                                      temperature=opts.temperature)
     if not profile.decode.greedy:
         raise UsageError("bench --engine vllm compares greedy outputs; it cannot run with temperature > 0")
+    refuse_penalty(profile, "bench --engine vllm")
     _, left_out = served_drafters(profile)
     warn = warner(console)
     for name, why in left_out.items():

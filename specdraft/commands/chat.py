@@ -15,6 +15,7 @@ trusted and the next turn prefills from the start.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from dataclasses import dataclass, field
@@ -38,11 +39,14 @@ class ChatOptions:
     system: str | None = None
     json_output: bool = False
     stats: bool = False
+    panel: bool = False  # a one-line live status on stderr while the answer streams
     policy: str | None = None
     draft_tokens: int | None = None
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
     max_new_tokens: int | None = None
     seed: int | None = None
 
@@ -143,34 +147,55 @@ def _command(text: str, conversation: Conversation, console: Console) -> bool:
 def _turn(runtime, conversation: Conversation, text: str, opts: ChatOptions, console: Console, stdout: IO[str]) -> None:
     from specdraft.session.prompt_ids import ChatFrame
     from specdraft.session.prompt_run import PromptRun
-    from specdraft.ui.panel import summary_line
+    from specdraft.ui.panel import compact_line, summary_line
 
     try:
         run = PromptRun(runtime, text, True, frame=ChatFrame(conversation.system, tuple(conversation.turns)))
     except UsageError as exc:  # too long for the context: the session goes on
         console.print(f"error: {exc}", markup=False, highlight=False)
         return
-    stream = not opts.json_output
+    # On a terminal shared with the status line, the line's view shows the text as it comes
+    # and the answer is printed once the view is gone (as generate's panel does).
+    in_view = opts.panel and stdout.isatty() and not opts.json_output
+    stream = not opts.json_output and not in_view
     try:
-        for delta, _ in run:
-            if stream and delta:
-                stdout.write(delta)
-                stdout.flush()
+        with _view(opts.panel, console, runtime, in_view) as view:
+            for delta, _ in run:
+                if stream and delta:
+                    stdout.write(delta)
+                    stdout.flush()
+                view(run.stats, delta)
     except KeyboardInterrupt:
         rest = run.interrupt()
         if stream:
             stdout.write(rest)
         runtime.engine.prefix.forget()  # an interrupt may land mid-forward: the next turn starts afresh
         console.print("\n(answer stopped)", markup=False)
+    if in_view:
+        stdout.write(run.text)
     if opts.json_output:
         stdout.write(json.dumps({"turn": len(conversation.turns) // 2 + 1, **run.record()}, ensure_ascii=False) + "\n")
     else:
         stdout.write("\n" if run.text.endswith("\n") else "\n\n")
     stdout.flush()
     conversation.turns += [("user", text), ("assistant", run.text)]
+    if opts.panel:  # the line's last state stays, under the answer
+        console.print(compact_line(run.stats))
     if opts.stats:
         console.print(summary_line(run.stats) + f" · prefilled {run.stats.prefill_tokens} tokens",
                       soft_wrap=True, markup=False)
+
+
+@contextlib.contextmanager
+def _view(panel: bool, console: Console, runtime, show_text: bool) -> Iterator[Callable[[Any, str], None]]:
+    """`update(stats, delta)` for the compact live status line, or one that does nothing."""
+    if not panel:
+        yield lambda stats, delta: None
+        return
+    from specdraft.ui.panel import LiveView
+
+    with LiveView(console, runtime.profile.policy.name, show_text, compact=True) as view:
+        yield view.update
 
 
 def _history(console: Console) -> None:

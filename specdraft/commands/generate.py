@@ -47,12 +47,15 @@ class GenerateOptions:
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
     max_new_tokens: int | None = None
     truncate: bool = False
     seed: int | None = None
     policy_state: str | None = None  # JSON file: load the learned policy state, save it back
     system: str | None = None  # the chat's system message (replaces the template's default)
     stop: list[str] | None = None  # more stop strings, after the profile's
+    separator: str | None = None  # written after every --each-line answer (escapes allowed); None: a blank line
 
 
 def run_generate(opts: GenerateOptions, console: Console, stdout: IO[str] | None = None,
@@ -89,6 +92,8 @@ def _checked_profile(opts: GenerateOptions) -> tuple[Profile, dict | None]:
     check_seed(opts.seed)
     if opts.keep_empty and not opts.each_line:
         raise UsageError("--keep-empty only applies with --each-line")
+    if opts.separator is not None and not (opts.each_line and not opts.json_output):
+        raise UsageError("--separator only applies to --each-line plain text (--json is one record per line)")
     if not Path(opts.pool).exists():  # the commonest first mistake, answered before torch loads
         raise UsageError(f"{opts.pool}: profile file not found")
     saved_state = read_policy_state(opts.policy_state)
@@ -150,7 +155,7 @@ def _skip(opts: GenerateOptions, line: Line, console: Console, stdout: IO[str]) 
         record = {"line": line.number, "prompt": line.text or "", "text": "", "finish_reason": "empty"}
         if line.error is not None:
             record.update(finish_reason="error", error=line.error)
-        stdout.write(json.dumps(record, ensure_ascii=False) + "\n" if opts.json_output else "\n")
+        stdout.write(json.dumps(record, ensure_ascii=False) + "\n" if opts.json_output else "\n" + separator(opts))
         stdout.flush()
     return int(line.error is not None)
 
@@ -281,5 +286,15 @@ def finish_prompt(opts: GenerateOptions, run, line: Line, stdout: IO[str], strea
         text = rest if stream else run.text
         if not (run.text.endswith("\n")):
             text += "\n"
-        stdout.write(text)
+        stdout.write(text + separator(opts))
     stdout.flush()
+
+
+def separator(opts: GenerateOptions) -> str:
+    """What follows an answer's last line in plain text: with --each-line, --separator (a
+    blank line by default, so that multi-line answers stay apart); nothing for one prompt."""
+    if not opts.each_line:
+        return ""
+    if opts.separator is None:
+        return "\n"
+    return opts.separator.encode("latin-1", "backslashreplace").decode("unicode_escape")

@@ -97,7 +97,8 @@ def check_seed(seed: int | None, flag: str = "--seed") -> None:
 
 
 # The decoding flags generate and chat share, each over the profile's value of the same name.
-DECODE_FLAGS = ("policy", "draft_tokens", "temperature", "top_k", "top_p", "max_new_tokens", "seed")
+DECODE_FLAGS = ("policy", "draft_tokens", "temperature", "top_k", "top_p", "repeat_penalty", "repeat_last_n",
+                "max_new_tokens", "seed")
 
 
 def decode_flags(opts: Any) -> dict[str, Any]:

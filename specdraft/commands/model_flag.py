@@ -5,7 +5,9 @@ MODEL` prints the same text to start a profile from; every command given `-m` ru
 profile this text parses to.
 
 MODEL is a .gguf file, a transformers folder, or a hub id ("org/name") resolved from the
-local Hugging Face cache only. Plain Python: no torch (the CLI imports it at start).
+local Hugging Face cache only. Draft heads trained for a model live in their own folder under
+the cache (`heads_folder`, where `train head -m MODEL` writes by default): every complete head
+there joins the built-in pool. Plain Python: no torch (the CLI imports it at start).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from specdraft.errors import UsageError
 from specdraft.storage.atomic_files import write_text
 from specdraft.storage.cache_root import cache_dir
 
+HEAD_CONFIG, HEAD_WEIGHTS = "head.json", "head.safetensors"  # what `train head` writes (drafters/head_model.py)
+RESERVED_NAMES = ("lookup", "suffix", "none")  # the built-in pool's own drafters, and the plain arm
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
@@ -35,6 +39,40 @@ def model_source(model: str) -> tuple[str, str]:
     if _HUB_ID.fullmatch(model) and not model.endswith((".gguf", ".safetensors", ".toml")):
         return "hub", model
     raise UsageError(f"-m {model}: no such file or folder (nor a hub id such as org/name)")
+
+
+def heads_folder(model: str) -> Path:
+    """Where the draft heads trained for `model` live: one folder per model (its name and a
+    digest of its absolute path or hub id), one subfolder per head."""
+    kind, value = model_source(model)
+    stem = re.sub(r"[^\w.-]+", "-", Path(value).name or "model")[:60]
+    return cache_dir() / "heads" / f"{stem}-{hashlib.sha256(f'{kind}:{value}'.encode()).hexdigest()[:12]}"
+
+
+def found_heads(model: str) -> list[tuple[str, str]]:
+    """(drafter name, folder) of every complete head (weights and config) in `heads_folder`."""
+    folder = heads_folder(model)
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:  # none trained yet (or unreadable: then none found)
+        return []
+    heads = []
+    for entry in entries:
+        if (entry / HEAD_CONFIG).is_file() and (entry / HEAD_WEIGHTS).is_file():
+            name = re.sub(r"[^\w.-]+", "-", entry.name)
+            heads.append((f"head-{name}" if name in RESERVED_NAMES else name, str(entry)))
+    return heads
+
+
+def head_out(out: str | None, model: str | None) -> str:
+    """`train head`'s output folder: --out, else with -m MODEL the model's heads folder's
+    "head" (which -m then finds), else a usage error."""
+    if out:
+        return out
+    if not model:
+        raise UsageError("--out: the folder to write the head to (with -m MODEL it defaults to that model's heads "
+                         "folder, where -m finds it)")
+    return str(heads_folder(model) / "head")
 
 
 def default_profile_text(model: str) -> str:
@@ -58,7 +96,7 @@ temperature = 0.0          # 0: greedy (output identical to plain decoding); > 0
 [policy]
 name = "normalhedge"       # learns online which drafter pays, round by round
 
-{built_in_pool_toml()}"""
+{built_in_pool_toml(found_heads(model), str(heads_folder(model)))}"""
 
 
 def model_profile(model: str) -> str:

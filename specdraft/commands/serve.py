@@ -77,13 +77,14 @@ def _serve_resident(opts: ServeOptions, console: Console) -> int:
 
 def _serve_vllm(opts: ServeOptions, console: Console) -> int:
     from specdraft.commands.generate import check_policy_state, read_policy_state
-    from specdraft.profile import load_profile
+    from specdraft.profile import load_profile, refuse_penalty
     from specdraft.serving import launch
     from specdraft.serving.pool import check_calibration, served_drafters
 
     if opts.dtype not in ("auto", "float32", "bfloat16", "float16"):
         raise UsageError(f"--dtype {opts.dtype}: expected auto, float32, bfloat16 or float16")
     profile = load_profile(opts.pool)
+    refuse_penalty(profile, "serve --engine vllm (its requests carry their own repetition_penalty)")
     served, left_out = served_drafters(profile)
     warn = warner(console)
     for name, why in left_out.items():

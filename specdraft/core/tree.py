@@ -64,6 +64,13 @@ class TokenTree:
                 out.append((j, rows[depth]))
         return out
 
+    def drafted_paths(self) -> list[list[int]]:
+        """Per row, the drafted tokens from the root down to it (none for the root)."""
+        paths: list[list[int]] = [[]]
+        for row in range(1, len(self)):
+            paths.append(paths[self.parents[row]] + [self.tokens[row]])
+        return paths
+
     def path(self, row: int) -> list[int]:
         """The rows from the root down to `row`."""
         rows = [row]

@@ -23,19 +23,21 @@ learns from are the work's, not the kernel launches'.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 import torch
 
 from specdraft.decoding.evaluation import PoolEvaluator, RoundEvidence
 from specdraft.decoding.prefix_cache import PrefixCache
+from specdraft.decoding.records import RoundRecord
 from specdraft.decoding.tree_verify import Proposal, Verified, verify_tree
+from specdraft.core.penalty import RepeatPenalty
 from specdraft.core.sampling import SamplingParams, sampling_probs
 from specdraft.core.stopwatch import Stopwatch
 from specdraft.core.verify import read_if_finite, verify_greedy, verify_sampling
 from specdraft.drafters.base import Draft, Drafter
-from specdraft.learning.driver import Gammas, PolicyDriver, RoundOutcome
+from specdraft.learning.driver import PolicyDriver, RoundOutcome
 from specdraft.learning.feedback import RoundFeedback
 from specdraft.learning.round_plan import RoundPlan
 from specdraft.learning.policies.base import Policy
@@ -49,49 +51,7 @@ class EngineSettings:
     max_new_tokens: int
     sampling: SamplingParams
     eos_ids: frozenset[int] = frozenset()
-
-
-@dataclass
-class RoundRecord:
-    arm: int
-    drafter: str
-    drafted: int  # tokens drafted (at most `planned`: a drafter may stop early)
-    accepted: int  # drafted tokens accepted; the round commits accepted + 1 before truncation
-    tokens: list[int]  # committed this round (cut at EOS or at max_new_tokens)
-    alphas: list[float]  # 1 - TV(p_j, q_j) per drafted position
-    draft_s: float
-    verify_s: float
-    overhead_s: float  # choosing, committing, policy updates: everything but the three phases
-    evaluate_s: float = 0.0
-    finish: str | None = None  # "eos" or "length" on the last round
-    # Rounds whose evaluation finished in this round, as (chosen arm, gammas): this round
-    # alone, or several when the policy batches evaluation every m rounds.
-    evaluated: list[tuple[int, Gammas]] | None = None
-    # For each of those rounds, what every arm earned in the policy's objective (None: not
-    # scored), in `value_unit` ("tokens" or "tok/s"): what the regret tracker sums.
-    values: list[list[float | None]] | None = None
-    value_unit: str = "tokens"
-    planned: int = 0  # the draft length the policy chose
-    expected_tokens: float | None = None  # the policy's estimate of what the round commits ...
-    expected_seconds: float | None = None  # ... and of how long it takes (None while unknown)
-    verify_width: int = 0  # tokens the verify forward ran over (drafted + 1, or padded wider)
-    # The drafters whose chains the verify checked, the chosen one first, each as (name,
-    # tokens drafted, tokens of them committed); more than one in a tree round.
-    branches: list[tuple[str, int, int]] | None = None
-    tree_size: int = 0  # drafted tokens the verify checked (shared prefixes counted once)
-    winner: str | None = None  # the drafter whose chain the committed tokens followed furthest
-    runner_ups: list[tuple[str, int]] = field(default_factory=list)  # (drafter, its runner-up leaves verified)
-    runner_up_won: str | None = None  # the drafter whose runner-up leaf the committed tokens ended on
-    # On a prompt's first round: its prefill (the target's, and under full information the
-    # drafters' scored from the first round on) and the prompt tokens the target fed.
-    prefill_s: float = 0.0
-    prefill_tokens: int = 0
-
-    @property
-    def gammas(self) -> Gammas | None:
-        """This round's gammas per drafter and committed position, if evaluated now (it is
-        always the last of the rounds evaluated together)."""
-        return self.evaluated[-1][1] if self.evaluated else None
+    penalty: RepeatPenalty = RepeatPenalty()  # applied to the target's rows inside the verify
 
 
 @dataclass
@@ -143,7 +103,7 @@ class SpeculativeEngine:
                 drafter = self.drafters[arm]
                 verified = self._verify_tree(state.context, proposals) \
                     if len(proposals) > 1 or any(p.runner_ups and p.draft.ranking for p in proposals) \
-                    else self._verify(state.next_input, draft, arm)
+                    else self._verify(state.context, state.next_input, draft, arm)
                 watch.lap("verify")
                 start = len(state.context)
                 tokens, finish = self._commit(state, verified)
@@ -263,7 +223,7 @@ class SpeculativeEngine:
         arm, kept = max(verified.kept, key=lambda item: item[1])  # (max keeps the first of equals)
         return self.drafters[arm].name if kept else None
 
-    def _verify(self, next_input: torch.Tensor, draft: Draft, arm: int) -> Verified:
+    def _verify(self, context: list[int], next_input: torch.Tensor, draft: Draft, arm: int) -> Verified:
         """One target forward over [last committed token, draft] and lossless acceptance.
 
         When the cost curve says a wider forward is cheaper (a BLAS kernel switch), the
@@ -279,6 +239,8 @@ class SpeculativeEngine:
         logits, hidden = self.target.feed_with_hidden(tokens, 0, layers)
         if width > k + 1:
             logits, hidden = logits[: k + 1], {layer: h[: k + 1] for layer, h in hidden.items()}  # [k + 1, V]
+        if self.settings.penalty.active:
+            logits = self.settings.penalty.chain(logits, context, draft.tokens)
         probs = None
         if self.settings.sampling.greedy:
             verdict = verify_greedy(logits, draft.tokens, draft.probs, self.settings.sampling)
@@ -299,8 +261,8 @@ class SpeculativeEngine:
 
     def _verify_tree(self, context: list[int], proposals: list[Proposal]) -> Verified:
         """One forward over the token tree of every proposal's chain (decoding/tree_verify.py)."""
-        return verify_tree(self.target, context[-1], proposals, self.driver.verify_width, self._verify_layers(),
-                           self.settings.sampling, self.generator)
+        return verify_tree(self.target, context, proposals, self.driver.verify_width, self._verify_layers(),
+                           self.settings.sampling, self.generator, self.settings.penalty)
 
     def _verify_layers(self) -> tuple[int, ...]:
         """Target layers whose hidden states the verify hands over: the feature drafters',

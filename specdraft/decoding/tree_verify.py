@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from specdraft.core.penalty import RepeatPenalty
 from specdraft.core.sampling import SamplingParams, distributions, greedy_tokens, sampling_probs
 from specdraft.core.tree import TokenTree, accept_greedy, matched
 from specdraft.core.verify import read_if_finite, tree_alignment, verify_tree_sampling
@@ -80,25 +81,27 @@ def runner_up_ranks(proposals: Sequence[Proposal], chains: Sequence[Sequence[int
     return ranks
 
 
-def verify_tree(target: CachedLM, root: int, proposals: list[Proposal], padded_width: Callable[[int], int],
-                layers: Sequence[int], params: SamplingParams, generator: torch.Generator | None) -> Verified:
+def verify_tree(target: CachedLM, context: Sequence[int], proposals: list[Proposal],
+                padded_width: Callable[[int], int], layers: Sequence[int], params: SamplingParams,
+                generator: torch.Generator | None, penalty: RepeatPenalty = RepeatPenalty()) -> Verified:
     """One target forward over the token tree of every proposal's chain (shared prefixes
     merged, each row attending its own path) and lossless acceptance down it: greedy
     follows the target's argmax, sampling tries each node's drafts in turn (multi-draft
     speculative sampling, core/verify.py). The target's cache keeps only the accepted
-    path. Padded with filler rows below the last one when a wider forward is cheaper."""
+    path. Padded with filler rows below the last one when a wider forward is cheaper.
+    `context`: the committed tokens, the root (the last of them) included."""
     device = target.device
     chains, ranked = _read_drafts(proposals)
     # Runner-up leaves after every chain, so chain j is still row set j: a chain's prefix
     # then the runner-up, one-hot q (a deterministic draft; see `ranked_next`).
     leaves = [(j, chains[j][: i // p.width] + [token]) for j, p in enumerate(proposals)
               for i, token in enumerate(ranked[j])]
-    tree = TokenTree.merge(root, chains + [leaf for _, leaf in leaves])
+    tree = TokenTree.merge(context[-1], chains + [leaf for _, leaf in leaves])
     rows = len(tree)
     width = padded_width(rows)
     ids = torch.tensor(tree.tokens + [tree.tokens[-1]] * (width - rows), dtype=torch.long, device=device)
     logits, hidden = target.feed_tree(ids, tree.parents + list(range(rows - 1, width - 1)), layers)
-    logits = logits[:rows]
+    logits = penalty.rows(logits[:rows], context, tree.drafted_paths()) if penalty.active else logits[:rows]
     probs = None
     if params.greedy:
         best = greedy_tokens(logits)

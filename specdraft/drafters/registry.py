@@ -81,10 +81,11 @@ def build_pool(configs: Sequence[DrafterConfig], pool: "PoolContext", warn_absen
     return drafters, absent
 
 
-def built_in_pool_toml() -> str:
+def built_in_pool_toml(heads: Sequence[tuple[str, str]] = (), heads_folder: str = "") -> str:
     """The drafter tables of the pool `-m MODEL` runs (commands/model_flag.py), commented:
-    drafters that need nothing trained, and the trained kind to add when one exists."""
-    return """# Prompt lookup: copies what follows an earlier occurrence of the last few tokens.
+    drafters that need nothing trained, then a `head` drafter per trained head found for
+    the model, (name, folder) in `heads`; without one, how to add one."""
+    text = """# Prompt lookup: copies what follows an earlier occurrence of the last few tokens.
 [[drafters]]
 name = "lookup"
 kind = "ngram"
@@ -95,10 +96,19 @@ kind = "ngram"
 name = "suffix"
 kind = "suffix"
 learn = true
-
-# A trained draft head drafts where nothing is copied (`specdraft train head`):
+"""
+    shown = heads_folder.replace("\n", " ")  # (a comment line)
+    where = f" (`specdraft train head -m MODEL` writes to {shown}, where -m looks)" if heads_folder else ""
+    if not heads:
+        return text + f"""
+# A trained draft head drafts where nothing is copied{where}:
 # [[drafters]]
 # name = "head"
 # kind = "head"
 # path = "heads/my-model"
 """
+    text += f"\n# Draft heads trained for this model{where}:\n"
+    for name, folder in heads:
+        escaped = folder.replace("\\", "\\\\").replace('"', '\\"')
+        text += f'[[drafters]]\nname = "{name}"\nkind = "head"\npath = "{escaped}"\n\n'
+    return text

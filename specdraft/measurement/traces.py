@@ -200,6 +200,9 @@ def record_trace(runtime: Runtime, examples: Sequence[Example], chat: bool | Non
 def trace_prompt(runtime: Runtime, example: Example, prompt_len: int, context: list[int], k: int) -> PromptTrace:
     n = len(context) - prompt_len
     target_logits = runtime.engine.target.uncached_logits(context)[prompt_len - 1 : prompt_len - 1 + n]  # [n, V]
+    penalty = runtime.engine.settings.penalty
+    if penalty.active:  # position i was decoded after the prompt and the i tokens before it
+        target_logits = penalty.rows(target_logits, context[:prompt_len], [context[prompt_len:prompt_len + i] for i in range(n)])
     p = distributions(target_logits, runtime.engine.settings.sampling)  # [n, V]
     scores = {d.name: d.trajectory_scores(context, prompt_len, p, k) for d in runtime.drafters}
     for drafter in runtime.drafters:  # as in a live run: later prompts may draft from this one

@@ -4,8 +4,10 @@ plain Python: no HTTP, no model.
 
 A request's problems are `ApiError`s with the HTTP status and OpenAI's error object. What a
 request may set: `max_tokens` (up to the server's budget), `stop` (a string or a list),
-`stream`, and `temperature` / `top_p` only at the server's own values: the drafters and the
-verify are built for one sampling rule, so another one is refused rather than ignored.
+`stream`, and its own sampling rule: `temperature`, `top_p`, `top_k`, `repeat_penalty`
+(llama-server's names for the last two) and `seed`; the server checks their ranges as a
+profile's. OpenAI's `frequency_penalty` and `presence_penalty` are refused unless 0 rather
+than ignored: `repeat_penalty` is the penalty this server applies.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class Request:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool = False  # stream_options.include_usage: the last chunk carries the usage
+    # The request's own sampling rule, as (profile decode key, value) for what it set.
+    sampling: tuple[tuple[str, float | int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,12 @@ class Decoded:
     usage: Usage
 
 
-def parse_request(body: Any, chat: bool, budget: int, temperature: float, top_p: float) -> Request:
+SAMPLING_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "repeat_penalty": "repeat_penalty",
+                 "seed": "seed"}  # request key -> profile decode key
+WHOLE_NUMBERS = ("top_k", "seed")
+
+
+def parse_request(body: Any, chat: bool, budget: int) -> Request:
     """The request `body` (parsed JSON) of a completion (`chat` False) or a chat completion."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
@@ -68,8 +77,7 @@ def parse_request(body: Any, chat: bool, budget: int, temperature: float, top_p:
         max_tokens = budget
     if not (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 1):
         raise ApiError(400, "max_tokens must be a positive whole number", param="max_tokens")
-    _same("temperature", body.get("temperature"), temperature)
-    _same("top_p", body.get("top_p"), top_p)
+    sampling = _sampling(body)
     if body.get("n", 1) != 1:
         raise ApiError(400, "n must be 1: one choice per request", param="n")
     stop = body.get("stop") or ()
@@ -90,18 +98,27 @@ def parse_request(body: Any, chat: bool, budget: int, temperature: float, top_p:
         if not isinstance(prompt, str) or not prompt.strip():
             raise ApiError(400, "prompt must be a non-empty string", param="prompt")
         system, turns = None, ()
-    return Request(chat, prompt, system, turns, min(max_tokens, budget), tuple(stop), stream, include_usage)
+    return Request(chat, prompt, system, turns, min(max_tokens, budget), tuple(stop), stream, include_usage, sampling)
 
 
-def _same(name: str, given: Any, served: float) -> None:
-    if given is None:
-        return
-    if not isinstance(given, (int, float)) or isinstance(given, bool) or not math.isfinite(given):
-        raise ApiError(400, f"{name} must be a number", param=name)
-    greedy_alike = name == "temperature" and served == 0 and given == 0
-    if not greedy_alike and abs(float(given) - served) > 1e-9:
-        raise ApiError(400, f"this server decodes with {name} {served:g} (its profile's); start it with "
-                            f"--{name.replace('_', '-')} {given:g} to serve {given:g}", param=name)
+def _sampling(body: dict) -> tuple[tuple[str, float | int], ...]:
+    """The sampling rule the request sets (ranges are the profile's, checked by the server)."""
+    for name in ("frequency_penalty", "presence_penalty"):
+        given = body.get(name)
+        if given not in (None, 0, 0.0):
+            raise ApiError(400, f"{name} is not supported: this server applies repeat_penalty (llama.cpp's)",
+                           param=name)
+    out = []
+    for name, key in SAMPLING_KEYS.items():
+        given = body.get(name)
+        if given is None:
+            continue
+        whole = name in WHOLE_NUMBERS
+        if isinstance(given, bool) or not isinstance(given, int if whole else (int, float)) \
+                or not math.isfinite(given):
+            raise ApiError(400, f"{name} must be a {'whole number' if whole else 'number'}", param=name)
+        out.append((key, given if whole else float(given)))
+    return tuple(out)
 
 
 def _messages(messages: Any) -> tuple[str | None, tuple[tuple[str, str], ...], str]:

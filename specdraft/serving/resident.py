@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 from specdraft.errors import UsageError
+from specdraft.serving.sampling_rules import RuleError, RuntimesByRule
 from specdraft.serving.openai_api import ApiError, Decoded, Request, Usage, chunk, completion_id, finish_reason, \
     parse_request, response
 
@@ -32,12 +33,12 @@ class Resident:
     def __init__(self, runtime, model_name: str):
         self.runtime, self.model_name = runtime, model_name
         self.lock = threading.Lock()
-        decode = runtime.profile.decode
-        self.budget, self.temperature, self.top_p = decode.max_new_tokens, decode.temperature, decode.top_p
+        self.budget = runtime.profile.decode.max_new_tokens
+        self.rules = RuntimesByRule(runtime)  # a request at another sampling rule decodes on its own runtime
         self.served = 0
 
     def parse(self, body: Any, chat: bool) -> Request:
-        return parse_request(body, chat, self.budget, self.temperature, self.top_p)
+        return parse_request(body, chat, self.budget)
 
     def decode(self, request: Request, emit: Callable[[str], None]) -> Decoded:
         """Decode `request`, calling `emit(text)` as text is committed. Waits for the requests
@@ -47,7 +48,11 @@ class Resident:
 
         with self.lock:
             try:
-                run = PromptRun(self.runtime, request.prompt, request.chat,
+                runtime = self.rules.runtime_for(request.sampling)
+            except RuleError as exc:
+                raise ApiError(400, str(exc), param=str(exc).split(" ", 1)[0]) from None
+            try:
+                run = PromptRun(runtime, request.prompt, request.chat,
                                 frame=ChatFrame(request.system, request.turns), stops=request.stop,
                                 budget=request.max_tokens)
             except UsageError as exc:  # too long for the context, empty, no chat template
@@ -57,7 +62,7 @@ class Resident:
                     if delta:
                         emit(delta)
             except BrokenPipeError:
-                self.runtime.engine.prefix.forget()
+                runtime.engine.prefix.forget()
                 raise
             self.served += 1
             log.info("request %d: %d prompt tokens (%d prefilled), %d tokens at %.1f tok/s", self.served,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Iterator, Sequence
 
-from specdraft.decoding.engine import RoundRecord
+from specdraft.decoding.records import RoundRecord
 from specdraft.runtime import Runtime
 from specdraft.session.prompt_ids import NO_FRAME, ChatFrame, context_limit, fitted_prompt_ids
 from specdraft.session.stats import GenerationStats

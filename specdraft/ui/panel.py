@@ -104,10 +104,11 @@ def _speed_parts(stats: GenerationStats) -> list[str]:
 class LiveView:
     """Context manager around Rich Live; `update` redraws with fresh stats."""
 
-    def __init__(self, console: Console, policy: str, show_text: bool):
+    def __init__(self, console: Console, policy: str, show_text: bool, compact: bool = False):
         self.console = console
         self.policy = policy
         self.show_text = show_text
+        self.compact = compact  # one status line (the chat's) instead of the panel
         self.text = ""
         self.live = Live(console=console, redirect_stdout=False, redirect_stderr=False,
                          transient=show_text, refresh_per_second=8, auto_refresh=True)
@@ -125,6 +126,14 @@ class LiveView:
         self.live.__exit__(*exc)
 
     def update(self, stats: GenerationStats, delta: str = "", scores: dict[str, float] | None = None) -> None:
+        if self.compact:
+            line = compact_line(stats)
+            if self.show_text:
+                self.text += delta
+                self.live.update(Group(self._tail(max(1, self.console.size.height - 3)), line))
+            else:
+                self.live.update(line)
+            return
         panel = stats_panel(stats, self.policy, scores)
         # Two columns short of the terminal: the tty echoes "^C" after the last frame, and on
         # a full-width bottom border that echo wraps, leaving the frame's top row on screen.
@@ -145,6 +154,17 @@ class LiveView:
         lines = [line[-rows * width:] for line in self.text.splitlines()[-rows:]]
         wrapped = Text("\n".join(lines)).wrap(self.console, width)
         return Text("\n").join(list(wrapped)[-rows:])
+
+
+def compact_line(stats: GenerationStats) -> Text:
+    """The panel in one dim line: the drafter in use, its last accepted length, the mean
+    accepted tokens a round, the speed and the count."""
+    drafter = escape(stats.last_drafter or "-")
+    line = Text.from_markup(f"[dim]{drafter} · accepted {stats.last_accepted}/{stats.last_drafted} · mean "
+                            f"{stats.tokens_per_round:.2f} a round · {stats.tokens_per_s:.1f} tok/s · "
+                            f"{stats.tokens} tokens[/]", overflow="ellipsis")
+    line.no_wrap = True  # one row, however narrow the terminal
+    return line
 
 
 def summary_line(stats: GenerationStats) -> str:
