@@ -26,7 +26,8 @@ from specdraft.config.model_spec import ModelSpec, parse_model_spec
 from specdraft.config.tables import Table
 from specdraft.drafters.registry import DrafterConfig, parse_drafter
 from specdraft.errors import ProfileError, UsageError
-from specdraft.learning.policies import COMMON_OPTIONS, check_policy
+from specdraft.learning.planner import pool_arms
+from specdraft.learning.policies import COMMON_OPTIONS, check_policy, option_value
 from specdraft.storage.regular_files import is_regular, read_regular_text
 
 # Below this, logits / temperature overflow float32 (1e-39 gives inf, then NaN probabilities);
@@ -86,6 +87,13 @@ class Profile:
     decode: DecodeConfig
     policy: PolicyConfig
     drafters: tuple[DrafterConfig, ...]
+
+    @property
+    def arms(self) -> list[str]:
+        """The arms its policy chooses among, in order (`learning/planner.pool_arms`): the
+        drafters, then the plain arm where the policy allows a plain round."""
+        return pool_arms([d.name for d in self.drafters],
+                         bool(option_value(self.policy.name, self.policy.options, "allow_none")))
 
     def with_overrides(self, **decode_overrides: Any) -> "Profile":
         """Apply command-line flags over the profile's values; None means 'not given'."""

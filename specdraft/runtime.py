@@ -22,7 +22,7 @@ from specdraft.core.sampling import SamplingParams
 from specdraft.drafters import DraftContext, Drafter, PlainDecoding, PoolContext
 from specdraft.drafters.registry import build_pool
 from specdraft.errors import ProfileError
-from specdraft.learning.policies import build_policy, option_value
+from specdraft.learning.policies import build_policy
 from specdraft.models.block_linear import runs_on_file_quantization
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.loading import LoadedModel, eos_token_ids, load_model
@@ -96,8 +96,10 @@ def build_runtime(profile: Profile, target: LoadedModel | None = None, plain: bo
     if chosen in absent:
         raise ProfileError(file, "policy.drafter", f'the fixed policy drafts with "{chosen}", which is not '
                                                    f"available: {absent[chosen]}")
-    if not plain and option_value(policy_config.name, policy_config.options, "allow_none"):
-        drafters.append(PlainDecoding(ctx))  # the "none" arm: a plain round when nothing pays off
+    if not plain:  # in the order of the profile's arms; the plain arm: a plain round when nothing pays off
+        by_name = {d.name: d for d in drafters}
+        drafters = [by_name[name] if name in by_name else PlainDecoding(ctx) for name in profile.arms
+                    if name in by_name or name not in absent]
     policy = build_policy(policy_config.name, policy_config.options, [d.name for d in drafters], seed=seed,
                           draft_tokens=profile.decode.draft_tokens, horizon=profile.decode.max_new_tokens)
     engine = SpeculativeEngine(target_lm, drafters, policy, engine_settings(profile, target, ctx.params), generator)

@@ -196,7 +196,7 @@ def test_a_head_learns_its_later_draft_positions_from_its_drafts_not_its_scores(
     from specdraft.learning.feedback import RoundFeedback
     from specdraft.learning.planner import RoundPlanner
 
-    planner = RoundPlanner(["head", "none"], 6, full_information=True)
+    planner = RoundPlanner(["head", "none"], 6, plain_arm=1, full_information=True)
     planner.later_from_drafts = [later_from_drafts, False]
     for _ in range(60):  # every round: the head drafts 3, its first accepted, its second not
         planner.observe(RoundFeedback(0, 3, 1, [1.0, 0.0, 1.0], 0.1, gammas=[[1.0, 1.0, 1.0], [0.0] * 3],

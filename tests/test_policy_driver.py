@@ -9,7 +9,7 @@ import json
 import pytest
 
 from policy_sim import Arms, K, make, simulate
-from specdraft.learning.driver import RoundOutcome
+from specdraft.learning.driver import RoundOutcome, ScoringFunction
 from specdraft.learning.feedback import RegretTracker, expected_accept_length
 from specdraft.learning.policies import POLICIES, RoundFeedback
 from specdraft.learning.policies.base import Policy
@@ -99,7 +99,7 @@ def test_sampled_evaluation_scores_few_rounds_while_the_leader_holds():
         scored.extend(rounds)
         return [[[0.9] * r.count, [0.1] * r.count, [0.2] * r.count] for r in rounds]
 
-    driver.start_prompt(evaluator)
+    driver.start_prompt(ScoringFunction(evaluator))
     batches = []
     for t in range(200):
         plan = driver.choose(t)
@@ -127,7 +127,7 @@ def test_a_drafter_that_cannot_be_fastest_is_not_evaluated_and_keeps_its_regret(
         return [[None if skip and skip[i] else [arms.gamma(i) for _ in range(r.count)] for i in range(3)]
                 for r in rounds]
 
-    driver.start_prompt(evaluator)
+    driver.start_prompt(ScoringFunction(evaluator))
     for _ in range(3):  # every arm drafts once: costs known
         for arm in range(3):
             fb = arms.play(arm)
@@ -149,9 +149,14 @@ def test_a_drafter_that_cannot_be_fastest_is_not_evaluated_and_keeps_its_regret(
 class CostlyEvaluator:
     """Scores every arm not skipped from `arms`; arm `costly` is scored by a forward of its own."""
 
+    from_hidden = None
+
     def __init__(self, arms, costly):
         self.arms, self.asked = arms, []
         self.costly = [i == costly for i in range(len(arms.rates))]
+
+    def silent(self, round_):
+        return None
 
     def __call__(self, rounds, skip=()):
         self.asked.append(list(skip))
@@ -252,7 +257,7 @@ def test_under_goodput_the_best_drafter_is_the_fastest_not_the_most_accepted(hon
         return [[None if honour_skips and skip and skip[i] else [arms.gamma(i) for _ in range(r.count)]
                  for i in range(2)] for r in rounds]
 
-    driver.start_prompt(evaluator)
+    driver.start_prompt(ScoringFunction(evaluator))
     speed, length = RegretTracker(policy.arms, value_unit(driver.planner)), RegretTracker(policy.arms)
     for t in range(300):
         plan = driver.choose(t)

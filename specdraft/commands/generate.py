@@ -219,12 +219,9 @@ def check_policy_state(profile, state: dict, file: str) -> None:
     before the models load. An optional drafter may be left out of the pool at load time:
     a state saved without some optional drafters is checked against that pool."""
     from specdraft.learning.driver import PolicyDriver
-    from specdraft.learning.policies import build_policy, option_value
-    from specdraft.learning.policies.base import PLAIN_ARM
+    from specdraft.learning.policies import build_policy
 
-    names = [d.name for d in profile.drafters]
-    if option_value(profile.policy.name, profile.policy.options, "allow_none"):
-        names.append(PLAIN_ARM)
+    names = profile.arms
     optional = {d.name for d in profile.drafters if getattr(d.options, "optional", False)}
     saved = state.get("arms")
     arms = names

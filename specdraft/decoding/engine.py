@@ -255,9 +255,10 @@ class SpeculativeEngine:
         tokens = [int(t) for t in packed[1 : n + 2]]
         # (a drafter that ranks tokens and was wrong: where does the target's token come in its order?)
         ranks = [(arm, draft.rank_at(n, tokens[n]))] if draft.ranking and n < k else []
-        return Verified(n, tokens, packed[k + 2 :],
-                         verdict.tokens.index_select(0, verdict.n_accepted.view(1)), width, {arm: verdict.alphas},
-                         logits, probs, hidden, [(arm, n)], k, ranks)
+        return Verified(accepted=n, tokens=tokens, alphas=packed[k + 2 :],
+                        next_input=verdict.tokens.index_select(0, verdict.n_accepted.view(1)), width=width,
+                        known_alphas={arm: verdict.alphas}, logits=logits, probs=probs, hidden=hidden,
+                        kept=[(arm, n)], tree_size=k, runner_up_ranks=ranks)
 
     def _verify_tree(self, context: list[int], proposals: list[Proposal]) -> Verified:
         """One forward over the token tree of every proposal's chain (decoding/tree_verify.py)."""

@@ -38,7 +38,7 @@ class Proposal:
         return self.draft.tokens.shape[0]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Verified:
     """The verify step's result, read from the device once (a tree's walk under sampling
     reads once per draft it tries)."""
@@ -102,17 +102,8 @@ def verify_tree(target: CachedLM, context: Sequence[int], proposals: list[Propos
     ids = torch.tensor(tree.tokens + [tree.tokens[-1]] * (width - rows), dtype=torch.long, device=device)
     logits, hidden = target.feed_tree(ids, tree.parents + list(range(rows - 1, width - 1)), layers)
     logits = penalty.rows(logits[:rows], context, tree.drafted_paths()) if penalty.active else logits[:rows]
-    probs = None
-    if params.greedy:
-        best = greedy_tokens(logits)
-        path, tokens = accept_greedy(tree, read_if_finite(best, logits))
-        judge = distributions(logits, params) if params.soft_feedback else best
-    else:
-        read_if_finite(logits.new_empty(0), logits)  # the sampling verify reads its own values
-        probs = sampling_probs(logits, params)
-        path, tokens = verify_tree_sampling(tree, probs, [p.draft.probs for p in proposals] + [None] * len(leaves),
-                                            generator)
-        judge = probs
+    path, tokens, judge, probs = _accept(tree, logits, params, [p.draft.probs for p in proposals] + [None] * len(leaves),
+                                         generator)
     target.keep_path(path)
     kept = [(p.arm, matched(chain, tokens)) for p, chain in zip(proposals, chains)]
     exact = params.one_hot
@@ -125,12 +116,28 @@ def verify_tree(target: CachedLM, context: Sequence[int], proposals: list[Propos
     # The path ends on a runner-up's leaf when only leaves pass through its last row.
     through = sorted(tree.sources[path[-1]]) if len(path) > 1 else []
     won = proposals[leaves[through[0] - len(proposals)][0]].arm if through and through[0] >= len(proposals) else None
-    return Verified(len(path) - 1, tokens, alphas, torch.tensor(tokens[-1:], dtype=torch.long, device=device),
-                    width, known, logits.index_select(0, index),
-                    None if probs is None else probs.index_select(0, index),
-                    {layer: h[:rows].index_select(0, index.to(h.device)) for layer, h in hidden.items()},
-                    kept, rows - 1, runner_up_ranks(proposals, chains, tokens),
-                    [(proposals[j].arm, n) for j, n in sorted(Counter(j for j, _ in leaves).items())], won)
+    return Verified(accepted=len(path) - 1, tokens=tokens, alphas=alphas,
+                    next_input=torch.tensor(tokens[-1:], dtype=torch.long, device=device), width=width,
+                    known_alphas=known, logits=logits.index_select(0, index),
+                    probs=None if probs is None else probs.index_select(0, index),
+                    hidden={layer: h[:rows].index_select(0, index.to(h.device)) for layer, h in hidden.items()},
+                    kept=kept, tree_size=rows - 1, runner_up_ranks=runner_up_ranks(proposals, chains, tokens),
+                    runner_up_leaves=[(proposals[j].arm, n) for j, n in sorted(Counter(j for j, _ in leaves).items())],
+                    runner_up_won=won)
+
+
+def _accept(tree: TokenTree, logits: torch.Tensor, params: SamplingParams, chain_probs: list[torch.Tensor | None],
+            generator: torch.Generator | None) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor | None]:
+    """Lossless acceptance down `tree`: (the accepted path's rows, the committed tokens, what
+    the chains are judged against (the argmax per row, or p), p under sampling else None)."""
+    if params.greedy:
+        best = greedy_tokens(logits)
+        path, tokens = accept_greedy(tree, read_if_finite(best, logits))
+        return path, tokens, distributions(logits, params) if params.soft_feedback else best, None
+    read_if_finite(logits.new_empty(0), logits)  # the sampling verify reads its own values
+    probs = sampling_probs(logits, params)
+    path, tokens = verify_tree_sampling(tree, probs, chain_probs, generator)
+    return path, tokens, probs, probs
 
 
 def _read_drafts(proposals: Sequence[Proposal]) -> tuple[list[list[int]], list[list[int]]]:

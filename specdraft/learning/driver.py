@@ -22,11 +22,11 @@ learned costs and acceptance beside it in the same JSON object.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from specdraft.learning.clock import Clock, host_clock
 from specdraft.learning.feedback import RoundFeedback
-from specdraft.learning.planner import RoundPlanner
+from specdraft.learning.planner import RoundPlanner, plain_arm_of
 from specdraft.learning.round_plan import RoundPlan
 from specdraft.learning.policies.base import Policy
 from specdraft.learning.policies.objective import round_values
@@ -44,12 +44,39 @@ class RoundOutcome:
     evidence: Any = None  # whatever the evaluator needs to score the round (live: the target's p)
 
 
-# Scores the drafters on the given rounds: one Gammas per round, in order, with None for
-# each arm `skip` marks (not scored). An evaluator may also have
-# `silent(round) -> [bool per arm]`: which drafters would have proposed nothing at the
-# round's start (asleep there); and `costly` [bool per arm]: which drafters are scored by a
-# forward of their own (the planner scores those only while they may be worth playing).
-Evaluator = Callable[[Sequence[RoundOutcome], Sequence[bool]], list[Gammas]]
+class Evaluator(Protocol):
+    """Scores the drafters on rounds for a full-information policy (live:
+    `decoding/evaluation.PoolEvaluator`; replayed: from a trace)."""
+
+    # Per arm: scored by a forward of its own (the planner scores those only while they may
+    # be worth playing); None when the evaluator cannot say.
+    costly: Sequence[bool] | None
+    # Per arm: scored from the verify's hidden states, which a round hands over only when
+    # asked (`PolicyDriver.batch_skips`); None when none is.
+    from_hidden: Sequence[bool] | None
+
+    def __call__(self, rounds: Sequence[RoundOutcome], skip: Sequence[bool]) -> list[Gammas]:
+        """One Gammas per round, in order, with None for each arm `skip` marks (not scored)."""
+
+    def silent(self, round_: RoundOutcome) -> list[bool] | None:
+        """Per arm: would have proposed nothing at the round's start (asleep there); None
+        when the evaluator cannot say."""
+
+
+@dataclass(frozen=True)
+class ScoringFunction:
+    """An Evaluator that is only its scoring function (`score(rounds, skip)`): no arm known
+    costly, none scored from hidden states, sleep not known."""
+
+    score: Callable[[Sequence[RoundOutcome], Sequence[bool]], list[Gammas]]
+    costly: Sequence[bool] | None = None
+    from_hidden: Sequence[bool] | None = None
+
+    def __call__(self, rounds: Sequence[RoundOutcome], skip: Sequence[bool]) -> list[Gammas]:
+        return self.score(rounds, skip)
+
+    def silent(self, round_: RoundOutcome) -> list[bool] | None:
+        return None
 
 
 @dataclass(frozen=True)
@@ -71,7 +98,14 @@ NOTHING_LEARNED = Learned([])
 class PolicyDriver:
     def __init__(self, policy: Policy, draft_tokens: int, max_new_tokens: int, clock: Clock = host_clock):
         self.policy = policy
-        self.planner = RoundPlanner.for_policy(policy)
+        # The planner knows arms, K and the shared options, never the policy; the policy
+        # reads the planner's estimates (bound here): one direction.
+        options = policy.options
+        self.planner = RoundPlanner(policy.arms, policy.draft_tokens, plain_arm=plain_arm_of(policy.arms),
+                                    objective=options["objective"], draft_length=options["draft_length"],
+                                    full_information=policy.full_information, seed=policy.seed,
+                                    carried_rounds=policy.CARRIED_ROUNDS, tree=options.get("tree", False),
+                                    runner_ups=options.get("runner_ups", True))
         policy.bind(self.planner)
         self.clock = clock  # the target device's: evaluation runs drafters' forwards there
         self.draft_tokens = draft_tokens
@@ -129,14 +163,14 @@ class PolicyDriver:
     def _unscorable(self) -> list[bool]:
         """Per arm: scored from hidden states that the queued rounds do not hand over (the
         evaluator then returns no gammas for it)."""
-        from_hidden = getattr(self.evaluator, "from_hidden", None)
+        from_hidden = self.evaluator.from_hidden if self.evaluator is not None else None
         if not from_hidden:
             return [False] * len(self.policy.arms)
         return [hidden and skipped for hidden, skipped in zip(from_hidden, self.batch_skips())]
 
     def _costly(self) -> Sequence[bool] | None:
         """Per arm: scoring it runs a forward of its own (the evaluator says, when it knows)."""
-        return getattr(self.evaluator, "costly", None)
+        return self.evaluator.costly if self.evaluator is not None else None
 
     @property
     def wants_awake(self) -> bool:
@@ -224,11 +258,10 @@ class PolicyDriver:
         scored = self.evaluator(self.pending, skip)
         evaluate_s = self.clock() - start
         evaluated, values = [], []
-        silent = getattr(self.evaluator, "silent", None)
         for round_, gammas in zip(self.pending, scored, strict=True):
             quiet = round_.feedback.silent  # known already when the round was chosen among awake arms
-            if quiet is None and silent is not None:
-                quiet = silent(round_)
+            if quiet is None:
+                quiet = self.evaluator.silent(round_)
             # Not scored (skipped, or the evaluator lacked what it is scored from): asleep here.
             if any(g is None for g in gammas):
                 quiet = [bool(q) or g is None for q, g in zip(quiet or [False] * len(gammas), gammas)]

@@ -22,7 +22,18 @@ from specdraft.learning.planner_state import apply_state, checked_state, learned
 from specdraft.learning.round_plan import RoundPlan
 from specdraft.learning.tree_planner import TreePlanner
 
-PLAIN_ARM = "none"  # the arm that drafts nothing: a plain decoding round
+PLAIN_ARM = "none"  # the arm that drafts nothing: a plain decoding round's name
+
+
+def pool_arms(drafter_names: Sequence[str], allow_none: bool) -> list[str]:
+    """The arms a policy chooses among, in the one order every part of a run uses: the
+    pool's drafters, then the plain arm when the policy may choose a plain round."""
+    return [name for name in drafter_names if name != PLAIN_ARM] + ([PLAIN_ARM] if allow_none else [])
+
+
+def plain_arm_of(arms: Sequence[str]) -> int | None:
+    """The index of the plain arm among `arms` (built by `pool_arms`), None without one."""
+    return arms.index(PLAIN_ARM) if PLAIN_ARM in arms else None
 
 
 def awake_arms(count: int, awake: Sequence[bool] | None) -> list[int]:
@@ -47,10 +58,11 @@ class RoundPlanner:
     COSTLY_MARGIN = 0.9
     REVISIT_PROMPTS = 4
 
-    def __init__(self, arms: Sequence[str], draft_tokens: int, *, objective: str = "goodput",
-                 draft_length: str = "goodput", full_information: bool = False, seed: int | None = None,
-                 carried_rounds: float = 4.0, tree: bool = False, runner_ups: bool = True):
-        self.arms = list(arms)
+    def __init__(self, arms: Sequence[str], draft_tokens: int, *, plain_arm: int | None = None,
+                 objective: str = "goodput", draft_length: str = "goodput", full_information: bool = False,
+                 seed: int | None = None, carried_rounds: float = 4.0, tree: bool = False, runner_ups: bool = True):
+        self.arms = list(arms)  # names: for saved states and messages
+        self.plain_arm = plain_arm  # the arm that drafts nothing (a plain round), if the pool has one
         self.draft_tokens = draft_tokens
         self.goodput = objective == "goodput"
         self.dynamic_length = draft_length == "goodput"
@@ -62,7 +74,7 @@ class RoundPlanner:
         self.acceptance = AcceptanceByPosition(len(self.arms), draft_tokens)
         self.by_match = MatchAcceptance(len(self.arms), draft_tokens)
         # Trees need every drafter scored every round and a speed to plan for.
-        self.tree = (TreePlanner(self.arms, [name == PLAIN_ARM for name in self.arms], self.costs, runner_ups)
+        self.tree = (TreePlanner(self.arms, [arm == plain_arm for arm in range(len(self.arms))], self.costs, runner_ups)
                      if tree and full_information and self.goodput and self.dynamic_length else None)
         self.initial_state: dict | None = None  # loaded: where every reset starts
         self._idle = [0] * len(self.arms)  # rounds each arm was planned at K = 0 since its last draft
@@ -70,14 +82,6 @@ class RoundPlanner:
         self._sat_out = [0] * len(self.arms)  # whole prompts a costly arm was not scored in, in a row
         self._scored = [False] * len(self.arms)  # scored in this prompt
         self.later_from_drafts = [False] * len(self.arms)  # see observe
-
-    @classmethod
-    def for_policy(cls, policy) -> "RoundPlanner":
-        """The planner for `policy`'s arms, K and shared options (objective, draft_length, evaluate)."""
-        return cls(policy.arms, policy.draft_tokens, objective=policy.options["objective"],
-                   draft_length=policy.options["draft_length"], full_information=policy.full_information,
-                   seed=policy.seed, carried_rounds=policy.CARRIED_ROUNDS, tree=policy.options.get("tree", False),
-                   runner_ups=policy.options.get("runner_ups", True))
 
     def reset(self) -> None:
         """Before a prompt that the policy resets at: acceptance by position starts from the
@@ -122,7 +126,7 @@ class RoundPlanner:
         for arm, gammas in enumerate(feedback.gammas):  # every arm's acceptance along the committed chunk
             # A drafter silent here would not have drafted: its acceptance *when it
             # drafts*, which plans K, learns nothing from this chunk.
-            if self.arms[arm] != PLAIN_ARM and not (feedback.silent and feedback.silent[arm]):
+            if arm != self.plain_arm and not (feedback.silent and feedback.silent[arm]):
                 self.acceptance.observe(arm, gammas[:1] if self.later_from_drafts[arm] else gammas)
         if self.later_from_drafts[feedback.arm] and feedback.accepted >= 1:  # its position 2 was reached
             self.acceptance.observe(feedback.arm, feedback.alphas[1:], first=2)
@@ -155,7 +159,7 @@ class RoundPlanner:
         tokens per second (one token until the arm's draft cost is known: one token
         measures it, and a slow drafter's probe must not cost K of its forwards)."""
         best = self.best_length(arm, cap, rates if rates is not None else self._drawn_rates(arm, cap))
-        if not self.dynamic_length or self.arms[arm] == PLAIN_ARM or cap == 0 or self.full_information:
+        if not self.dynamic_length or arm == self.plain_arm or cap == 0 or self.full_information:
             return best
         # Under bandit feedback a drafter planned at K = 0 teaches nothing about its
         # acceptance (full information scores it anyway), so after REPROBE such rounds it
@@ -185,7 +189,7 @@ class RoundPlanner:
         of its acceptance by position, so that deep positions unlucky once are tried
         again), else under the means (no side effects). `seconds`: the arm's
         `seconds_by_length` row up to at least `cap`, when the caller has it."""
-        if self.arms[arm] == PLAIN_ARM:
+        if arm == self.plain_arm:
             return 0
         if not self.dynamic_length or cap == 0:
             return cap
@@ -217,7 +221,7 @@ class RoundPlanner:
     def _drawn_rates(self, arm: int, cap: int) -> list[float] | None:
         """One posterior draw of `arm`'s acceptance at positions 1 .. cap, where the draft
         length is planned from acceptance (None for the plain arm and fixed lengths)."""
-        if not self.dynamic_length or self.arms[arm] == PLAIN_ARM:
+        if not self.dynamic_length or arm == self.plain_arm:
             return None
         return self.acceptance.rates(arm, cap, self.rng)
 
@@ -264,7 +268,7 @@ class RoundPlanner:
         values, leader = self._values(rows)
         out = []
         for arm, sits_out in enumerate(self._costly_skips(costly, values, leader, rows)):
-            ceiling = None if self.arms[arm] == PLAIN_ARM else self.ceiling(arm, rows[arm])
+            ceiling = None if arm == self.plain_arm else self.ceiling(arm, rows[arm])
             out.append(sits_out or (ceiling is not None and ceiling < leader))
         return out
 
@@ -282,9 +286,9 @@ class RoundPlanner:
         if not any(costly or ()):
             return [False] * len(self.arms)
         out = []
-        for arm, name in enumerate(self.arms):
+        for arm in range(len(self.arms)):
             value = values[arm]
-            if not costly[arm] or name == PLAIN_ARM or value is None or self._sat_out[arm] >= self.REVISIT_PROMPTS:
+            if not costly[arm] or arm == self.plain_arm or value is None or self._sat_out[arm] >= self.REVISIT_PROMPTS:
                 out.append(False)
                 continue
             idle = self.best_length(arm, self.draft_tokens, seconds=rows[arm]) == 0
@@ -297,7 +301,7 @@ class RoundPlanner:
 
     def _values(self, rows: list[list[float | None]]) -> tuple[list[float | None], float]:
         """Each arm's `estimated_value` (None while its costs are unknown) and the largest known."""
-        values = [None if self.arms[arm] != PLAIN_ARM and self.costs.draft[arm] is None
+        values = [None if arm != self.plain_arm and self.costs.draft[arm] is None
                   else self.estimated_value(arm, rows[arm]) for arm in range(len(self.arms))]
         return values, max((v for v in values if v is not None), default=0.0)
 
@@ -318,7 +322,7 @@ class RoundPlanner:
         if not self.goodput:
             return None
         return next((i for i in awake_arms(len(self.arms), awake)
-                     if self.costs.draft[i] is None and self.arms[i] != PLAIN_ARM), None)
+                     if self.costs.draft[i] is None and i != self.plain_arm), None)
 
     # --- persistence: saved beside the policy's own state --------------------------------
 

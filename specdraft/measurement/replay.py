@@ -22,7 +22,7 @@ from specdraft.profile import PolicyConfig
 from specdraft.learning.driver import Gammas, PolicyDriver, RoundOutcome
 from specdraft.learning.feedback import RegretTracker, RoundFeedback
 from specdraft.learning.policies import build_policy, option_value
-from specdraft.learning.policies.base import PLAIN_ARM
+from specdraft.learning.planner import PLAIN_ARM, pool_arms
 from specdraft.learning.policies.objective import value_unit
 from specdraft.measurement.hindsight import Option, best_rate
 from specdraft.measurement.traces import PromptTrace, Trace, TraceHeader
@@ -60,9 +60,7 @@ def replay(trace: Trace, config: PolicyConfig, seed: int = 0) -> list[ReplayResu
     head = trace.header
     # The trace's pool, then the plain arm if this policy has one (whether or not the
     # recording run had it), exactly as the runtime builds the arms of a live run.
-    arms = [name for name in head.drafters if name != PLAIN_ARM]
-    if option_value(config.name, config.options, "allow_none"):
-        arms.append(PLAIN_ARM)
+    arms = pool_arms(head.drafters, bool(option_value(config.name, config.options, "allow_none")))
     policy = build_policy(config.name, config.options, arms, seed=seed, draft_tokens=head.draft_tokens,
                           horizon=head.max_new_tokens)
     driver = PolicyDriver(policy, head.draft_tokens, head.max_new_tokens)
@@ -187,6 +185,9 @@ def _count_tree(result: ReplayResult, names: list[str], runs: list[int]) -> None
 
 class _TraceEvaluator:
     """Full-information evaluation from the trace: each drafter's teacher-forced gammas."""
+
+    costly = None  # (a trace's gammas cost nothing to read)
+    from_hidden = None
 
     def __init__(self, prompt: PromptTrace, arms: list[str]):
         self.prompt, self.arms = prompt, arms

@@ -24,7 +24,7 @@ from specdraft.drafters.registry import build_pool, kind_class
 from specdraft.errors import ProfileError, UsageError
 from specdraft.learning.batch_planner import MatchCalibration
 from specdraft.learning.driver import PolicyDriver
-from specdraft.learning.policies import build_policy, option_value
+from specdraft.learning.policies import build_policy
 from specdraft.models.loading import LoadedModel
 from specdraft.profile import Profile
 from specdraft.runtime import sampling_params
@@ -56,8 +56,7 @@ def served_drafters(profile: Profile) -> tuple[Profile, dict[str, str]]:
 def new_calibration(served: Profile) -> MatchCalibration:
     """A fresh acceptance model for the served pool's arms (its drafters,
     and the plain arm where the policy allows it) and draft length."""
-    arms = len(served.drafters) + bool(option_value(served.policy.name, served.policy.options, "allow_none"))
-    return MatchCalibration(arms, max(1, served.decode.draft_tokens))
+    return MatchCalibration(len(served.arms), max(1, served.decode.draft_tokens))
 
 
 def check_calibration(served: Profile, state: dict, file: str) -> None:
@@ -83,9 +82,9 @@ class ServingPool:
         self.ctx = DraftContext(sampling_params(profile), None, torch.device("cpu"), vocab_size)
         pool = PoolContext(self.ctx, LoadedModel(torch.nn.Module(), tokenizer, profile.target.describe()), None,
                            str(profile.file), seed, record=record)
-        self.templates, _ = build_pool(profile.drafters, pool)
-        if option_value(profile.policy.name, profile.policy.options, "allow_none"):
-            self.templates.append(PlainDecoding(self.ctx))
+        built, _ = build_pool(profile.drafters, pool)
+        by_name = {d.name: d for d in built}
+        self.templates = [by_name.get(name) or PlainDecoding(self.ctx) for name in profile.arms]
         self.arms = [d.name for d in self.templates]
         self.draft_tokens = profile.decode.draft_tokens
         self.seed = seed

@@ -19,7 +19,7 @@ from typing import NamedTuple, Sequence
 from specdraft.drafters import Drafter
 from specdraft.drafters.lookup_base import LookupDrafter
 from specdraft.learning.batch_planner import ALONE, NO_DRAFT_YET, MatchCalibration, draft_outcome, support
-from specdraft.learning.driver import PolicyDriver, RoundOutcome
+from specdraft.learning.driver import PolicyDriver, RoundOutcome, ScoringFunction
 from specdraft.learning.feedback import RoundFeedback
 from specdraft.learning.policies.base import PLAIN_ARM
 
@@ -42,7 +42,7 @@ class RequestDrafting:
         self.draft_seconds = 0.0  # host time the offers took
         self.sent: tuple[Offer, int] | None = None  # the offer sent and how many of its tokens
         self.outcome = NO_DRAFT_YET  # how the last draft sent fared (the calibration's context)
-        driver.start_prompt(self._evaluate if driver.full_information else None)
+        driver.start_prompt(ScoringFunction(self._evaluate) if driver.full_information else None)
 
     # --- feedback from the step that just ran -------------------------------------------
 
