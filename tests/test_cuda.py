@@ -108,7 +108,7 @@ def test_real_cuda_graphs_replay_one_graph_per_tree_size_and_trees_match_plain_g
     for prompt in PROMPTS * 3:
         records = list(engine.generate(prompt))
         assert [t for r in records for t in r.tokens] == plain_greedy(target, prompt, 40)
-        trees.update(r.tree_size for r in records if len(r.branches) > 1)
+        trees.update(r.tree.tree_size for r in records if len(r.tree.branches) > 1)
     captured = [key for key in target_lm.graphs.graphs if key[3] is not None]
     assert target_lm.graphs.enabled and captured, "no token tree was replayed from a graph"
     assert len(trees) >= 3  # several tree sizes, each its own graph

@@ -85,7 +85,7 @@ def test_a_fixed_confidence_floor_stops_drafting_and_stays_lossless():
     target, drafter, engine = tiny_engine({"stop_below": 0.99}, draft_length="fixed")
     records = list(engine.generate([5, 9, 11, 3]))
     # a random tiny model is never 99% sure: each round drafts the plan's first token only
-    assert all(r.drafted == min(1, r.planned) for r in records) and records[0].planned == 4
+    assert all(r.drafted == min(1, r.learning.planned) for r in records) and records[0].learning.planned == 4
     assert [t for r in records for t in r.tokens] == plain_greedy(target, [5, 9, 11, 3], 30)
 
 

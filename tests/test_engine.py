@@ -118,7 +118,7 @@ def test_records_carry_alphas_and_timings(target, pool):
         assert len(record.alphas) == record.drafted
         assert all(0.0 <= a <= 1.0 + 1e-9 for a in record.alphas)
         # a model drafter drafting k tokens runs k forwards: its draft time is real time
-        assert record.draft_s > 0 and record.verify_s > 0 and record.overhead_s > 0
+        assert record.times.draft_s > 0 and record.times.verify_s > 0 and record.times.overhead_s > 0
 
 
 def test_layers_view_shares_weights_and_leaves_the_target_whole(target):
@@ -165,14 +165,14 @@ def test_every_policy_keeps_greedy_output_identical(target, pool, name, options)
     for _ in range(2):  # a second prompt starts from reset state (or keeps it): same text either way
         records = list(engine.generate(PROMPTS[0]))
         assert committed(records) == reference
-        evaluated = sum(len(r.evaluated or ()) for r in records)
+        evaluated = sum(len(r.learning.evaluated or ()) for r in records)
         if not engine.driver.full_information:
             assert evaluated == 0
         elif engine.policy.goodput and engine.policy.forgets_per_prompt:
             # the policy forgets before the next prompt: its last rounds are not scored
-            assert records[-1].evaluated is None and 1 <= evaluated < len(records)
+            assert records[-1].learning.evaluated is None and 1 <= evaluated < len(records)
         elif engine.policy.evaluation_sampled:  # adaptive: one round in m, the last one always
-            assert 1 <= evaluated <= len(records) and records[-1].evaluated
+            assert 1 <= evaluated <= len(records) and records[-1].learning.evaluated
         else:  # every round, in batches or one by one
             assert evaluated == len(records)
 
@@ -183,13 +183,13 @@ def test_full_information_keeps_every_cache_in_sync(target, pool):
     context = list(PROMPTS[1])
     for record in engine.generate(PROMPTS[1]):
         context.extend(record.tokens)
-        assert [len(g) for g in record.gammas] == [len(record.tokens)] * len(pool)
-        assert all(0.0 <= g <= 1.0 + 1e-9 for gs in record.gammas for g in gs)
+        assert [len(g) for g in record.learning.gammas] == [len(record.tokens)] * len(pool)
+        assert all(0.0 <= g <= 1.0 + 1e-9 for gs in record.learning.gammas for g in gs)
         for drafter in pool:
             if isinstance(drafter, ModelDrafter) and record.finish is None:
                 # scored through the round's last token, or drafted all it accepted and one more
                 assert len(context) - 1 <= drafter.lm.length <= len(context)
-        twin = record.gammas[3]
+        twin = record.learning.gammas[3]
         assert twin == pytest.approx([1.0] * len(twin))
 
 
@@ -201,7 +201,7 @@ def test_counterfactual_gammas_equal_what_the_drafter_scores_when_chosen(target,
         engine = policy_engine(target, pool, "fixed", drafter=chosen, evaluate="all")
         position = len(PROMPTS[0])
         for record in engine.generate(PROMPTS[0]):
-            for arm, gammas in enumerate(record.gammas or ()):  # a prompt's last round is not scored
+            for arm, gammas in enumerate(record.learning.gammas or ()):  # a prompt's last round is not scored
                 for offset, gamma in enumerate(gammas or ()):  # (nor a drafter the planner leaves out)
                     key = (arm, position + offset)
                     by_position.setdefault(key, []).append(gamma)
@@ -214,8 +214,8 @@ def test_counterfactual_gammas_equal_what_the_drafter_scores_when_chosen(target,
 def test_evaluation_time_is_reported(target, pool):
     engine = policy_engine(target, pool, "normalhedge", update_every=1)
     records = list(engine.generate(PROMPTS[0]))
-    assert all(r.evaluate_s > 0 for r in records[:-1])  # the last round is not scored (the policy resets)
-    assert records[0].prefill_s > 0 and all(r.prefill_s == 0 for r in records[1:])
+    assert all(r.times.evaluate_s > 0 for r in records[:-1])  # the last round is not scored (the policy resets)
+    assert records[0].times.prefill_s > 0 and all(r.times.prefill_s == 0 for r in records[1:])
 
 
 def counting_feeds(drafter):
@@ -238,7 +238,7 @@ def test_full_information_prefills_the_drafters_before_the_first_round(target):
     rounds = engine.generate(PROMPTS[0])
     first = next(rounds)
     assert widths[0] == len(PROMPTS[0]) - 1  # the prompt, before any round ran
-    assert first.prefill_s > 0
+    assert first.times.prefill_s > 0
     rounds.close()
     # Without full information nothing is prefilled (a bandit may never choose a drafter):
     # the drafter's first forward is its first draft's catch-up over the whole prompt.
@@ -270,7 +270,7 @@ def test_model_drafters_left_out_of_scoring_are_not_prefilled_and_catch_up_when_
         engine = SpeculativeEngine(CachedLM(target), pool, EveryRound(names, {"evaluate": "all"}), settings)
     else:
         engine = policy_engine(target, pool, policy, update_every=1, reset="carry")
-    models = [d.name for d in pool if d.scored_by_own_forward]
+    models = [d.name for d in pool if d.traits.scored_by_own_forward]
     assert models == ["small", "half", "twin"]
     drafted = set()
     for n, prompt in enumerate(PROMPTS[:2] * 2):
@@ -339,7 +339,7 @@ def test_batched_evaluation_gives_the_same_gammas_as_per_round(target, pool, upd
             drafter.forget_run()
         out = []
         for record in engine.generate(PROMPTS[0]):
-            out.extend(record.evaluated or [])
+            out.extend(record.learning.evaluated or [])
         return out
 
     # Fixed draft lengths: with "goodput" K would follow this machine's timings, which differ run to run.
@@ -481,8 +481,8 @@ def test_a_prompts_last_rounds_are_scored_only_when_the_policy_keeps_what_it_lea
     forgets before the next prompt would never use it. Those rounds still teach the costs."""
     engine = policy_engine(target, pool, "normalhedge", update_every=1, reset=reset)
     records = list(engine.generate(PROMPTS[1]))
-    assert (records[-1].evaluated is None) == (reset == "prompt")
-    assert all(r.evaluated for r in records[:-1])
+    assert (records[-1].learning.evaluated is None) == (reset == "prompt")
+    assert all(r.learning.evaluated for r in records[:-1])
     costs = engine.driver.planner.costs  # every round, the last included, taught the verify cost
     assert costs.verify.line.w == pytest.approx((1 - costs.decay ** len(records)) / (1 - costs.decay))
 
@@ -519,14 +519,14 @@ def test_a_drafter_scored_from_hidden_states_sits_out_whole_batches_the_planner_
     records = list(engine.generate(PROMPTS[0]))
     assert committed(records) == plain_greedy(target, PROMPTS[0], 40)
     verifies = fed[1:]  # (the first feed is the prompt's prefill)
-    scored_rounds = [gammas[1] is not None for r in records for _, gammas in (r.evaluated or ())]
+    scored_rounds = [gammas[1] is not None for r in records for _, gammas in (r.learning.evaluated or ())]
     if not flip_every:
         assert set(verifies) == {()} and not any(scored_rounds)
         assert all(r.drafter != "shared" for r in records)
     else:  # some batches collect layer 2 and score it, the others neither
         assert {(), (2,)} <= set(verifies) and any(scored_rounds) and not all(scored_rounds)
     # Decided once per batch (per evaluation cycle when sampled), and once for the prefill.
-    evaluations = sum(len(r.evaluated or ()) for r in records)
+    evaluations = sum(len(r.learning.evaluated or ()) for r in records)
     assert calls["n"] <= 1 + len(records) // (1 if update_every == "adaptive" else 4) + 1
     if update_every == "adaptive":
         assert evaluations < len(records) and calls["n"] <= evaluations + 2

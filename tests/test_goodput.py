@@ -126,11 +126,11 @@ def test_the_cost_model_matches_the_rounds_timings(monkeypatch):
     assert len(widths) >= 2  # the line was fitted on more than one width
     costs, seen, checked = engine.driver.planner.costs, set(), 0
     for r in records:
-        assert r.draft_s + r.verify_s == pytest.approx(0.010 + 0.002 * (r.drafted + 1) + 0.004 * r.drafted)
+        assert r.times.draft_s + r.times.verify_s == pytest.approx(0.010 + 0.002 * (r.drafted + 1) + 0.004 * r.drafted)
         # the ridge on the verify slope keeps estimates a little optimistic: within 10%
-        assert costs.round_seconds(0, r.drafted) == pytest.approx(r.draft_s + r.verify_s, rel=0.1)
-        if len(seen) >= 2 and r.drafted == r.planned:  # a line needs two widths
-            assert r.expected_seconds == pytest.approx(r.draft_s + r.verify_s, rel=0.1)
+        assert costs.round_seconds(0, r.drafted) == pytest.approx(r.times.draft_s + r.times.verify_s, rel=0.1)
+        if len(seen) >= 2 and r.drafted == r.learning.planned:  # a line needs two widths
+            assert r.learning.expected_seconds == pytest.approx(r.times.draft_s + r.times.verify_s, rel=0.1)
             checked += 1
         seen.add(r.drafted)
     assert checked > 0

@@ -72,7 +72,7 @@ def scores_and_fresh_drafts(target, head, params: SamplingParams) -> tuple[list[
     prompt = PROMPTS[2]
     gammas, context = [], list(prompt)
     for record in engine.generate(prompt):
-        for _, g in record.evaluated or ():
+        for _, g in record.learning.evaluated or ():
             gammas.extend(g[1])
         context.extend(record.tokens)
     p = distributions(CachedLM(target).uncached_logits(context)[len(prompt) - 1 : -1], params)
@@ -172,7 +172,7 @@ def test_a_head_the_planner_would_not_play_is_not_scored(target, monkeypatch):
     monkeypatch.setattr(RoundPlanner, "COSTLY_MARGIN", 1e9)
     engine, drafters = engine_for(target, random_head(target), "normalhedge", update_every=1, reset="carry")
     head = drafters[1]
-    assert head.scored_by_own_forward
+    assert head.traits.scored_by_own_forward
     consumed = []
     original = HeadCache.consume
     monkeypatch.setattr(HeadCache, "consume", lambda self, *a, **k: consumed.append(a) or original(self, *a, **k))

@@ -32,7 +32,7 @@ def turns(eng, prompts):
     out = []
     for prompt in prompts:
         records = list(eng.generate(prompt))
-        out.append(([t for r in records for t in r.tokens], records[0].prefill_tokens))
+        out.append(([t for r in records for t in r.tokens], records[0].times.prefill_tokens))
     return out
 
 

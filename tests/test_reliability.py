@@ -93,12 +93,12 @@ def test_fixed_policy_panel_claims_no_unknown_regret():
 def test_regret_says_its_unit_in_the_panel_and_the_json():
     """Issue 38: a regret in tokens per second (goodput) and one in accepted tokens read the
     same without their unit; the panel, --json and bench say which."""
-    from specdraft.decoding.records import RoundRecord
+    from specdraft.decoding.records import RoundLearning, RoundRecord, RoundTimes
 
     def record(values, unit):
         return RoundRecord(arm=0, drafter="lookup", drafted=2, accepted=1, tokens=[5, 6], alphas=[1.0, 0.0],
-                           draft_s=0.001, verify_s=0.01, overhead_s=0.0, evaluated=[(0, [[1.0, 0.0], None])],
-                           values=[values], value_unit=unit)
+                           times=RoundTimes(draft_s=0.001, verify_s=0.01),
+                           learning=RoundLearning(evaluated=[(0, [[1.0, 0.0], None])], values=[values], value_unit=unit))
 
     for unit, phrase in (("tok/s", "tok/s summed over 2 rounds"), ("tokens", "tokens over 2 rounds")):
         stats = GenerationStats(["lookup", "early-exit-24"], 4)

@@ -105,7 +105,7 @@ def test_token_trees_commit_what_penalised_plain_decoding_commits(static):
     for prompt in PROMPTS:
         records = list(engine.generate(prompt))
         assert [t for r in records for t in r.tokens] == plain_penalised(target, prompt, 40, penalty)
-        trees += sum(len(r.branches) > 1 for r in records)
+        trees += sum(len(r.tree.branches) > 1 for r in records)
     assert trees >= 10
 
 

@@ -153,14 +153,14 @@ def test_runner_up_leaves_commit_what_plain_greedy_decoding_commits(static):
         assert [t for r in records for t in r.tokens] == plain_greedy(target, prompt, 40)
         assert target_lm.length == len(prompt) + 40 - 1
         for r in records:
-            for name, n in r.runner_ups:
+            for name, n in r.tree.runner_ups:
                 leaves[name] += n
-            assert r.tree_size <= sum(d for _, d, _ in r.branches) + sum(n for _, n in r.runner_ups)
-            if r.runner_up_won is not None:
-                won[r.runner_up_won] += 1
-                assert r.winner == r.runner_up_won and r.runner_up_won in dict(r.runner_ups)
+            assert r.tree.tree_size <= sum(d for _, d, _ in r.tree.branches) + sum(n for _, n in r.tree.runner_ups)
+            if r.tree.runner_up_won is not None:
+                won[r.tree.runner_up_won] += 1
+                assert r.tree.winner == r.tree.runner_up_won and r.tree.runner_up_won in dict(r.tree.runner_ups)
     assert {"small", "half", "shared", "head"} <= set(leaves) and "lookup" not in leaves
-    assert all(r.winner is not None for r in records if r.runner_up_won)
+    assert all(r.tree.winner is not None for r in records if r.tree.runner_up_won)
 
 
 class WrongThenRanked(Drafter):
@@ -211,8 +211,8 @@ def test_a_leaf_that_holds_the_targets_token_is_committed_with_the_bonus_after_i
             # when the drafter ranks it within the leaves' width
             hit = wrong < 3 and held
             assert record.accepted == (wrong + 1 if hit else wrong)
-            assert (record.runner_up_won == "wrong-then-ranked") == hit
-            assert record.runner_ups == [("wrong-then-ranked", leaves)] and record.tree_size == record.drafted + leaves
+            assert (record.tree.runner_up_won == "wrong-then-ranked") == hit
+            assert record.tree.runner_ups == [("wrong-then-ranked", leaves)] and record.tree.tree_size == record.drafted + leaves
             won += hit
         context.extend(record.tokens)
     assert context[len(PROMPTS[0]):] == plain_greedy(target, PROMPTS[0], 40) and (won >= 3) == held
@@ -221,7 +221,7 @@ def test_a_leaf_that_holds_the_targets_token_is_committed_with_the_bonus_after_i
     console.print(stats_panel(stats, "fixed"))
     text = console.export_text()
     share = stats.runner_up_rounds / stats.rounds
-    assert stats.runner_up_wins == sum(r.runner_up_won is not None for r in records)
+    assert stats.runner_up_wins == sum(r.tree.runner_up_won is not None for r in records)
     assert f"runner-up leaves in {share:.0%} of rounds" in text
     assert _trees({"runner_up_share": 0.5, "runner_up_wins": 0.25}) == "leaves 50% · won 25%"
 
@@ -239,8 +239,8 @@ def test_sampled_runner_up_leaves_follow_the_target():
     seen = Counter()
 
     def count_leaves(records):
-        seen["leaves"] += sum(n for r in records for _, n in r.runner_ups)
-        seen["won"] += sum(r.runner_up_won is not None for r in records)
+        seen["leaves"] += sum(n for r in records for _, n in r.tree.runner_ups)
+        seen["won"] += sum(r.tree.runner_up_won is not None for r in records)
 
     assert_follows_laws(engine, SAMPLING_PROMPT, joint2, marginal3, count_leaves)
     assert seen["leaves"] >= 500 and seen["won"] >= 5
@@ -327,5 +327,5 @@ def test_runner_ups_false_keeps_trees_of_whole_chains_only():
     for prompt in PROMPTS:
         records = list(engine.generate(prompt))
         assert [t for r in records for t in r.tokens] == plain_greedy(target, prompt, 60)
-        assert not any(r.runner_ups for r in records)
+        assert not any(r.tree.runner_ups for r in records)
     assert not any(tree.runner_up_seen)

@@ -80,7 +80,7 @@ def test_scores_from_the_verify_hidden_states_equal_the_views_own_forward(target
         drafter.ctx = DraftContext(params, generator, torch.device("cpu"), VOCAB)
     rounds = 0
     for record in engine.generate(PROMPTS[1]):
-        for _, gammas in record.evaluated or ():
+        for _, gammas in record.learning.evaluated or ():
             assert gammas[1] == pytest.approx(gammas[2], abs=1e-9)
             rounds += 1
     assert rounds > 3

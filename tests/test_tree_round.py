@@ -81,11 +81,11 @@ def test_scripted_trees_commit_what_plain_greedy_decoding_commits(policy, static
         # the target's cache holds the committed text less the last token, the next verify's input
         assert target_lm.length == len(prompt) + 40 - 1
         for r in records:
-            shapes[(len(r.branches), r.tree_size)] += 1
-            assert r.tree_size <= sum(drafted for _, drafted, _ in r.branches)
-            assert all(kept <= drafted for _, drafted, kept in r.branches)
-            assert r.accepted == max(kept for _, _, kept in r.branches)
-            assert (r.winner is None) == (r.accepted == 0)
+            shapes[(len(r.tree.branches), r.tree.tree_size)] += 1
+            assert r.tree.tree_size <= sum(drafted for _, drafted, _ in r.tree.branches)
+            assert all(kept <= drafted for _, drafted, kept in r.tree.branches)
+            assert r.accepted == max(kept for _, _, kept in r.tree.branches)
+            assert (r.tree.winner is None) == (r.accepted == 0)
     assert len(shapes) >= 8 and sum(n for (branches, _), n in shapes.items() if branches >= 3) >= 10
 
 
@@ -100,7 +100,7 @@ def test_a_model_drafter_that_branched_keeps_only_its_committed_tokens():
     context = list(PROMPTS[0])
     for record in engine.generate(PROMPTS[0]):
         context.extend(record.tokens)
-        kept = dict((name, n) for name, _, n in record.branches)
+        kept = dict((name, n) for name, _, n in record.tree.branches)
         if "small" in kept and record.finish is None:
             # its cache: the text before the round, then its drafts that were committed
             start = len(context) - len(record.tokens)
@@ -126,7 +126,7 @@ def test_tree_gammas_equal_the_chain_rounds_gammas_at_every_position():
         gammas = {}
         position = 0
         for record in engine.generate(PROMPTS[1]):
-            for arm_gammas in (record.gammas,):
+            for arm_gammas in (record.learning.gammas,):
                 for j in range(len(record.tokens)):
                     gammas[position + j] = [None if g is None else round(g[j], 9) for g in arm_gammas]
             position += len(record.tokens)
@@ -167,7 +167,7 @@ def test_sampled_tree_rounds_follow_the_target():
 
     def count_trees(records):
         generations["n"] += 1
-        trees["n"] += sum(len(r.branches) >= 3 for r in records)
+        trees["n"] += sum(len(r.tree.branches) >= 3 for r in records)
 
     assert_follows_laws(engine, prompt, joint2, marginal3, count_trees)
     assert trees["n"] >= generations["n"]  # (every first round at least)
@@ -263,7 +263,7 @@ def test_the_policies_own_trees_keep_greedy_output_identical(name):
     for prompt in PROMPTS:
         records = list(engine.generate(prompt))
         assert [t for r in records for t in r.tokens] == plain_greedy(target, prompt, 60)
-        rounds += sum(len(r.branches) > 1 for r in records)
+        rounds += sum(len(r.tree.branches) > 1 for r in records)
     assert rounds >= 10
 
 
@@ -284,11 +284,11 @@ def test_stats_json_and_panel_show_trees_and_whose_branch_won():
     records = list(engine.generate(PROMPTS[0]))
     for record in records:
         stats.add(record)
-    trees = [r for r in records if len(r.branches) > 1]
+    trees = [r for r in records if len(r.tree.branches) > 1]
     data = stats.as_dict()
     assert data["tree_rounds"] == len(trees) > 0
-    assert data["branches_per_round"] == pytest.approx(sum(len(r.branches) for r in records) / len(records), abs=1e-4)
-    assert sum(d["won"] for d in data["drafters"].values()) == sum(r.winner is not None for r in trees)
+    assert data["branches_per_round"] == pytest.approx(sum(len(r.tree.branches) for r in records) / len(records), abs=1e-4)
+    assert sum(d["won"] for d in data["drafters"].values()) == sum(r.tree.winner is not None for r in trees)
     assert data["drafters"]["twin"]["won"] >= 1  # the target's own chain wins whenever it branches
     assert sum(data["draft_lengths"].values()) == len(records)
     console = Console(width=200, record=True)

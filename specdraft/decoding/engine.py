@@ -30,7 +30,7 @@ import torch
 
 from specdraft.decoding.evaluation import PoolEvaluator, RoundEvidence
 from specdraft.decoding.prefix_cache import PrefixCache
-from specdraft.decoding.records import RoundRecord
+from specdraft.decoding.records import RoundLearning, RoundRecord, RoundTimes, RoundTree
 from specdraft.decoding.tree_verify import Proposal, Verified, verify_tree
 from specdraft.core.penalty import RepeatPenalty
 from specdraft.core.sampling import SamplingParams, sampling_probs
@@ -72,7 +72,7 @@ class SpeculativeEngine:
         self.settings = settings
         self.generator = generator
         self.driver = PolicyDriver(policy, settings.draft_tokens, settings.max_new_tokens, target.clock)
-        self.driver.planner.later_from_drafts = [not d.later_positions_scored for d in self.drafters]
+        self.driver.planner.later_from_drafts = [not d.traits.later_positions_scored for d in self.drafters]
         # Target layers whose hidden states some drafter is scored from: handed over by the
         # verify forward when the policy evaluates every drafter.
         self.hidden_layers = tuple(sorted({layer for d in self.drafters for layer in d.hidden_layers}))
@@ -80,7 +80,7 @@ class SpeculativeEngine:
         # position, whichever arm drafted, so switching to them costs no catch-up forward.
         self.feature_drafters = [d for d in self.drafters if d.feature_layers]
         self.feature_layers = tuple(sorted({layer for d in self.feature_drafters for layer in d.feature_layers}))
-        self.may_sleep = len(self.drafters) > 1 and any(d.may_sleep for d in self.drafters)
+        self.may_sleep = len(self.drafters) > 1 and any(d.traits.may_sleep for d in self.drafters)
         # A prompt that starts with what the cache holds prefills only the rest. Drafters that
         # read the target's features need them at every position: with one, nothing is kept.
         self.prefix = PrefixCache(target, enabled=not self.feature_layers)
@@ -121,18 +121,13 @@ class SpeculativeEngine:
                 prefill_s, prefill_tokens = state.prefill_s, state.prefill_tokens  # reported once: first round
                 state.prefill_s, state.prefill_tokens = 0.0, 0
                 yield RoundRecord(arm=arm, drafter=drafter.name, drafted=feedback.drafted, accepted=verified.accepted,
-                                  tokens=tokens, alphas=verified.alphas, draft_s=watch["draft"],
-                                  verify_s=watch["verify"], overhead_s=watch["overhead"],
-                                  evaluate_s=watch["evaluate"], finish=finish, evaluated=learned.evaluated or None,
-                                  values=learned.values or None, value_unit=value_unit(self.driver.planner), planned=k,
-                                  expected_tokens=plan.expected_tokens, expected_seconds=plan.expected_seconds,
-                                  verify_width=verified.width, prefill_s=prefill_s, prefill_tokens=prefill_tokens,
-                                  branches=[(self.drafters[a].name, p.drafted, n)
-                                            for (a, n), p in zip(verified.kept, proposals)],
-                                  tree_size=verified.tree_size, winner=self._winner(verified),
-                                  runner_ups=[(self.drafters[a].name, n) for a, n in verified.runner_up_leaves],
-                                  runner_up_won=None if verified.runner_up_won is None
-                                  else self.drafters[verified.runner_up_won].name)
+                                  tokens=tokens, alphas=verified.alphas, finish=finish, verify_width=verified.width,
+                                  times=RoundTimes(watch["draft"], watch["verify"], watch["overhead"], watch["evaluate"],
+                                                   prefill_s, prefill_tokens),
+                                  learning=RoundLearning(k, plan.expected_tokens, plan.expected_seconds,
+                                                         learned.evaluated or None, learned.values or None,
+                                                         value_unit(self.driver.planner)),
+                                  tree=self._tree_report(verified, proposals))
                 if finish:
                     return
         finally:  # also when the caller stops early: what was generated is still text
@@ -214,6 +209,14 @@ class SpeculativeEngine:
             out.append(Proposal(arm, draft, max(0.0, self.target.clock() - started - draft.catch_up_seconds),
                                 *leaves.get(arm, (0, 1))))
         return out
+
+    def _tree_report(self, verified: Verified, proposals: list[Proposal]) -> RoundTree:
+        """How the round's chains fared, by drafter name."""
+        name = lambda arm: self.drafters[arm].name  # noqa: E731
+        return RoundTree(branches=[(name(a), p.drafted, n) for (a, n), p in zip(verified.kept, proposals)],
+                         tree_size=verified.tree_size, winner=self._winner(verified),
+                         runner_ups=[(name(a), n) for a, n in verified.runner_up_leaves],
+                         runner_up_won=None if verified.runner_up_won is None else name(verified.runner_up_won))
 
     def _winner(self, verified: Verified) -> str | None:
         """The drafter whose chain (or runner-up leaf) the committed tokens followed

@@ -20,7 +20,6 @@ import torch
 
 from specdraft.core.sampling import SamplingParams, distributions
 from specdraft.drafters.base import Drafter
-from specdraft.drafters.none import PlainDecoding
 from specdraft.learning.driver import Gammas, RoundOutcome
 
 
@@ -49,12 +48,12 @@ class PoolEvaluator:
         self.context = context
         self.params = params
         # The names are the ones `learning/driver.py` asks evaluators for.
-        self.costly = [drafter.scored_by_own_forward for drafter in drafters]
+        self.costly = [drafter.traits.scored_by_own_forward for drafter in drafters]
         self.from_hidden = [bool(drafter.hidden_layers) for drafter in drafters]
         # Greedy one-hot p: 1 - TV(p, q) of a token-id drafter is 1[its token == committed].
         # The plain arm proposes nothing (its gammas are 0 under any decoding): scored from
         # the distributions, it alone would make every greedy evaluation build them.
-        self.by_tokens = [drafter.kind == PlainDecoding.kind or (params.one_hot and drafter.token_ids_only)
+        self.by_tokens = [drafter.traits.drafts_nothing or (params.one_hot and drafter.traits.token_ids_only)
                           for drafter in drafters]
 
     def __call__(self, rounds: Sequence[RoundOutcome], skip: Sequence[bool] = ()) -> list[Gammas]:
@@ -83,7 +82,7 @@ class PoolEvaluator:
         parts, first = [], 0  # rounds first..j-1: consecutive rounds whose positions the drafter must score
         for j, round_ in enumerate(batch.rounds):
             drafted = round_.evidence.alphas.get(arm)
-            if drafted is None or not drafter.draft_alignment_is_score:
+            if drafted is None or not drafter.traits.draft_alignment_is_score:
                 continue
             parts.extend(self._score_span(arm, drafter, batch, first, j))
             first = j + 1

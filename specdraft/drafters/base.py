@@ -130,6 +130,32 @@ class PoolContext:
         return CachedLM(model, logits_size=self.draft.vocab_size, static=static, graphs=graphs, lean=lean)
 
 
+@dataclass(frozen=True)
+class DrafterTraits:
+    """What a drafter kind is, as the engine, the evaluator, the planner and a serving engine
+    ask it: one object per class (`Drafter.traits`), a subclass's a `replace` of its parent's."""
+
+    may_sleep: bool = False  # may propose nothing at a position (a lookup that finds nothing)
+    # Whether a serving engine that owns the target (serving/) can run this kind as its
+    # proposer: only a kind that drafts from token ids alone; `engine_problem` says why not.
+    token_ids_only: bool = False
+    engine_problem: str = "reads the target's hidden states or KV cache, which the serving engine owns"
+    # True when the alignment of its draft at a position equals what `score` gives there
+    # (autoregressive models: q depends only on the context), so the evaluator reuses it. A
+    # lookup's draft is one lookup's whole span: its per-position score is a fresh lookup.
+    draft_alignment_is_score: bool = False
+    # False when `score` at a committed position says how the drafter's first draft token
+    # would do there but not how a draft does further on (a head drafts on from its own
+    # predicted features, a steered block steers its later tokens from its start): the
+    # planner then learns its acceptance past the first position from its own drafts only.
+    later_positions_scored: bool = True
+    # Whether scoring it runs a forward of its own over every committed token it did not
+    # draft (a model with a cache of its own): the planner scores such a drafter only while
+    # it may be worth playing. A trace without the record asks the kind.
+    scored_by_own_forward: bool = False
+    drafts_nothing: bool = False  # the plain arm: every round it plays is a plain decoding round
+
+
 @dataclass
 class TrajectoryScores:
     """A drafter teacher-forced along a finished greedy trajectory, per generated position t:
@@ -147,26 +173,14 @@ class Drafter(ABC):
     """One drafter of the pool. Only `propose`, `score` and `trajectory_scores` must be
     written; every other member defaults to what a kind that needs none of it does.
 
-    A drafter is *awake* at a position when it would propose something there. A kind that
-    may sleep (`may_sleep`: a lookup that finds nothing proposes nothing) is asked before
+    What the round, the evaluator and a serving engine need to know of a kind, beyond its
+    methods, is its `traits`. A drafter is *awake* at a position when it would propose
+    something there. A kind that may sleep (`traits.may_sleep`: a lookup that finds nothing proposes nothing) is asked before
     each round (`awake_at`), and a learning policy chooses among the awake arms (sleeping
     experts, Freund et al. 1997). Model-backed drafters and the plain arm never sleep."""
 
     kind: ClassVar[str] = ""
-    may_sleep: ClassVar[bool] = False
-    # Whether a serving engine that owns the target (serving/) can run this kind as its
-    # proposer: only a kind that drafts from token ids alone; `engine_problem` says why not.
-    token_ids_only: ClassVar[bool] = False
-    engine_problem: ClassVar[str] = "reads the target's hidden states or KV cache, which the serving engine owns"
-    # True when the alignment of its draft at a position equals what `score` gives there
-    # (autoregressive models: q depends only on the context), so the evaluator reuses it. A
-    # lookup's draft is one lookup's whole span: its per-position score is a fresh lookup.
-    draft_alignment_is_score: ClassVar[bool] = False
-    # False when `score` at a committed position says how the drafter's first draft token
-    # would do there but not how a draft does further on (a head drafts on from its own
-    # predicted features, a steered block steers its later tokens from its start): the
-    # planner then learns its acceptance past the first position from its own drafts only.
-    later_positions_scored: ClassVar[bool] = True
+    traits: ClassVar[DrafterTraits] = DrafterTraits()
 
     def __init__(self, name: str, ctx: DraftContext):
         self.name = name
@@ -254,11 +268,6 @@ class Drafter(ABC):
     def hidden_layers(self) -> tuple[int, ...]:
         """Target layers whose hidden states `score` reads (the verify forward returns them)."""
         return ()
-
-    # Whether scoring it runs a forward of its own over every committed token it did not
-    # draft (a model with a cache of its own): the planner scores such a drafter only while
-    # it may be worth playing. A class attribute: a trace without the record asks the kind.
-    scored_by_own_forward = False
 
     def prepare_scoring(self, context: Sequence[int]) -> None:
         """Every generated position after the prompt `context` will be scored: a drafter with

@@ -16,6 +16,7 @@ committed text and the target's features there).
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 from typing import Sequence
 
 import torch
@@ -159,8 +160,12 @@ class HeadDrafter(ModelBackedDrafter):
     when it first drafts or is scored."""
 
     kind = "head"
-    draft_alignment_is_score = False  # drafts past the first token use predicted features
-    later_positions_scored = False  # (scoring reads the target's real features at each of them)
+    # Drafts past the first token use predicted features (scoring reads the target's real
+    # features at each of them). Its scoring is a forward of its layer and readout over the
+    # committed tokens: on a CPU several times a draft step's share of a target forward, so
+    # it is scored only while it may be worth playing, as model drafters are.
+    traits = replace(ModelBackedDrafter.traits, draft_alignment_is_score=False, later_positions_scored=False,
+                     scored_by_own_forward=True)
 
     def __init__(self, name: str, ctx: DraftContext, head: DraftHead, target: torch.nn.Module,
                  stop_below: float | None = None, core: str = "auto"):
@@ -182,11 +187,6 @@ class HeadDrafter(ModelBackedDrafter):
     @property
     def feature_layers(self) -> tuple[int, ...]:
         return self.layers_read
-
-    # Its scoring is a forward of its layer and readout over the committed tokens: on a CPU
-    # several times a draft step's share of a target forward, so it is scored only while it
-    # may be worth playing, as model drafters are.
-    scored_by_own_forward = True
 
     def observe_features(self, position: int, hidden: Hidden) -> None:
         self.head_cache.observe(position, self._side_by_side(hidden))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import statistics
+from dataclasses import replace
 from typing import Sequence
 
 import torch
@@ -96,7 +97,7 @@ class LayersDrafter(CausalLMDrafter):
         except ValueError as exc:
             raise ProfileError(pool.file, f"{key}.layers", str(exc)) from None
 
-    scored_by_own_forward = False  # scored from the verify's hidden states
+    traits = replace(CausalLMDrafter.traits, scored_by_own_forward=False)  # scored from the verify's hidden states
 
     @torch.inference_mode()
     def forward_seconds(self, widths: Sequence[int], repeats: int) -> dict[int, float]:

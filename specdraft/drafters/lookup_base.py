@@ -14,13 +14,12 @@ from typing import Callable, Sequence
 
 import torch
 
-from specdraft.drafters.base import Draft, Drafter, Hidden, TrajectoryScores
+from specdraft.drafters.base import Draft, Drafter, DrafterTraits, Hidden, TrajectoryScores
 from specdraft.learning.confidence import StopRule
 
 
 class LookupDrafter(Drafter):
-    may_sleep = True
-    token_ids_only = True
+    traits = DrafterTraits(may_sleep=True, token_ids_only=True)
 
     @abstractmethod
     def lookup(self, context: Sequence[int], position: int, k: int, stop_price: float | None = None) -> list[int]:

@@ -5,6 +5,8 @@ KV cache of its own. How it drafts, stops early and is scored is its base's
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from specdraft.drafters.base import DraftContext, PoolContext
@@ -15,7 +17,8 @@ from specdraft.models.cached_lm import CachedLM
 
 class ModelDrafter(CausalLMDrafter):
     kind = "model"
-    engine_problem = "runs a model of its own beside the target (vLLM's draft_model method runs one small model)"
+    traits = replace(CausalLMDrafter.traits, engine_problem="runs a model of its own beside the target (vLLM's "
+                                                             "draft_model method runs one small model)")
     lm: CachedLM
 
     def __init__(self, name: str, ctx: DraftContext, model: torch.nn.Module, stop_below: float | None = None,

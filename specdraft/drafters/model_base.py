@@ -20,6 +20,7 @@ draft starts without a forward of its own.
 from __future__ import annotations
 
 from abc import abstractmethod
+from dataclasses import replace
 from typing import Callable, Protocol, Sequence
 
 import torch
@@ -218,7 +219,9 @@ class CausalLMDrafter(ModelBackedDrafter):
     """Drafts by feeding token ids to a causal LM over a KV cache (`TokenLM`)."""
 
     lm: TokenLM
-    draft_alignment_is_score = True  # q at a position depends only on the context before it
+    # q at a position depends only on the context before it; scoring is a forward of its own
+    # model over the tokens it did not draft.
+    traits = replace(ModelBackedDrafter.traits, draft_alignment_is_score=True, scored_by_own_forward=True)
 
     def __init__(self, name: str, ctx: DraftContext, lm: TokenLM, stop_below: float | None = None):
         super().__init__(name, ctx, lm, stop_below)
@@ -229,8 +232,6 @@ class CausalLMDrafter(ModelBackedDrafter):
     def reset(self) -> None:
         super().reset()
         self._next = None
-
-    scored_by_own_forward = True  # a forward of its own model over the tokens it did not draft
 
     def prepare_scoring(self, context: Sequence[int]) -> None:
         if self.lm.length < len(context) - 1:  # the last prompt token goes in with the first round's

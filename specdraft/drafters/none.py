@@ -6,7 +6,7 @@ from typing import Sequence
 
 import torch
 
-from specdraft.drafters.base import Draft, DraftContext, Drafter, Hidden, TrajectoryScores
+from specdraft.drafters.base import Draft, DraftContext, Drafter, DrafterTraits, Hidden, TrajectoryScores
 from specdraft.learning.confidence import StopRule
 
 
@@ -14,6 +14,7 @@ class PlainDecoding(Drafter):
     """Never asleep: it is the round every asleep drafter would have turned into."""
 
     kind = "none"
+    traits = DrafterTraits(drafts_nothing=True)
 
     def __init__(self, ctx: DraftContext, name: str = "none"):
         super().__init__(name, ctx)

@@ -38,9 +38,9 @@ def kind_class(kind: str) -> type["Drafter"]:
 
 def scored_by_own_forward(kind: str) -> bool:
     """Whether full-information scoring runs a drafter of `kind`'s own forward
-    (`Drafter.scored_by_own_forward`): what a trace that did not record it asks. The plain
+    (`DrafterTraits.scored_by_own_forward`): what a trace that did not record it asks. The plain
     arm's kind ("none") is not a drafter kind: it drafts nothing, so nothing is scored."""
-    return kind in _CLASSES and kind_class(kind).scored_by_own_forward
+    return kind in _CLASSES and kind_class(kind).traits.scored_by_own_forward
 
 
 @dataclass(frozen=True)

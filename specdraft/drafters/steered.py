@@ -29,6 +29,7 @@ drafter weights, so the drafter is the pool's copy of the pretrained model, shar
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Sequence
 
 import torch
@@ -51,8 +52,8 @@ CONTEXT_CHUNK = 64
 
 class SteeredDrafter(CausalLMDrafter):
     kind = "steered"
-    draft_alignment_is_score = False  # a block's later tokens are steered from its start
-    later_positions_scored = False  # (scoring steers each position from its own)
+    # A block's later tokens are steered from its start (scoring steers each position from its own).
+    traits = replace(CausalLMDrafter.traits, draft_alignment_is_score=False, later_positions_scored=False)
     lm: CachedLM
 
     def __init__(self, name: str, ctx: DraftContext, model: torch.nn.Module, steering: Steering,

@@ -155,7 +155,7 @@ def _engine_config(label: str, runtime: Runtime, chat: bool | None) -> Config:
 def _per_position(prompt_run: PromptRun, k: int) -> tuple[list[int], list[int]]:
     accepted, drafted = [0] * k, [0] * k
     for record in prompt_run.records:
-        own = record.branches[0][2] if record.branches else record.accepted  # the chosen drafter's kept tokens
+        own = record.tree.branches[0][2] if record.tree.branches else record.accepted  # the chosen drafter's kept tokens
         for j in range(record.drafted):
             drafted[j] += 1
             accepted[j] += j < own

@@ -183,7 +183,7 @@ def record_trace(runtime: Runtime, examples: Sequence[Example], chat: bool | Non
     drafters = runtime.drafters
     trace = Trace(TraceHeader(k, profile.decode.max_new_tokens, [d.name for d in drafters], [d.kind for d in drafters],
                               measure_costs(runtime, k), str(profile.file),
-                              scored_by_own_forward=[d.scored_by_own_forward for d in drafters]))
+                              scored_by_own_forward=[d.traits.scored_by_own_forward for d in drafters]))
     if sink is not None:
         sink.header(trace.header)
     for example in examples:

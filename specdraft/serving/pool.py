@@ -1,10 +1,10 @@
 """What a serving worker builds once from a profile: the host-side drafters every request
 forks, the policy each request starts from, and the learned state requests hand on.
 
-Only drafters that draft from token ids alone (`Drafter.token_ids_only`: the lookups) can
+Only drafters that draft from token ids alone (`DrafterTraits.token_ids_only`: the lookups) can
 run inside an engine that owns the target: the others need the target's hidden states or
 KV cache, or run a model of their own beside it, and are left out of the served pool, each
-with its reason (`Drafter.engine_problem`). Suffix stores, the learned store and the history of answers are
+with its reason (`DrafterTraits.engine_problem`). Suffix stores, the learned store and the history of answers are
 built once and shared by every request's fork (`Drafter.fork`), so an answer one request
 finished is drafted from by the next.
 """
@@ -41,9 +41,9 @@ def served_drafters(profile: Profile) -> tuple[Profile, dict[str, str]]:
     """The profile with only the drafters a serving engine can run, and {name: why} for
     each one left out. A ProfileError when none is left or the fixed policy names one left out."""
     classes = {c.name: kind_class(c.kind) for c in profile.drafters}
-    kept = tuple(c for c in profile.drafters if classes[c.name].token_ids_only)
-    left = {c.name: f"{c.kind}: {classes[c.name].engine_problem}" for c in profile.drafters
-            if not classes[c.name].token_ids_only}
+    kept = tuple(c for c in profile.drafters if classes[c.name].traits.token_ids_only)
+    left = {c.name: f"{c.kind}: {classes[c.name].traits.engine_problem}" for c in profile.drafters
+            if not classes[c.name].traits.token_ids_only}
     if not kept:
         raise ProfileError(str(profile.file), "drafters", "no drafter can serve under vLLM (only drafters that "
                            "draft from token ids can): " + "; ".join(f"{n} ({w})" for n, w in left.items()))

@@ -21,7 +21,6 @@ from specdraft.drafters.lookup_base import LookupDrafter
 from specdraft.learning.batch_planner import ALONE, NO_DRAFT_YET, MatchCalibration, draft_outcome, support
 from specdraft.learning.driver import PolicyDriver, RoundOutcome, ScoringFunction
 from specdraft.learning.feedback import RoundFeedback
-from specdraft.learning.policies.base import PLAIN_ARM
 
 
 class Offer(NamedTuple):
@@ -109,7 +108,7 @@ class RequestDrafting:
             # sends only its choice, so the others need only say that (one token).
             depth = k if self.driver.full_information else 1
             drafts = [self._draft(arm, depth) for arm in range(len(self.drafters))]
-            awake = [not d.may_sleep or bool(o and o.tokens) for d, o in zip(self.drafters, drafts)]
+            awake = [not d.traits.may_sleep or bool(o and o.tokens) for d, o in zip(self.drafters, drafts)]
         chosen = self.driver.choose_drafter(awake if self.driver.wants_awake else None)
         drafted = drafts[chosen]
         first = drafted if drafted is not None and self.driver.full_information else self._draft(chosen, k)
@@ -132,7 +131,7 @@ class RequestDrafting:
 
     def _draft(self, arm: int, k: int) -> Offer:
         drafter = self.drafters[arm]
-        if drafter.name == PLAIN_ARM or k <= 0:
+        if drafter.traits.drafts_nothing or k <= 0:
             return Offer(arm, [], 0, ALONE)
         if isinstance(drafter, LookupDrafter):  # the tokens as a list: no tensor to build and read back
             tokens = drafter.lookup(self.context, len(self.context), k)

@@ -71,16 +71,16 @@ class GenerationStats:
     def add(self, record) -> None:
         self.tokens += len(record.tokens)
         self.rounds += 1
-        self.draft_s += record.draft_s
-        self.verify_s += record.verify_s
-        self.overhead_s += record.overhead_s
-        self.evaluate_s += record.evaluate_s
-        self.prefill_s += record.prefill_s
-        self.prefill_tokens += record.prefill_tokens
-        values = record.values  # valued by the policy, in the objective it optimises
-        for j, (arm, gammas) in enumerate(record.evaluated or ()):
+        self.draft_s += record.times.draft_s
+        self.verify_s += record.times.verify_s
+        self.overhead_s += record.times.overhead_s
+        self.evaluate_s += record.times.evaluate_s
+        self.prefill_s += record.times.prefill_s
+        self.prefill_tokens += record.times.prefill_tokens
+        values = record.learning.values  # valued by the policy, in the objective it optimises
+        for j, (arm, gammas) in enumerate(record.learning.evaluated or ()):
             if self.regret_tracker is None:
-                unit = record.value_unit if values is not None else "tokens"
+                unit = record.learning.value_unit if values is not None else "tokens"
                 self.regret_tracker = RegretTracker(list(self.drafter_names), unit)
             if values is not None:
                 self.regret_tracker.add(arm, values[j])
@@ -88,22 +88,22 @@ class GenerationStats:
                 self.regret_tracker.add_round(arm, gammas, self.draft_tokens)
         # (a tree round: accepted of the tree's drafted tokens)
         self.last_drafter, self.last_accepted = record.drafter, record.accepted
-        leaves = sum(n for _, n in record.runner_ups)
-        self.last_drafted = record.tree_size if record.branches and (len(record.branches) > 1 or leaves) \
+        leaves = sum(n for _, n in record.tree.runner_ups)
+        self.last_drafted = record.tree.tree_size if record.tree.branches and (len(record.tree.branches) > 1 or leaves) \
             else record.drafted
-        self.last_planned = record.planned
-        branches = record.branches or [(record.drafter, record.drafted, record.accepted)]
-        tree_size = record.tree_size if record.branches else record.drafted
-        self.last_tree_size, self.last_branches, self.last_winner = tree_size, len(branches), record.winner
+        self.last_planned = record.learning.planned
+        branches = record.tree.branches or [(record.drafter, record.drafted, record.accepted)]
+        tree_size = record.tree.tree_size if record.tree.branches else record.drafted
+        self.last_tree_size, self.last_branches, self.last_winner = tree_size, len(branches), record.tree.winner
         self.draft_lengths[tree_size] += 1
         self.branches += len(branches)
         if len(branches) > 1:
             self.tree_rounds += 1
         self._add_runner_ups(record, leaves)
-        if record.expected_seconds:
-            self.expected_tokens += record.expected_tokens
-            self.expected_seconds += record.expected_seconds
-            self.estimated_rounds_s += record.draft_s + record.verify_s
+        if record.learning.expected_seconds:
+            self.expected_tokens += record.learning.expected_tokens
+            self.expected_seconds += record.learning.expected_seconds
+            self.estimated_rounds_s += record.times.draft_s + record.times.verify_s
             self.estimated_rounds_tokens += record.accepted + 1
         self.usage.setdefault(record.drafter, DrafterUsage()).rounds += 1
         for name, drafted, kept in branches:
@@ -112,7 +112,7 @@ class GenerationStats:
             use.accepted += kept
             if len(branches) > 1:
                 use.branched += 1
-                use.won += name == record.winner
+                use.won += name == record.tree.winner
 
     def _add_runner_ups(self, record, leaves: int) -> None:
         """A round's runner-up leaves (`leaves` in all) and whether it ended on one."""
@@ -120,11 +120,11 @@ class GenerationStats:
         if leaves:
             self.runner_up_rounds += 1
             self.runner_up_leaves += leaves
-            self.runner_up_wins += record.runner_up_won is not None
-        for name, n in record.runner_ups:
+            self.runner_up_wins += record.tree.runner_up_won is not None
+        for name, n in record.tree.runner_ups:
             self.usage.setdefault(name, DrafterUsage()).runner_ups += n
-        if record.runner_up_won is not None:
-            self.usage.setdefault(record.runner_up_won, DrafterUsage()).runner_up_won += 1
+        if record.tree.runner_up_won is not None:
+            self.usage.setdefault(record.tree.runner_up_won, DrafterUsage()).runner_up_won += 1
 
     @property
     def tokens_per_round(self) -> float:
