@@ -7,7 +7,7 @@ of small tensors, and walks the KV cache and activations, all allocated through 
 malloc; on 4 KiB pages the hardware prefetchers stop at every page boundary and the TLB
 misses on nearly every page. glibc (2.35 and later) asks for huge pages for its heap when the
 process starts with the tunable `glibc.malloc.hugetlb=1`, which can only be set before the
-process starts, so the command runs itself again once with it (README, "Using it", has
+process starts, so the command runs itself again once with it (docs/usage.md, "Huge pages", has
 what it measured). `SPECDRAFT_HUGE_PAGES=0` keeps the process as started; a tunable the user
 set is left alone. Only the command line does this: a program importing specdraft decides
 its own environment.

@@ -36,7 +36,7 @@ MIN_TEMPERATURE = 1e-3
 # A penalty outside these bounds flattens the distribution into noise (or makes a repeated
 # token certain); a window past this many tokens is what -1 (the whole context) is for.
 MIN_REPEAT_PENALTY, MAX_REPEAT_PENALTY, MAX_REPEAT_WINDOW = 0.1, 10.0, 1 << 16
-DEFAULT_POLICY = "normalhedge"  # a profile with drafters and no [policy] (README, "Policies")
+DEFAULT_POLICY = "normalhedge"  # a profile with drafters and no [policy] (docs/policies.md)
 PROFILE_LIMIT = 4 << 20  # bytes: a profile is a page of TOML; /dev/zero or a model file is refused
 
 

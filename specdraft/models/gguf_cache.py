@@ -5,7 +5,7 @@ take seconds instead of tens of seconds.
 - An entry holds the weights dequantized into the dtype the model runs in (a bfloat16 entry
   is half a float32 one's bytes and casts nothing), or, for a model on its file's own
   quantization, only the config and tokenizer (`METADATA`): its weights load
-  from the mapped file faster than from a second copy (README, "Loading"). Entries of
+  from the mapped file faster than from a second copy (docs/loading.md). Entries of
   specdraft 0.1 that held the repacked weights are removed on the next load
   (`remove_weight_entries`).
 - The key follows the file's content, not its path (gguf_key.py). `<stem>` is only for

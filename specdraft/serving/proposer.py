@@ -12,7 +12,7 @@ runner's `input_batch.req_ids` (row -> id for this step; rows move as requests f
 and `requests` (every unfinished request, running or preempted). A request whose id
 leaves `requests` has finished: its state is dropped after its drafters record its text.
 Nothing is global: each proposer instance owns its requests' states and its pool, so
-several workers, ranks or server processes each hold their own (see README, Serving).
+several workers, ranks or server processes each hold their own (see docs/serving.md).
 """
 
 from __future__ import annotations
