@@ -186,3 +186,32 @@ def test_closed_pipe_ends_quietly(pool_file):
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     assert unannounced(proc.stderr.decode()) == ""
+
+
+def _commands(group, prefix=()):
+    """(command path, click command) of every leaf command of the CLI."""
+    for name, command in group.commands.items():
+        if hasattr(command, "commands"):  # a group (typer vendors its own click classes)
+            yield from _commands(command, (*prefix, name))
+        else:
+            yield " ".join((*prefix, name)), command
+
+
+def test_every_command_shows_examples_that_parse_against_its_options():
+    """`--help` of every command ends with examples, and each example's arguments are ones
+    the command accepts (parsed by click itself, nothing run)."""
+    import shlex
+
+    import typer
+
+    from specdraft.cli.examples import EXAMPLES
+
+    commands = dict(_commands(typer.main.get_command(app)))
+    assert set(commands) == set(EXAMPLES)
+    for path, command in commands.items():
+        shown = CliRunner().invoke(app, [*path.split(), "--help"], env={"COLUMNS": "200"})
+        assert shown.exit_code == 0 and "Examples" in shown.stdout, path
+        for example in EXAMPLES[path]:
+            words = shlex.split(example.split("|")[-1].split(">")[0])
+            assert words[: 1 + len(path.split())] == ["specdraft", *path.split()], example
+            command.make_context(path, words[1 + len(path.split()):])  # a flag that is gone raises here

@@ -247,3 +247,16 @@ def test_quick_command_runs(script, repo_mirror):
                                  f"stderr:\n{done.stderr[-2000:]}"
     if ">" not in script[-1]:  # a command whose output is not redirected prints something
         assert done.stdout.strip(), f"no output on stdout:\n{body}"
+
+
+def test_ci_runs_the_readmes_test_lines():
+    """`.ci/run` runs the README's test commands as written (its pip installs quiet)."""
+    import re
+
+    ci = (ROOT / ".ci" / "run").read_text()
+    lines = [line for line in ci.splitlines() if line.startswith("python3 -m venv")]
+    readme = (ROOT / "README.md").read_text()
+    assert len(lines) == 2
+    for line in lines:
+        unquiet = re.sub(r"(pip (?:install|uninstall)) -q", r"\1", line)
+        assert unquiet in readme or line in readme, line[:80]

@@ -17,6 +17,7 @@ from specdraft import __version__
 from specdraft.cli.common import (DraftTokens, Model, PolicyFlag, Pool, RepeatLastN, RepeatPenalty, Seed, System,
                                   Temperature, TopK, TopP, options_of, run_command, with_pool)
 from specdraft.commands.model_flag import profile_path
+from specdraft.cli.examples import epilog
 from specdraft.cli.groups import calibrate_app, datastore_app, profile_app, train_app
 from specdraft.commands.io import err_console
 
@@ -40,7 +41,7 @@ def _root(
     """specdraft: faster local generation, same tokens."""
 
 
-@app.command()
+@app.command(epilog=epilog("generate"))
 def generate(
     prompt: Annotated[Optional[str], typer.Argument(help="Prompt text; read from stdin when omitted. Piped stdin and a PROMPT together make one prompt: the piped text, a blank line, then PROMPT.")] = None,
     each_line: Annotated[bool, typer.Option("--each-line", help="Treat every stdin line as its own prompt.")] = False,
@@ -75,7 +76,7 @@ def generate(
     run_command(console, verbose, lambda: run_generate(with_pool(options, model), console))
 
 
-@app.command()
+@app.command(epilog=epilog("chat"))
 def chat(
     system: System = None,
     json_output: Annotated[bool, typer.Option("--json", help="One JSON object per turn on stdout (with prefill_tokens: only a turn's new tokens are prefilled).")] = False,
@@ -102,7 +103,7 @@ def chat(
     run_command(console, verbose, lambda: run_chat(with_pool(options, model), console))
 
 
-@app.command()
+@app.command(epilog=epilog("bench"))
 def bench(
     pool: Annotated[Optional[str], typer.Option("--pool", "-p", help="TOML drafter-pool profile (optional with --replay).")] = None,
     data: Annotated[Optional[str], typer.Option(help="Prompts: .jsonl (prompt, task, id), .csv (prompt column) or text (one per line).")] = None,
@@ -134,7 +135,7 @@ def bench(
     run_command(console, verbose, lambda: run_bench_command(with_pool(options, model, optional=True), console))
 
 
-@app.command()
+@app.command(epilog=epilog("trace"))
 def trace(
     data: Annotated[str, typer.Option(help="Prompts file (jsonl, csv or text).")],
     out: Annotated[str, typer.Option(help="Trace file to write (JSON lines).")],
@@ -153,7 +154,7 @@ def trace(
                                                      chat, console))
 
 
-@app.command()
+@app.command(epilog=epilog("export"))
 def export(
     out: Annotated[str, typer.Option(help="Folder to write the target to (transformers layout).")],
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "bfloat16",
@@ -169,7 +170,7 @@ def export(
     run_command(console, verbose, lambda: run_export_command(profile_path(pool, model), out, dtype, force, console))
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, epilog=epilog("serve"))
 def serve(
     ctx: typer.Context,
     port: Annotated[int, typer.Option(help="Port of the OpenAI-compatible server.")] = 8000,
@@ -193,7 +194,7 @@ def serve(
     run_command(console, verbose, lambda: run_serve_command(with_pool(opts, model), console))
 
 
-@app.command("calibrate-beta")
+@app.command("calibrate-beta", epilog=epilog("calibrate-beta"))
 def calibrate_beta(
     data: Annotated[Optional[str], typer.Option(help="Calibration prompts (to record a trace).")] = None,
     trace_file: Annotated[Optional[str], typer.Option("--trace", help="Reuse this trace (recorded and saved here if missing).")] = None,

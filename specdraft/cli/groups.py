@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from specdraft.cli.examples import epilog
 from specdraft.cli.common import Model, Pool, options_of, run_command, with_pool
 from specdraft.commands.io import err_console
 from specdraft.commands.model_flag import head_out, profile_path
@@ -16,7 +17,7 @@ from specdraft.commands.model_flag import head_out, profile_path
 profile_app = typer.Typer(no_args_is_help=True, help="Profiles: a target, its pool of drafters and the policy.")
 
 
-@profile_app.command("init")
+@profile_app.command("init", epilog=epilog("profile init"))
 def profile_init(
     model: Annotated[str, typer.Argument(help="A .gguf file, model folder or hub id (org/name).", show_default=False)],
 ) -> None:
@@ -36,7 +37,7 @@ def _print(text: str) -> int:
 calibrate_app = typer.Typer(no_args_is_help=True, help="Measure what the planner plans with.")
 
 
-@calibrate_app.command("costs")
+@calibrate_app.command("costs", epilog=epilog("calibrate costs"))
 def calibrate_costs(
     pool: Pool = None,
     model: Model = None,
@@ -52,7 +53,7 @@ def calibrate_costs(
 datastore_app = typer.Typer(no_args_is_help=True, help="Datastores the suffix drafter drafts from.")
 
 
-@datastore_app.command("build")
+@datastore_app.command("build", epilog=epilog("datastore build"))
 def datastore_build(
     files: Annotated[list[str], typer.Argument(help="Text, JSONL or source files, or folders of them.", show_default=False)],
     out: Annotated[str, typer.Option(help="Folder to write the datastore to.", show_default=False)],
@@ -72,7 +73,7 @@ def datastore_build(
 train_app = typer.Typer(no_args_is_help=True, help="Train drafters from the frozen target.")
 
 
-@train_app.command("head")
+@train_app.command("head", epilog=epilog("train head"))
 def train_head(
     data: Annotated[list[str], typer.Option("--data", help="Training text: JSONL (a prompt and an answer become a chat exchange; `generate --json` output works), text or source files, or folders of them; more may follow as arguments.", show_default=False)],
     out: Annotated[Optional[str], typer.Option(help="Folder for the head (a `head` drafter's path; with -m MODEL, by default the model's heads folder, so that -m runs it).", show_default=False)] = None,
@@ -109,7 +110,7 @@ def train_head(
     run_command(console, verbose, run, sigterm=True)
 
 
-@train_app.command("steer")
+@train_app.command("steer", epilog=epilog("train steer"))
 def train_steer(
     drafter: Annotated[str, typer.Option(help="The pool's pretrained drafter to steer (a `model` or `steered` drafter's name).", show_default=False)],
     data: Annotated[list[str], typer.Option("--data", help="Training text, as for `train head`; more may follow as arguments.", show_default=False)],
