@@ -17,7 +17,7 @@ import time
 import torch
 from torch import nn
 
-from specdraft.models.quantize import Int4Linear, Int8Linear
+from specdraft.models.kernels.quantize import Int4Linear, Int8Linear
 
 
 def seconds(calls, repeats: int = 10) -> float:

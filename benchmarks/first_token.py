@@ -41,7 +41,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         kernels = Path(scratch) / "kernels-cache"
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "SPECDRAFT_CACHE_DIR": str(kernels)}
-        subprocess.run([sys.executable, "-c", "from specdraft.models.native import library; library()"], env=env,
+        subprocess.run([sys.executable, "-c", "from specdraft.models.kernels.native import library; library()"], env=env,
                        check=True)
         print("| file | llama-cli -n 1 s | specdraft first run s | later runs s | first / llama | later / llama |")
         print("|---|---|---|---|---|---|")

@@ -14,7 +14,7 @@ import torch
 from forward_timing import interleaved_costs  # benchmarks/, the folder the script runs from
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.loading import load_model
-from specdraft.models.native import kernel_isa, vnni_available
+from specdraft.models.kernels.native import kernel_isa, vnni_available
 from specdraft.profile import load_profile
 
 ISAS = {"avx2": 0, "vnni": 1}

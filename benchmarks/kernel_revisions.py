@@ -3,7 +3,7 @@ against another revision's, interleaved in one process (the same model, the same
 the order shuffled per repeat): what a kernel change did, free of the drift between runs.
 
 The other revision's sources (`git show REV:specdraft/models/...`) are compiled as
-`models/native.py` compiles this checkout's; only the C library differs between the two columns
+`models/kernels/native.py` compiles this checkout's; only the C library differs between the two columns
 (the decoder layers' call and the output head's block product alike), the Python around it is
 this checkout's. A prompt prefill is timed as a forward of its width at
 context 0.
@@ -24,7 +24,9 @@ from pathlib import Path
 
 import torch
 
-from specdraft.models import block_linear, native, native_layers
+from specdraft.models.kernels import block_linear
+from specdraft.models.kernels import native
+from specdraft.models.kernels import native_layers
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.loading import load_model
 from specdraft.profile import load_profile

@@ -17,7 +17,7 @@ import torch
 from specdraft.profile import load_profile
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.loading import load_model
-from specdraft.models.packed_linear import pack_linears, packing_problem, stock_kernels
+from specdraft.models.kernels.packed_linear import pack_linears, packing_problem, stock_kernels
 
 
 def main() -> None:

@@ -33,7 +33,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import specdraft.drafters.suffix as suffix_module  # noqa: E402
 import specdraft.drafters.suffix_index as this_index  # noqa: E402
 from kernel_revisions import ROOT, build_revision  # noqa: E402
-from specdraft.models import block_linear, native, native_layers  # noqa: E402
+from specdraft.models.kernels import block_linear
+from specdraft.models.kernels import native
+from specdraft.models.kernels import native_layers# noqa: E402
 from specdraft.profile import load_profile  # noqa: E402
 from specdraft.runtime import build_runtime  # noqa: E402
 from specdraft.session.prompt_run import PromptRun  # noqa: E402

@@ -14,10 +14,10 @@ import torch
 
 from forward_timing import interleaved_costs  # benchmarks/, the folder the script runs from
 from specdraft.config.model_spec import ModelSpec
-from specdraft.models.block_linear import BlockLinear
+from specdraft.models.kernels.block_linear import BlockLinear
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.file_quantization import weight_bytes
-from specdraft.models.gguf_blocks import int8_rows
+from specdraft.models.kernels.formats import int8_rows
 from specdraft.models.loading import load_model
 
 

@@ -1,7 +1,7 @@
 """The target's forward at each verify width, in several formats interleaved on the same
 tokens: the GGUF file's own quantization (`gguf`: the lean forward on specdraft's kernels;
 `gguf-f32-scales`: the same with its block scales held as float32, as before they were kept
-in their compact forms, models/scale_forms.py),
+in their compact forms, models/kernels/scale_forms.py),
 dequantized into float32 (`float32`: packed for oneDNN), into bfloat16 as specdraft runs it
 (`bfloat16`: its weights on the block kernels, float32 arithmetic) and as torch runs it
 (`bfloat16-torch`: oneDNN's bfloat16 products through transformers, what `dtype =
@@ -26,12 +26,12 @@ import torch
 from forward_timing import interleaved_costs  # benchmarks/, the folder the script runs from
 from specdraft.profile import load_profile
 from specdraft.models.cached_lm import CachedLM
-from specdraft.models import block_linear
-from specdraft.models.block_linear import runs_on_file_quantization
+from specdraft.models.kernels import block_linear
+from specdraft.models.kernels.block_linear import runs_on_file_quantization
 from specdraft.models.file_quantization import weight_bytes
-from specdraft.models.lean_decoder import LeanDecoder, lean_problem
+from specdraft.models.lean.decoder import LeanDecoder, lean_problem
 from specdraft.models.loading import load_model
-from specdraft.models.packed_linear import pack_linears, packing_problem
+from specdraft.models.kernels.packed_linear import pack_linears, packing_problem
 
 
 def load(profile, form: str):

@@ -56,7 +56,7 @@ class DecodeConfig:
     feedback: str = "exact"  # greedy alignment: "exact" (argmax agreement) or "soft" (T = 1 overlap)
     kv_cache: str = "auto"  # "dynamic" | "static" | "auto" (static on CUDA, where graphs need it)
     cuda_graphs: bool = True  # replay small feeds as CUDA graphs (static cache on CUDA only)
-    # How model drafters run their own forwards: "lean" (lean_decoder.py: Llama-shaped models,
+    # How model drafters run their own forwards: "lean" (lean/decoder.py: Llama-shaped models,
     # without transformers' per-op overhead), "transformers", or "auto" (lean on a CPU where
     # the model allows it; CUDA graphs remove the same overhead on a GPU).
     drafter_core: str = "auto"

@@ -10,11 +10,11 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
-from specdraft.models import block_linear
-from specdraft.models.block_linear import BlockLinear, to_int8_blocks
-from specdraft.models.gguf_blocks import block_terms
-from specdraft.models.native import kernel_isa, kernel_problem, vnni_available
-from specdraft.models.scale_forms import FACTORED, FLOAT16, FLOAT32, compact, decoded
+from specdraft.models.kernels import block_linear
+from specdraft.models.kernels.block_linear import BlockLinear, to_int8_blocks
+from specdraft.models.kernels.formats import block_terms
+from specdraft.models.kernels.native import kernel_isa, kernel_problem, vnni_available
+from specdraft.models.kernels.scale_forms import FACTORED, FLOAT16, FLOAT32, compact, decoded
 
 pytestmark = pytest.mark.skipif(kernel_problem() is not None, reason=f"no CPU kernels here: {kernel_problem()}")
 
@@ -86,7 +86,7 @@ def test_a_super_block_that_does_not_factor_keeps_the_weight_float32():
 
 
 def test_fused_factored_weights_run_as_one_and_mixed_forms_side_by_side():
-    from specdraft.models.fused_linear import Concatenated, fuse
+    from specdraft.models.kernels.fused_linear import Concatenated, fuse
 
     parts = [BlockLinear.of(_terms("Q4_K", 32, 512, seed)) for seed in (1, 2)]
     x = torch.randn(3, 512)
@@ -122,7 +122,7 @@ def test_a_build_says_which_signatures_it_has_so_benchmarks_never_mix_two():
     import ctypes
     import ctypes.util
 
-    from specdraft.models.native import interface_of, library
+    from specdraft.models.kernels.native import interface_of, library
 
     assert interface_of(library()) == 5  # float16 scales (2), rows looked up in C (3), scale forms (4), 6-bit (5)
     assert interface_of(ctypes.CDLL(ctypes.util.find_library("m"))) == 1  # a build from before the version

@@ -63,7 +63,7 @@ def test_the_feature_pass_runs_packed_and_leaves_the_target_as_it_was(tmp_path):
     """The feature pass runs the target's linears packed (a CPU build with oneDNN) and keeps
     no logits but the last: its features are the dense forward's up to float rounding, and
     the target's own nn.Linear modules are back afterwards (training reads them densely)."""
-    from specdraft.models.packed_linear import PackedLinear, packed_while
+    from specdraft.models.kernels.packed_linear import PackedLinear, packed_while
 
     target = tiny_llama(seed=0, layers=2, scale=6.0).float()
     linears = [m for m in target.modules() if type(m) is torch.nn.Linear]

@@ -18,12 +18,12 @@ from specdraft.drafters import DraftContext, ModelDrafter, NgramDrafter, PlainDe
 from specdraft.drafters.layers import LayersDrafter
 from specdraft.drafters.options import SuffixOptions
 from specdraft.learning.policies import POLICIES, build_policy
-from specdraft.models.block_linear import BlockLinear
+from specdraft.models.kernels.block_linear import BlockLinear
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.file_quantization import FileCodes, quantized_in_place
-from specdraft.models.gguf_blocks import Int8Codes, block_terms, int8_rows
-from specdraft.models.native import causal_attention, kernel_isa, kernel_problem, rms_norm, vnni_available
-from specdraft.models.quantized_embedding import QuantizedEmbedding
+from specdraft.models.kernels.formats import Int8Codes, block_terms, int8_rows
+from specdraft.models.kernels.native import causal_attention, kernel_isa, kernel_problem, rms_norm, vnni_available
+from specdraft.models.kernels.quantized_embedding import QuantizedEmbedding
 
 pytestmark = pytest.mark.skipif(kernel_problem() is not None, reason=f"no CPU kernels here: {kernel_problem()}")
 
@@ -287,7 +287,7 @@ def test_int8_rows_fall_back_exactly_where_codes_cannot_be_read():
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_a_tied_embedding_reads_the_heads_rows_exactly(type_name):
-    from specdraft.models.quantized_embedding import TiedEmbedding
+    from specdraft.models.kernels.quantized_embedding import TiedEmbedding
 
     rows, cols = 45, 512  # the last block of 16 rows padded
     if type_name.endswith("_K"):
@@ -333,7 +333,7 @@ def test_a_draft_head_over_the_quantized_target_keeps_plain_decoding(qtarget):
 def test_the_architecture_is_read_from_the_header_alone(tmp_path):
     from gguf import GGUFWriter
 
-    from specdraft.models.gguf_header import gguf_architecture
+    from specdraft.models.gguf.header import gguf_architecture
 
     path = tmp_path / "m.gguf"
     writer = GGUFWriter(str(path), "qwen2")
@@ -360,7 +360,7 @@ def test_the_kernels_instruction_set_can_be_chosen_by_the_environment(value, exp
     import sys
 
     code = ("from specdraft.errors import UsageError\n"
-            "from specdraft.models.native import kernel_isa, kernel_problem, vnni_available\n"
+            "from specdraft.models.kernels.native import kernel_isa, kernel_problem, vnni_available\n"
             "try:\n    problem = kernel_problem()\nexcept UsageError as exc:\n    print(exc)\n    raise SystemExit\n"
             "print(problem if problem else f'{kernel_isa()} {int(vnni_available())}')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

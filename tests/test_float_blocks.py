@@ -18,12 +18,12 @@ from specdraft.drafters import DraftContext, ModelDrafter, NgramDrafter, PlainDe
 from specdraft.drafters.layers import LayersDrafter
 from specdraft.drafters.options import SuffixOptions
 from specdraft.learning.policies import POLICIES, build_policy
-from specdraft.models.block_linear import BlockLinear, runs_on_file_quantization
+from specdraft.models.kernels.block_linear import BlockLinear, runs_on_file_quantization
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.float_blocks import FloatRowsEmbedding, to_float_blocks
 from specdraft.models.loading import load_model
-from specdraft.models.native import kernel_problem
-from specdraft.models.quantized_embedding import TiedEmbedding
+from specdraft.models.kernels.native import kernel_problem
+from specdraft.models.kernels.quantized_embedding import TiedEmbedding
 
 pytestmark = pytest.mark.skipif(kernel_problem() is not None, reason=f"no CPU kernels here: {kernel_problem()}")
 

@@ -1,5 +1,5 @@
-"""The GGUF conversion cache (models/gguf_cache.py, with gguf_key.py, gguf_entry.py and
-cache_leftovers.py): entries keyed by the file's content, and entry writes that a kill at
+"""The GGUF conversion cache (models/gguf/cache.py, with gguf/key.py, gguf/entry.py and
+gguf/leftovers.py): entries keyed by the file's content, and entry writes that a kill at
 any line leaves whole or absent, never half-written.
 
 The GGUF files are real (gguf.GGUFWriter: a header, metadata and a tensor); reading them into
@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 
 from crash_harness import kill_points, run_killed
-from specdraft.models import gguf_cache, gguf_key
-from specdraft.models.cache_leftovers import legacy_host
-from specdraft.models.gguf_cache import converted_gguf, entry_folder
-from specdraft.models.gguf_entry import MANIFEST, verify_entry
+from specdraft.models.gguf import cache as gguf_cache
+from specdraft.models.gguf import key as gguf_key
+from specdraft.models.gguf.leftovers import legacy_host
+from specdraft.models.gguf.cache import converted_gguf, entry_folder
+from specdraft.models.gguf.entry import MANIFEST, verify_entry
 
 
 def write_gguf(path: Path, seed: int = 0, extra: int = 0) -> Path:
@@ -121,7 +122,7 @@ def test_the_same_bytes_at_two_paths_share_one_entry_and_convert_once(cache, tmp
 
 
 def test_a_file_differing_in_one_sampled_byte_gets_its_own_entry(cache, tmp_path):
-    from specdraft.models.gguf_key import HEAD_BYTES, entry_key, sampled_regions
+    from specdraft.models.gguf.key import HEAD_BYTES, entry_key, sampled_regions
 
     small = write_gguf(tmp_path / "a" / "tiny.gguf", seed=0)
     other = write_gguf(tmp_path / "b" / "tiny.gguf", seed=1)  # the same header, other tensor bytes

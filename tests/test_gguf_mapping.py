@@ -1,4 +1,4 @@
-"""A GGUF model built from its mapped file (models/gguf_mapping.py): every matrix is the
+"""A GGUF model built from its mapped file (models/gguf/mapping.py): every matrix is the
 weight transformers dequantizes from the same file (bit for bit where the format is read
 exactly, to half an int8 step where it is rounded), for llama (query and key rows
 unpermuted) and qwen2 (biases), tied and untied heads; the cache keeps no weights; a model
@@ -17,13 +17,13 @@ import torch
 
 from gguf_models import write_model
 from specdraft.errors import ProfileError, SpecdraftError
-from specdraft.models import gguf_cache
-from specdraft.models.gguf_cache import tie_absent_head
-from specdraft.models.block_linear import BlockLinear
-from specdraft.models.gguf_file import GGUFError, GGUFFile
+from specdraft.models.gguf import cache as gguf_cache
+from specdraft.models.gguf.cache import tie_absent_head
+from specdraft.models.kernels.block_linear import BlockLinear
+from specdraft.models.gguf.file import GGUFError, GGUFFile
 from specdraft.models.gguf_loading import load_gguf_mapped, read_gguf
-from specdraft.models.native import kernel_problem
-from specdraft.models.quantized_embedding import QuantizedEmbedding, TiedEmbedding
+from specdraft.models.kernels.native import kernel_problem
+from specdraft.models.kernels.quantized_embedding import QuantizedEmbedding, TiedEmbedding
 
 pytestmark = pytest.mark.skipif(kernel_problem() is not None, reason=f"no CPU kernels here: {kernel_problem()}")
 
@@ -188,7 +188,7 @@ def test_a_damaged_header_is_one_line_naming_the_cause(tmp_path, content, cause)
 def test_the_config_and_tokenizer_are_what_transformers_reads_itself(tmp_path, architecture, states_vocab_size):
     from transformers import AutoConfig, AutoTokenizer
 
-    from specdraft.models.gguf_metadata import read_config_and_tokenizer
+    from specdraft.models.gguf.metadata import read_config_and_tokenizer
 
     path = write_model(tmp_path / "m.gguf", architecture, tied=False, states_vocab_size=states_vocab_size)
     config, tokenizer = read_config_and_tokenizer(path)
@@ -200,7 +200,7 @@ def test_the_config_and_tokenizer_are_what_transformers_reads_itself(tmp_path, a
 
 
 def test_a_transformers_the_fast_reader_does_not_fit_falls_back_to_its_own(tmp_path, monkeypatch):
-    import specdraft.models.gguf_metadata as metadata
+    import specdraft.models.gguf.metadata as metadata
 
     def broken(*args, **kwargs):
         raise AttributeError("fields")
@@ -216,7 +216,7 @@ def test_the_readers_are_swapped_back_after_reading(tmp_path):
     from transformers.integrations import gguf as package
     from transformers.integrations.gguf import reader
 
-    import specdraft.models.gguf_metadata as metadata
+    import specdraft.models.gguf.metadata as metadata
 
     before = (gguf.GGUFReader, reader.read_gguf_metadata, package.read_gguf_metadata)
     metadata.read_config_and_tokenizer(write_model(tmp_path / "m.gguf", states_vocab_size=True))
@@ -228,7 +228,7 @@ def test_the_config_and_tokenizer_never_need_transformers_own_readers(tmp_path, 
     import gguf
     from transformers.integrations.gguf import reader
 
-    import specdraft.models.gguf_metadata as metadata
+    import specdraft.models.gguf.metadata as metadata
 
     def unwanted(*args, **kwargs):
         raise RuntimeError(f"a reader of its own read the file {args}")
@@ -250,7 +250,7 @@ def test_a_tokenizer_short_of_the_files_tokens_is_read_again_in_full(tmp_path, m
     from transformers.integrations import gguf as package
     from transformers.integrations.gguf import reader
 
-    import specdraft.models.gguf_metadata as metadata
+    import specdraft.models.gguf.metadata as metadata
 
     original, seen = metadata._fast_readers, []
 

@@ -16,7 +16,7 @@ from tiny import VOCAB, plain_greedy, random_head, tiny_llama
 def test_a_head_drafting_for_a_packed_target_is_packed_and_drafts_the_same():
     """A head follows its target onto oneDNN's packed kernels (layer and readout), with the
     same draft logits up to float rounding, and output stays plain greedy decoding."""
-    from specdraft.models.packed_linear import PackedLinear, pack_linears
+    from specdraft.models.kernels.packed_linear import PackedLinear, pack_linears
 
     target = tiny_llama(seed=0, layers=3).float()
     packed_target = tiny_llama(seed=0, layers=3).float()
@@ -44,7 +44,7 @@ def test_the_lean_head_forward_drafts_what_transformers_forward_does(packed_targ
     """On a CPU a head's layer runs the lean forward over its own KV buffer (packed where the
     target is); its logits match transformers' one-layer forward with a DynamicCache, through
     catch-up feeds, drafted steps and rollbacks, with fused lower layers too."""
-    from specdraft.models.packed_linear import pack_linears
+    from specdraft.models.kernels.packed_linear import pack_linears
 
     target = tiny_llama(seed=0, layers=3).float()
     if packed_target:

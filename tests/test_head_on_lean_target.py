@@ -12,10 +12,10 @@ import torch
 from specdraft.core.sampling import SamplingParams
 from specdraft.drafters import DraftContext
 from specdraft.drafters.head import HeadDrafter
-from specdraft.models.block_linear import BlockLinear, to_int8_blocks
+from specdraft.models.kernels.block_linear import BlockLinear, to_int8_blocks
 from specdraft.models.cached_lm import CachedLM
-from specdraft.models.gguf_blocks import GROUP, int8_groups
-from specdraft.models.quantized_embedding import QuantizedEmbedding
+from specdraft.models.kernels.formats import GROUP, int8_groups
+from specdraft.models.kernels.quantized_embedding import QuantizedEmbedding
 from test_file_quantization import _block_linear, quantized_tiny
 from tiny import VOCAB, random_head, tiny_llama
 

@@ -119,7 +119,7 @@ def entry(tmp_path):
     its manifest."""
     from safetensors.torch import save_file
 
-    from specdraft.models.gguf_entry import MANIFEST, manifest_text
+    from specdraft.models.gguf.entry import MANIFEST, manifest_text
 
     folder = tmp_path / "entry"
     folder.mkdir()
@@ -148,7 +148,7 @@ def _norm_offset(path: Path) -> int:
 
 
 def test_bit_rot_that_keeps_the_mtime_is_found(entry):
-    from specdraft.models.gguf_entry import verify_entry
+    from specdraft.models.gguf.entry import verify_entry
 
     assert verify_entry(entry) is None
     weights = entry / "model.safetensors"
@@ -159,15 +159,15 @@ def test_bit_rot_that_keeps_the_mtime_is_found(entry):
 
 
 def test_a_changed_small_file_with_the_same_size_and_mtime_is_found(entry):
-    from specdraft.models.gguf_entry import verify_entry
+    from specdraft.models.gguf.entry import verify_entry
 
     _flip_keeping_mtime(entry / "config.json", 3, 0x20)
     assert verify_entry(entry) == "config.json changed since it was written"
 
 
 def test_a_changed_sampled_block_is_found(entry, monkeypatch):
-    from specdraft.models import gguf_entry
-    from specdraft.models.gguf_entry import SAMPLE_BYTES, SAMPLES, verify_entry
+    from specdraft.models.gguf import entry as gguf_entry
+    from specdraft.models.gguf.entry import SAMPLE_BYTES, SAMPLES, verify_entry
 
     monkeypatch.setattr(gguf_entry, "SMALL_FILE", 1 << 20)  # weights files are sampled past this
 
@@ -185,7 +185,7 @@ def test_a_changed_sampled_block_is_found(entry, monkeypatch):
     lambda m: m.__setitem__("version", "3"),
 ])
 def test_a_malformed_manifest_is_a_damaged_entry_not_an_error(entry, damage):
-    from specdraft.models.gguf_entry import MANIFEST, verify_entry
+    from specdraft.models.gguf.entry import MANIFEST, verify_entry
 
     manifest = json.loads((entry / MANIFEST).read_text())
     damage(manifest)
@@ -194,7 +194,7 @@ def test_a_malformed_manifest_is_a_damaged_entry_not_an_error(entry, damage):
 
 
 def test_an_older_manifest_is_checked_in_full_then_upgraded(entry):
-    from specdraft.models.gguf_entry import MANIFEST, verify_entry
+    from specdraft.models.gguf.entry import MANIFEST, verify_entry
 
     manifest = json.loads((entry / MANIFEST).read_text())
     manifest["version"] = 2

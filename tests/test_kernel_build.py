@@ -1,4 +1,4 @@
-"""Building and loading the C kernels (models/kernel_build.py): a compiler given as a command
+"""Building and loading the C kernels (models/kernels/build.py): a compiler given as a command
 (`ccache gcc`), a missing compiler, an unusable cache folder and two first builds at once all
 end in a working build or a one-line error; a library planted under a build's name, or a
 damaged build, is built again and the planted code never runs; killed compiles leave nothing
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from specdraft.models import kernel_build
-from specdraft.models.kernel_build import KernelBuildError, load_library, record_of, trusted
+from specdraft.models.kernels import build as kernel_build
+from specdraft.models.kernels.build import KernelBuildError, load_library, record_of, trusted
 
 pytestmark = pytest.mark.skipif(kernel_build.shutil.which("cc") is None and kernel_build.shutil.which("gcc") is None,
                                 reason="no C compiler")
@@ -85,7 +85,7 @@ def load_in_another_process(source: Path, digest: str) -> subprocess.CompletedPr
     """`load_library` run by a new process: a build damaged on disk must never be one this
     process has loaded (rewriting a loaded library in place kills its process with SIGBUS)."""
     return subprocess.run([sys.executable, "-c",
-                           "from pathlib import Path\nfrom specdraft.models.kernel_build import load_library\n"
+                           "from pathlib import Path\nfrom specdraft.models.kernels.build import load_library\n"
                            f"print(load_library('probe', [Path({str(source)!r})], {FLAGS!r}, {digest!r}).kernel_probe())"],
                           capture_output=True, text=True, env=os.environ.copy(), timeout=120)
 
@@ -152,7 +152,7 @@ def test_two_first_builds_at_once_compile_once_and_both_load(source, tmp_path):
     wrapper.write_text(f'#!/bin/sh\necho x >> {tmp_path / "compiles"}\nsleep 1\nexec cc "$@"\n')
     wrapper.chmod(0o755)
     env = {**os.environ, "CC": str(wrapper)}
-    code = ("from pathlib import Path\nfrom specdraft.models.kernel_build import load_library\n"
+    code = ("from pathlib import Path\nfrom specdraft.models.kernels.build import load_library\n"
             f"print(load_library('probe', [Path({str(source)!r})], {FLAGS!r}, 'd10').kernel_probe())")
     runs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=env) for _ in range(2)]

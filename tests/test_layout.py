@@ -64,6 +64,31 @@ def test_imports_only_point_down_the_layers():
     assert upward == []
 
 
+# Inside models/, by job, bottom first: a subpackage imports its own modules, the ones below
+# it, and the top-level models modules that import nothing else of models (devices, hub, the
+# KV caches); the top-level modules (loading, CachedLM, CUDA graphs, width costs) import any.
+MODEL_PACKAGES = ("kernels", "gguf", "lean")  # C kernels and products; GGUF files; the lean forward
+
+
+def test_models_subpackages_import_only_down():
+    graph = _imports()
+    models = {m for m in graph if m.startswith("specdraft.models.")}
+    base = {m for m in models if m.count(".") == 2 and not any(d.startswith("specdraft.models.") for d in graph[m])}
+    assert {m.split(".")[2] for m in models if m.count(".") >= 3} == set(MODEL_PACKAGES)
+    wrong = []
+    for module in sorted(models):
+        if module.count(".") < 3:
+            continue
+        rank = MODEL_PACKAGES.index(module.split(".")[2])
+        for target in graph[module]:
+            if not target.startswith("specdraft.models.") or target in base:
+                continue
+            inside = target.count(".") >= 3 and MODEL_PACKAGES.index(target.split(".")[2]) <= rank
+            if not inside:
+                wrong.append(f"{module} -> {target}")
+    assert wrong == []
+
+
 def test_every_module_has_a_layer():
     units = {p.relative_to(ROOT).parts[0].removesuffix(".py") for p in ROOT.rglob("*.py")} - {"__init__"}
     assert units <= {name for names in LAYERS for name in names}

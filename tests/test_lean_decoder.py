@@ -1,4 +1,4 @@
-"""The lean drafter forward (models/lean_decoder.py): the same logits as transformers' own
+"""The lean drafter forward (models/lean/decoder.py): the same logits as transformers' own
 forward over every feed a draft makes, weights shared rather than copied, the models it
 refuses, and output that stays plain greedy decoding when a pool's drafter runs it."""
 
@@ -13,8 +13,8 @@ from specdraft.core.sampling import SamplingParams
 from specdraft.drafters import DraftContext, ModelDrafter
 from specdraft.learning.policies.simple import RandomPolicy
 from specdraft.models.cached_lm import CachedLM
-from specdraft.models.lean_decoder import LeanDecoder, lean_choice, lean_problem
-from specdraft.models.quantize import quantize_linears
+from specdraft.models.lean.decoder import LeanDecoder, lean_choice, lean_problem
+from specdraft.models.kernels.quantize import quantize_linears
 from tiny import VOCAB, plain_greedy, tiny_llama
 
 
@@ -58,7 +58,7 @@ def test_every_feed_of_a_draft_gives_transformers_logits(make):
 
 
 def test_the_buffer_grows_past_its_first_capacity(monkeypatch):
-    monkeypatch.setattr("specdraft.models.lean_decoder.INITIAL_CAPACITY", 8)
+    monkeypatch.setattr("specdraft.models.lean.decoder.INITIAL_CAPACITY", 8)
     model = tiny_llama()
     tokens = torch.randint(3, VOCAB, (30,), generator=torch.Generator().manual_seed(2)).tolist()
     lm = CachedLM(model, lean=True)

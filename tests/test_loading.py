@@ -155,12 +155,12 @@ def test_each_dtype_caches_its_own_weights(gguf):
     of a float32 one, and float32 entries keep their old names (no re-conversion)."""
     from safetensors import safe_open
 
-    from specdraft.models.gguf_cache import entry_folder
+    from specdraft.models.gguf.cache import entry_folder
 
     for dtype in ("float32", "bfloat16", "float32"):
         loaded = load_model(ModelSpec(path=gguf.path, dtype=dtype), "p.toml", "target")
         # (bfloat16 matrices run on the block kernels, held in their dtype: float_blocks.py)
-        from specdraft.models.block_linear import BlockLinear
+        from specdraft.models.kernels.block_linear import BlockLinear
 
         matrices = [m.codes for m in loaded.model.modules() if isinstance(m, BlockLinear)]
         assert {w.dtype for w in matrices or loaded.model.parameters()} == {getattr(torch, dtype)}
@@ -220,7 +220,7 @@ def test_unwritable_cache_folder_warns_before_converting_and_still_loads(gguf, m
 
 
 def test_stale_partial_folders_are_removed(gguf):
-    from specdraft.models.cache_leftovers import legacy_host
+    from specdraft.models.gguf.leftovers import legacy_host
 
     root = Path(os.environ["SPECDRAFT_CACHE_DIR"]) / "gguf"
     dead = root / f".partial-{legacy_host()}-999999999-abc"
@@ -294,7 +294,7 @@ def test_a_tied_head_is_tied_to_the_embedding_and_unloaded_weights_are_named(tmp
     any weight still unloaded in a profile error."""
     import torch
 
-    from specdraft.models.gguf_cache import tie_absent_head
+    from specdraft.models.gguf.cache import tie_absent_head
 
     tied = tiny_llama()
     tied.config.tie_word_embeddings = True

@@ -1,4 +1,4 @@
-"""The target's linear layers on oneDNN's packed weights (models/packed_linear.py): nn.Linear's
+"""The target's linear layers on oneDNN's packed weights (models/kernels/packed_linear.py): nn.Linear's
 products up to float rounding at every decode width, the dense weights given back or kept,
 the models and settings that do not pack, stock kernels for transformers' baselines, and
 output that stays plain greedy decoding through a pool that runs the packed target."""
@@ -17,9 +17,9 @@ from specdraft.core.sampling import SamplingParams
 from specdraft.drafters import DraftContext, NgramDrafter
 from specdraft.learning.policies.simple import RandomPolicy
 from specdraft.models.cached_lm import CachedLM
-from specdraft.models.packed_linear import (PackedLinear, pack_linears, packing_choice, packing_problem,
+from specdraft.models.kernels.packed_linear import (PackedLinear, pack_linears, packing_choice, packing_problem,
                                             stock_kernels)
-from specdraft.models.quantize import quantize_linears
+from specdraft.models.kernels.quantize import quantize_linears
 from tiny import VOCAB, plain_greedy, tiny_llama
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")

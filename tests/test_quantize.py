@@ -17,7 +17,7 @@ from specdraft.drafters import DraftContext, ModelDrafter
 from specdraft.errors import ProfileError
 from specdraft.learning.policies.simple import FixedPolicy
 from specdraft.models.cached_lm import CachedLM
-from specdraft.models.quantize import Int4Linear, Int8Linear, quantize_linears
+from specdraft.models.kernels.quantize import Int4Linear, Int8Linear, quantize_linears
 from specdraft.runtime import build_runtime
 from tiny import VOCAB, plain_greedy, tiny_llama
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from specdraft.models.loading import load_model
-from specdraft.models.packed_linear import PackedLinear, stock_kernels
+from specdraft.models.kernels.packed_linear import PackedLinear, stock_kernels
 from specdraft.profile import load_profile
 from specdraft.runtime import build_runtime
 from specdraft.session.prompt_run import PromptRun

@@ -16,14 +16,14 @@ import pytest
 import torch
 
 from specdraft.profile import load_profile
-from specdraft.models.block_linear import BlockLinear, runs_on_file_quantization
+from specdraft.models.kernels.block_linear import BlockLinear, runs_on_file_quantization
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.file_quantization import weight_bytes
-from specdraft.models.gguf_cache import entry_folder, tie_absent_head
+from specdraft.models.gguf.cache import entry_folder, tie_absent_head
 from specdraft.models.gguf_loading import METADATA, read_gguf
 from specdraft.models.loading import load_model, resolve_location
-from specdraft.models.native import kernel_problem
-from specdraft.models.quantized_embedding import TiedEmbedding
+from specdraft.models.kernels.native import kernel_problem
+from specdraft.models.kernels.quantized_embedding import TiedEmbedding
 from specdraft.runtime import build_runtime
 from specdraft.session.prompt_run import PromptRun
 

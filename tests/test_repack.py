@@ -1,5 +1,5 @@
-"""The C repack (cpu_repack.c through models/repack.py): every format it reads gives, straight
-from the file's bytes, the layer the Python block codes give (gguf_blocks.py) bit for bit:
+"""The C repack (cpu_repack.c through models/gguf/repack.py): every format it reads gives, straight
+from the file's bytes, the layer the Python block codes give (kernels/formats.py) bit for bit:
 the same weights, the same scale values, the same products; with a row order, a partial last
 block of columns, float32 scales where float16 cannot hold them, and formats it does not read
 through the gguf package a slice at a time."""
@@ -12,12 +12,12 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from specdraft.models.block_linear import BlockLinear
-from specdraft.models.gguf_blocks import block_terms
-from specdraft.models.gguf_file import TYPES, TensorInfo
-from specdraft.models.native import kernel_problem
-from specdraft.models.repack import repacked
-from specdraft.models.scale_forms import FACTORED, FLOAT16, FLOAT32, decoded
+from specdraft.models.kernels.block_linear import BlockLinear
+from specdraft.models.kernels.formats import block_terms
+from specdraft.models.gguf.file import TYPES, TensorInfo
+from specdraft.models.kernels.native import kernel_problem
+from specdraft.models.gguf.repack import repacked
+from specdraft.models.kernels.scale_forms import FACTORED, FLOAT16, FLOAT32, decoded
 
 pytestmark = pytest.mark.skipif(kernel_problem() is not None, reason=f"no CPU kernels here: {kernel_problem()}")
 
@@ -103,7 +103,7 @@ def test_scales_stay_in_the_smallest_exact_form_and_fall_back_to_float32():
 
 
 def test_formats_the_c_repack_does_not_read_become_int8_rows_a_slice_at_a_time(monkeypatch):
-    import specdraft.models.repack as repack
+    import specdraft.models.gguf.repack as repack
 
     monkeypatch.setattr(repack, "_FALLBACK_ROWS", 7)  # several slices, the last one short
     rows, cols = 20, 256
@@ -153,7 +153,7 @@ def test_six_bit_formats_keep_the_files_weights_exactly(type_name, rows):
 
 
 def test_six_bit_rows_keep_their_codes_in_a_subset_and_in_a_fused_layer():
-    from specdraft.models.fused_linear import fuse
+    from specdraft.models.kernels.fused_linear import fuse
 
     cols = 256
     parts = [repacked(info("Q6_K", 32, cols, d), d.reshape(-1)) for d in
@@ -171,7 +171,7 @@ def test_six_bit_rows_keep_their_codes_in_a_subset_and_in_a_fused_layer():
 
 @pytest.mark.parametrize("width", [1, 2, 5, 11])
 def test_six_bit_products_are_the_same_on_avx2_and_vnni(width):
-    from specdraft.models.native import kernel_isa, vnni_available
+    from specdraft.models.kernels.native import kernel_isa, vnni_available
 
     if not vnni_available():
         pytest.skip("this CPU has no AVX-512 VNNI")

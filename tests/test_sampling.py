@@ -19,7 +19,7 @@ from specdraft.drafters import SuffixDrafter, DraftContext, ModelDrafter, NgramD
 from specdraft.drafters.head import HeadDrafter
 from specdraft.drafters.layers import LayersDrafter, truncated_view
 from specdraft.learning.policies.simple import FixedPolicy, RandomPolicy
-from specdraft.models.quantize import quantize_linears
+from specdraft.models.kernels.quantize import quantize_linears
 from tiny import random_head, tiny_llama
 
 P_MIN = 1e-3  # a correct sampler fails one of these tests about once in a thousand runs

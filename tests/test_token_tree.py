@@ -13,7 +13,7 @@ import torch
 
 from specdraft.core.tree import TokenTree, accept_greedy
 from specdraft.models.cached_lm import CachedLM
-from specdraft.models.native import kernel_problem
+from specdraft.models.kernels.native import kernel_problem
 
 pytestmark = pytest.mark.skipif(kernel_problem() is not None, reason=f"no CPU kernels here: {kernel_problem()}")
 

@@ -62,7 +62,7 @@ def main() -> int:
 
     from specdraft.profile import load_profile
     from specdraft.models.loading import eos_token_ids, load_model
-    from specdraft.models.packed_linear import pack_linears, packing_problem
+    from specdraft.models.kernels.packed_linear import pack_linears, packing_problem
     from specdraft.session.prompt_ids import prompt_token_ids
 
     profile = load_profile(args.pool)

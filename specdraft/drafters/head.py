@@ -30,10 +30,10 @@ from specdraft.drafters.model_base import ModelBackedDrafter
 from specdraft.drafters.options import HeadOptions
 from specdraft.errors import ProfileError
 from specdraft.learning.confidence import StopRule
-from specdraft.models.block_linear import BlockLinear, to_int8_blocks
-from specdraft.models.gguf_blocks import GROUP
-from specdraft.models.lean_decoder import LeanDecoder, lean_choice
-from specdraft.models.packed_linear import PackedLinear, is_packed, pack_linears, packing_problem
+from specdraft.models.kernels.block_linear import BlockLinear, to_int8_blocks
+from specdraft.models.kernels.formats import GROUP
+from specdraft.models.lean.decoder import LeanDecoder, lean_choice
+from specdraft.models.kernels.packed_linear import PackedLinear, is_packed, pack_linears, packing_problem
 
 
 class HeadCache:

@@ -319,7 +319,7 @@ class Readout:
     def pack(self) -> None:
         """Read out through oneDNN's packed layout from now on (drafting only: training
         needs gradients through the dense product)."""
-        from specdraft.models.packed_linear import PackedLinear
+        from specdraft.models.kernels.packed_linear import PackedLinear
 
         self.kernel = PackedLinear.of(self.weight, self.bias)
 

@@ -21,9 +21,9 @@ from specdraft.profile import Profile
 from specdraft.core.stopwatch import device_clock
 from specdraft.measurement.benchmark import Config, Sample, same_text_as
 from specdraft.measurement.datasets import Example
-from specdraft.models.block_linear import runs_on_file_quantization
+from specdraft.models.kernels.block_linear import runs_on_file_quantization
 from specdraft.models.loading import load_model
-from specdraft.models.packed_linear import is_packed, pack_linears, packing_problem, stock_kernels
+from specdraft.models.kernels.packed_linear import is_packed, pack_linears, packing_problem, stock_kernels
 from specdraft.runtime import Runtime
 from specdraft.session.prompt_ids import prompt_token_ids
 

@@ -5,7 +5,7 @@ knows how many tokens its cache holds, feeds new tokens at the right positions, 
 back to a shorter length so that rejected draft tokens leave no trace. The cache is
 dynamic or static (kv_cache.py); over a static cache on a GPU, small feeds replay CUDA
 graphs (cuda_graphs.py). Every combination gives the same logits. A drafter on a CPU may
-instead run the lean forward over a KV buffer of its own (lean_decoder.py): the same
+instead run the lean forward over a KV buffer of its own (lean/decoder.py): the same
 logits up to float rounding, without transformers' per-op overhead.
 """
 
@@ -18,8 +18,8 @@ import torch
 from specdraft.core.stopwatch import device_clock
 from specdraft.models.cuda_graphs import Capture, GraphedForward, Outputs
 from specdraft.models.kv_cache import cache_keyword, new_kv_cache
-from specdraft.models.lean_decoder import LeanDecoder
-from specdraft.models.token_tree_rows import ancestry, tree_depths, tree_rows
+from specdraft.models.lean.decoder import LeanDecoder
+from specdraft.models.lean.tree_rows import ancestry, tree_depths, tree_rows
 
 
 class CachedLM:

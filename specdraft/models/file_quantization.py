@@ -3,7 +3,7 @@ a .gguf model on a CPU).
 
 A decode step streams every weight once, so a Q4 file dequantized into float32 costs five
 to eight times its bytes per step. Here every quantized matrix of the file keeps its block
-codes and scales (gguf_blocks.py: exact sums of 4-bit terms for Q4_0/Q4_1/Q4_K/Q5_*, int8
+codes and scales (kernels/formats.py: exact sums of 4-bit terms for Q4_0/Q4_1/Q4_K/Q5_*, int8
 groups for Q8_0, int8 rows for the rest) and runs on specdraft's block kernels
 (block_linear.py); norms, biases, the residual stream, attention and the KV cache stay in
 float32. The input embedding keeps the file's own blocks and dequantizes only the rows it
@@ -11,8 +11,8 @@ looks up (or, tied to the head, reads them from the head's codes).
 
 This module decides whether a file runs so and puts given codes into a model in memory
 (tests build their quantized models with it); a file's model is built from its mapping by
-gguf_mapping.py, the embedding modules are in quantized_embedding.py, the header read that
-decides whether a file runs here in gguf_header.py.
+gguf/mapping.py, the embedding modules are in quantized_embedding.py, the header read that
+decides whether a file runs here in gguf/header.py.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from torch import nn
 
 from specdraft.config.model_spec import ModelSpec
 from specdraft.errors import ProfileError
-from specdraft.models.block_linear import BlockLinear
-from specdraft.models.gguf_blocks import Int4Terms, Int8Codes
-from specdraft.models.gguf_header import gguf_architecture
-from specdraft.models.gguf_mapping import ARCHITECTURES
-from specdraft.models.native import kernel_problem
-from specdraft.models.quantized_embedding import QuantizedEmbedding, TiedEmbedding
+from specdraft.models.kernels.block_linear import BlockLinear
+from specdraft.models.kernels.formats import Int4Terms, Int8Codes
+from specdraft.models.gguf.header import gguf_architecture
+from specdraft.models.gguf.mapping import ARCHITECTURES
+from specdraft.models.kernels.native import kernel_problem
+from specdraft.models.kernels.quantized_embedding import QuantizedEmbedding, TiedEmbedding
 
 log = logging.getLogger("specdraft")
 

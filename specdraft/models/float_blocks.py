@@ -23,8 +23,8 @@ import logging
 import torch
 from torch import nn
 
-from specdraft.models.block_linear import BlockLinear
-from specdraft.models.quantized_embedding import TiedEmbedding
+from specdraft.models.kernels.block_linear import BlockLinear
+from specdraft.models.kernels.quantized_embedding import TiedEmbedding
 
 log = logging.getLogger("specdraft")
 
@@ -47,8 +47,8 @@ class FloatRowsEmbedding(nn.Module):
 
 def block_kernel_problem(model: nn.Module) -> str | None:
     """Why `model` cannot run on the block kernels with float weights, or None when it can."""
-    from specdraft.models.lean_decoder import lean_problem
-    from specdraft.models.native import kernel_problem
+    from specdraft.models.lean.decoder import lean_problem
+    from specdraft.models.kernels.native import kernel_problem
 
     if next(model.parameters()).device.type != "cpu":
         return "it is not on a CPU"

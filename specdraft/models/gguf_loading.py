@@ -1,6 +1,6 @@
 """Loading a .gguf model: on a CPU by default on the file's own block codes, built from the
-mapped file (gguf_mapping.py) with the config and tokenizer from a small metadata entry of
-the cache; or dequantized into a dtype through the conversion cache (gguf_cache.py), where
+mapped file (gguf/mapping.py) with the config and tokenizer from a small metadata entry of
+the cache; or dequantized into a dtype through the conversion cache (gguf/cache.py), where
 transformers reads the file (its GGUF support dequantizes every tensor) once.
 
 When the cache cannot be written, what it would hold is read from the file on every load; a
@@ -20,9 +20,9 @@ from typing import Any, Callable
 import torch
 
 from specdraft.errors import ProfileError
-from specdraft.models import gguf_cache
+from specdraft.models.gguf import cache as gguf_cache
 from specdraft.models.devices import dtype_name
-from specdraft.models.gguf_cache import METADATA
+from specdraft.models.gguf.cache import METADATA
 from specdraft.models.hub import first_line, from_pretrained, hub_offline, patched
 
 log = logging.getLogger("specdraft")
@@ -72,12 +72,12 @@ def load_gguf(gguf: Path, dtype: torch.dtype, kwargs: dict, file: str, key: str)
 
 def load_gguf_mapped(gguf: Path, file: str, key: str) -> tuple[Any, Any]:
     """(tokenizer, model) on the file's own quantization, built from the mapped file
-    (gguf_mapping.py). The cache keeps only what is slow to derive and small: the config and
+    (gguf/mapping.py). The cache keeps only what is slow to derive and small: the config and
     the tokenizer transformers builds from the file's metadata (seconds for a large
     vocabulary); an entry of an older specdraft holding the repacked weights is removed."""
-    from specdraft.models.gguf_file import GGUFError
-    from specdraft.models.gguf_mapping import mapped_model
-    from specdraft.models.gguf_metadata import read_config_and_tokenizer
+    from specdraft.models.gguf.file import GGUFError
+    from specdraft.models.gguf.mapping import mapped_model
+    from specdraft.models.gguf.metadata import read_config_and_tokenizer
 
     mapped = checked_gguf(gguf, file, key)
     gguf_cache.remove_weight_entries(gguf)
@@ -103,10 +103,10 @@ def load_gguf_mapped(gguf: Path, file: str, key: str) -> tuple[Any, Any]:
 
 
 def checked_gguf(gguf: Path, file: str, key: str) -> Any:
-    """`gguf`'s parsed header (a GGUFFile, mapped), checked as a model's (gguf_checks.py)
+    """`gguf`'s parsed header (a GGUFFile, mapped), checked as a model's (gguf/checks.py)
     before anything is built from it; a ProfileError (exit 2) naming the cause otherwise."""
-    from specdraft.models.gguf_checks import check_model_header
-    from specdraft.models.gguf_file import GGUFError, GGUFFile
+    from specdraft.models.gguf.checks import check_model_header
+    from specdraft.models.gguf.file import GGUFError, GGUFFile
 
     try:
         parsed = GGUFFile(gguf)
@@ -125,7 +125,7 @@ def read_metadata(gguf: Path, parsed: Any = None) -> tuple[Any, Any]:
     alone (`parsed`: its GGUFFile, when already read): what a metadata entry saves."""
     from transformers import GenerationConfig
 
-    from specdraft.models.gguf_metadata import read_config_and_tokenizer
+    from specdraft.models.gguf.metadata import read_config_and_tokenizer
 
     with hub_offline(True):
         config, tokenizer = read_config_and_tokenizer(gguf, parsed)

@@ -84,7 +84,7 @@ def load_model(spec: ModelSpec, file: str, key: str) -> LoadedModel:
     if not bitsandbytes:
         model = model.to(device)
         if requantized:
-            from specdraft.models.quantize import quantize_linears
+            from specdraft.models.kernels.quantize import quantize_linears
 
             quantize_linears(model, 4 if spec.quantization == "int4" else 8)
         elif dtype == torch.bfloat16 and device.type == "cpu":

@@ -22,9 +22,9 @@ from typing import Callable
 
 import torch
 
-from specdraft.models.block_linear import runs_on_file_quantization
+from specdraft.models.kernels.block_linear import runs_on_file_quantization
 from specdraft.models.cached_lm import CachedLM
-from specdraft.models.native import kernel_version
+from specdraft.models.kernels.native import kernel_version
 from specdraft.storage.atomic_files import write_text
 from specdraft.storage.cache_root import cache_dir
 from specdraft.storage.regular_files import read_regular_text

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from specdraft.storage.atomic_files import write_text
-from specdraft.models.packed_linear import packed_while
+from specdraft.models.kernels.packed_linear import packed_while
 from specdraft.training.corpus import Document
 
 FP16_MAX = 65000.0

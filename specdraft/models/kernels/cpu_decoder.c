@@ -1,4 +1,4 @@
-/* A run of the lean target's decoder layers in one call (models/lean_decoder.py), so that a
+/* A run of the lean target's decoder layers in one call (models/lean/decoder.py), so that a
  * decode step costs its arithmetic and not a hundred trips through Python: per layer the same
  * kernels, in the same order, on the same numbers as the layer-by-layer path (RMSNorm, the
  * fused query/key/value product, attention with the KV write, the output product, the residual

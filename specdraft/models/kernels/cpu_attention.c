@@ -1,4 +1,4 @@
-/* Attention for the lean forward (models/lean_decoder.py, cpu_decoder.c): rotary positions,
+/* Attention for the lean forward (models/lean/decoder.py, cpu_decoder.c): rotary positions,
  * the KV write, and causal attention over a decode or verify block, a chain or a token tree.
  *
  * Every (row, head) is reduced in an order that depends only on the keys it attends: scores

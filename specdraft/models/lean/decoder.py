@@ -34,13 +34,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdraft.models.block_linear import BlockLinear
-from specdraft.models.fused_linear import fuse
+from specdraft.models.kernels.block_linear import BlockLinear
+from specdraft.models.kernels.fused_linear import fuse
 from specdraft.models.kv_cache import move_path
-from specdraft.models.native_layers import NativeLayers
-from specdraft.models.native import add_rms_norm, attention_block, rms_norm, swiglu
-from specdraft.models.quantize import Int4Linear, Int8Linear
-from specdraft.models.token_tree_rows import ancestry, tree_depths, tree_rows
+from specdraft.models.kernels.native_layers import NativeLayers
+from specdraft.models.kernels.native import add_rms_norm, attention_block, rms_norm, swiglu
+from specdraft.models.kernels.quantize import Int4Linear, Int8Linear
+from specdraft.models.lean.tree_rows import ancestry, tree_depths, tree_rows
 
 log = logging.getLogger("specdraft")
 
@@ -189,7 +189,7 @@ class LeanDecoder:
     def pack(self) -> None:
         """Run this forward's float products on oneDNN's packed layout (the fused
         projections included): for a stack whose model the runtime packs."""
-        from specdraft.models.packed_linear import PackedLinear
+        from specdraft.models.kernels.packed_linear import PackedLinear
 
         def packed(module: nn.Module) -> nn.Module:
             return PackedLinear(module) if type(module) is nn.Linear else module
@@ -310,7 +310,7 @@ class LeanDecoder:
 def _invariant_attention(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     if device.type != "cpu" or dtype != torch.float32 or head_dim % 8 or head_dim > 256:
         return False
-    from specdraft.models.native import kernel_problem
+    from specdraft.models.kernels.native import kernel_problem
 
     return kernel_problem() is None
 

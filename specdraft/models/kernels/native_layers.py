@@ -1,7 +1,7 @@
 """The lean target's decoder layers as one C call a step (cpu_decoder.c): a table of every
 layer's weights, norms and biases (their addresses, taken once), and the call that runs a run
 of consecutive layers over the residual stream. The C side runs the same kernels in the same
-order as the layer-by-layer path in lean_decoder.py, so the two give the same logits bit for
+order as the layer-by-layer path in lean/decoder.py, so the two give the same logits bit for
 bit; only the hundred-odd trips through Python a step are gone.
 
 A layer fits the table when each projection is a BlockLinear, or (query/key/value, gate/up)
@@ -17,9 +17,9 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from specdraft.models.block_linear import BlockLinear
-from specdraft.models.fused_linear import Concatenated
-from specdraft.models.native import library, parent_rows
+from specdraft.models.kernels.block_linear import BlockLinear
+from specdraft.models.kernels.fused_linear import Concatenated
+from specdraft.models.kernels.native import library, parent_rows
 
 MAX_PARTS = 3  # cpu_decoder.c
 

@@ -1,5 +1,5 @@
-/* specdraft's CPU kernels (models/native.py loads them): the products for weights in 4-bit and
- * 8-bit groups of a GGUF file (models/block_linear.py), and attention, RMSNorm and SwiGLU for the
+/* specdraft's CPU kernels (models/kernels/native.py loads them): the products for weights in 4-bit and
+ * 8-bit groups of a GGUF file (models/kernels/block_linear.py), and attention, RMSNorm and SwiGLU for the
  * lean forward (lean_decoder.py).
  *
  * The products: y[m, n] = sum over groups g of dx[m, g] * (s[n, g] * <c[n, g], qx[m, g]>
@@ -28,7 +28,7 @@ void block4_vnni_any(const uint8_t *codes, const void *scale, const void *offset
 void block8_vnni_any(const int8_t *codes, const void *scale, int form, int G, const Activations *a, int m0, int rows,
                      int b, int N, float *y, int ldy);
 
-/* The version of the functions' signatures (models/native.py declares them): a benchmark that
+/* The version of the functions' signatures (models/kernels/native.py declares them): a benchmark that
  * loads another revision's build beside this one's compares only builds of the same version.
  * 2: the block products take `half` (float16 scales); 3: block_rows; 4: `half` became `form`
  * (SCALES_FACTORED added); 5: 6-bit weights (bits 6, cpu_kernels_six.c); a build without this

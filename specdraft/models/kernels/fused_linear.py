@@ -10,8 +10,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from specdraft.models.block_linear import BLOCK, BlockLinear
-from specdraft.models.quantize import Int4Linear
+from specdraft.models.kernels.block_linear import BLOCK, BlockLinear
+from specdraft.models.kernels.quantize import Int4Linear
 
 INT4_PACK_ROWS = 64  # torch's CPU int4 packing interleaves blocks of this many output rows
 

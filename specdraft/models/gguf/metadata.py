@@ -1,4 +1,4 @@
-"""transformers' config and tokenizer of a GGUF file, read from gguf_file.py's parse of the
+"""transformers' config and tokenizer of a GGUF file, read from gguf/file.py's parse of the
 header instead of transformers' own readers.
 
 transformers derives a config from a GGUF's metadata with `gguf.GGUFReader`, which builds a
@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from specdraft.models.gguf_file import GGUFFile
+from specdraft.models.gguf.file import GGUFFile
 
 log = logging.getLogger("specdraft")
 _STRING, _ARRAY = 8, 9

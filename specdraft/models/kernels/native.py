@@ -3,7 +3,7 @@ loaded with ctypes.
 
 The C files need no torch headers: the machine's C compiler builds them in seconds, keyed by
 the sources, the flags and the compiler, so an upgrade or another machine builds its own;
-kernel_build.py builds, records and checks each build before it is loaded. They target AVX2
+kernels/build.py builds, records and checks each build before it is loaded. They target AVX2
 with FMA and F16C (every x86 CPU of the last ten years); the block products also come in an
 AVX-512 VNNI build (cpu_kernels_vnni.c, compiled for that target alone and chosen at run time
 where the CPU has it) that gives the same numbers bit for bit in fewer instructions a row.
@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 
 from specdraft.errors import UsageError
-from specdraft.models.kernel_build import KernelBuildError, compiler_command, compiler_version, load_library
+from specdraft.models.kernels.build import KernelBuildError, compiler_command, compiler_version, load_library
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in
                 ("cpu_kernels.c", "cpu_kernels_vnni.c", "cpu_attention.c", "cpu_decoder.c", "cpu_repack.c",
@@ -54,7 +54,7 @@ def kernel_problem() -> str | None:
 @functools.lru_cache(maxsize=1)
 def library() -> ctypes.CDLL:
     """The built kernels, loaded (built first where this source, compiler and flags never were;
-    kernel_build.py checks that a build is ours before loading it)."""
+    kernels/build.py checks that a build is ours before loading it)."""
     chosen = os.environ.get("SPECDRAFT_KERNEL_ISA", "auto")
     if chosen not in ISA_CHOICES:
         raise UsageError(f"SPECDRAFT_KERNEL_ISA={chosen}: expected one of {', '.join(ISA_CHOICES)}")
@@ -85,7 +85,7 @@ def _build(compiler: str, target: Path, sources: Sequence[Path] = SOURCES) -> No
     revisions' kernels with it)."""
     import shlex
 
-    from specdraft.models.kernel_build import _compile
+    from specdraft.models.kernels.build import _compile
 
     _compile(shlex.split(compiler), sources, FLAGS, target)
 

@@ -7,8 +7,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from specdraft.models.block_linear import BlockLinear
-from specdraft.models.gguf_blocks import block_terms
+from specdraft.models.kernels.block_linear import BlockLinear
+from specdraft.models.kernels.formats import block_terms
 
 _FLOAT_TYPES = {"F32": np.float32, "F16": np.float16}
 

@@ -14,7 +14,7 @@ import re
 
 import numpy as np
 
-from specdraft.models.gguf_file import GGUFError, GGUFFile
+from specdraft.models.gguf.file import GGUFError, GGUFFile
 
 MAX_LAYERS = 4096
 SMALL_FLOATS = 1 << 22  # elements: a float tensor up to this size is checked for NaN and inf

@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specdraft.models.block_linear import BLOCK, SIX_GROUP_BYTES, SIX_SCALE_BYTES, BlockLinear
-from specdraft.models.gguf_blocks import GROUP, Int8Codes, dequantized, int8_rows
-from specdraft.models.gguf_file import TYPES, TensorInfo
-from specdraft.models.native import library
-from specdraft.models.scale_forms import FACTORED, FLOAT16, FLOAT32
+from specdraft.models.kernels.block_linear import BLOCK, SIX_GROUP_BYTES, SIX_SCALE_BYTES, BlockLinear
+from specdraft.models.kernels.formats import GROUP, Int8Codes, dequantized, int8_rows
+from specdraft.models.gguf.file import TYPES, TensorInfo
+from specdraft.models.kernels.native import library
+from specdraft.models.kernels.scale_forms import FACTORED, FLOAT16, FLOAT32
 
 TYPE_NUMBERS = {name: number for number, (name, _, _) in TYPES.items()}
 _OK, _UNSUPPORTED, _BAD_ARGUMENT, _NOT_HALF, _NO_MEMORY = range(5)

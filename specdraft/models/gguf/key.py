@@ -11,7 +11,7 @@ inode), is exact but makes every new path pay the full hash, is more state to wr
 an edit that keeps the size and the header and touches none of the samples: another model
 or quantization differs in header or size, a fine-tune of the same base in every sample.
 
-An older specdraft keyed entries by path, size and mtime (`legacy_name`): gguf_cache.py
+An older specdraft keyed entries by path, size and mtime (`legacy_name`): gguf/cache.py
 renames the entry of this very file to its content key instead of converting again.
 """
 

@@ -25,12 +25,12 @@ import torch
 from torch import nn
 
 from specdraft.errors import SpecdraftError
-from specdraft.models.block_linear import BLOCK, BlockLinear
-from specdraft.models.gguf_blocks import GROUP
-from specdraft.models.gguf_file import GGUFError, GGUFFile, TensorInfo
-from specdraft.models.quantized_embedding import QuantizedEmbedding, TiedEmbedding
-from specdraft.models.repack import TYPE_NUMBERS, repacked
-from specdraft.models.native import library
+from specdraft.models.kernels.block_linear import BLOCK, BlockLinear
+from specdraft.models.kernels.formats import GROUP
+from specdraft.models.gguf.file import GGUFError, GGUFFile, TensorInfo
+from specdraft.models.kernels.quantized_embedding import QuantizedEmbedding, TiedEmbedding
+from specdraft.models.gguf.repack import TYPE_NUMBERS, repacked
+from specdraft.models.kernels.native import library
 
 log = logging.getLogger("specdraft")
 

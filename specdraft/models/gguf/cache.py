@@ -8,14 +8,14 @@ take seconds instead of tens of seconds.
   from the mapped file faster than from a second copy (docs/loading.md). Entries of
   specdraft 0.1 that held the repacked weights are removed on the next load
   (`remove_weight_entries`).
-- The key follows the file's content, not its path (gguf_key.py). `<stem>` is only for
+- The key follows the file's content, not its path (gguf/key.py). `<stem>` is only for
   people: a lookup takes any entry ending in the key, whatever file name converted it.
 - An older specdraft keyed entries by path, size and mtime: the one for this very file is
   renamed to its content key instead of converting again; the others are left alone
   (another environment may still run that older specdraft), stale folders `rm` can remove.
 - An entry is written through atomic_files.staged_folder, so a kill at any point leaves the
-  old state or the new one; every load removes what dead writers left (cache_leftovers.py).
-- Each entry carries a manifest, checked on every load (gguf_entry.py); a damaged entry is
+  old state or the new one; every load removes what dead writers left (gguf/leftovers.py).
+- Each entry carries a manifest, checked on every load (gguf/entry.py); a damaged entry is
   rebuilt with a warning.
 - A lock file per key (fcntl.flock) serializes conversions of one model: a second process
   waits for the first's and then uses its result.
@@ -36,9 +36,9 @@ from typing import Any, Callable, Iterator
 from specdraft.storage import atomic_files
 from specdraft.storage.cache_root import cache_dir
 from specdraft.errors import ProfileError
-from specdraft.models.cache_leftovers import remove_dead_leftovers
-from specdraft.models.gguf_entry import MANIFEST, manifest_text, verify_entry
-from specdraft.models.gguf_key import entry_key, label, legacy_name
+from specdraft.models.gguf.leftovers import remove_dead_leftovers
+from specdraft.models.gguf.entry import MANIFEST, manifest_text, verify_entry
+from specdraft.models.gguf.key import entry_key, label, legacy_name
 
 log = logging.getLogger("specdraft")
 

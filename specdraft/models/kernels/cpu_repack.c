@@ -3,7 +3,7 @@
  * spread over threads: no float copy of a whole tensor is ever made, so loading a model needs
  * little more memory than the model itself.
  *
- * What each format becomes (the same numbers models/gguf_blocks.py defines, bit for bit):
+ * What each format becomes (the same numbers models/kernels/formats.py defines, bit for bit):
  * - Q4_0, Q4_1: one 4-bit term, the file's code bytes as they are (byte j: code j low, code
  *   j + 16 high, which is the kernels' group byte), scale d and offset -8 d or m in float16.
  * - Q5_0, Q5_1: two terms (the low nibbles; the fifth bit), scales d and 16 d.
@@ -292,7 +292,7 @@ static void row_q2_k(const uint8_t *row, int64_t cols, float *out) {
 }
 
 /* The row as int8 codes with one scale (float32) for the whole row: the scale repeated for
- * each group, as models/gguf_blocks.py int8_rows rounds it. */
+ * each group, as models/kernels/formats.py int8_rows rounds it. */
 static void column_int8_row(Column *col, const float *w, int64_t cols) {
     float largest = 0.0f;
     for (int64_t k = 0; k < cols; k++) {

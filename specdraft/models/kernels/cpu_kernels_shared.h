@@ -8,7 +8,7 @@
  * the block, bytes 4k .. 4k + 3 of that column's 16-byte group (byte j: code j in the low
  * nibble, code j + 16 in the high one) at + 64 k + 4 c. For an 8-bit weight the group is 512
  * bytes, eight chunks of 64, chunk k holding codes 4k .. 4k + 3 of each column. Scales and
- * offsets come in one of three forms (`form`, models/scale_forms.py), the same numbers each:
+ * offsets come in one of three forms (`form`, models/kernels/scale_forms.py), the same numbers each:
  * SCALES_FLOAT32, block b's group g column c at (b G + g) 16 + c; SCALES_FLOAT16 at the same
  * place, where every one of a weight's is a float16 exactly (the file's own scales mostly are),
  * widened exactly; SCALES_FACTORED (4-bit weights only, G a multiple of SUPER_GROUPS in every

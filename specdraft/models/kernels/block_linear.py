@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from specdraft.models.gguf_blocks import GROUP, Int4Terms, Int8Codes, int8_groups
-from specdraft.models.native import library
-from specdraft.models.scale_forms import FLOAT32, compact, decoded, form_of
+from specdraft.models.kernels.formats import GROUP, Int4Terms, Int8Codes, int8_groups
+from specdraft.models.kernels.native import library
+from specdraft.models.kernels.scale_forms import FLOAT32, compact, decoded, form_of
 
 BLOCK = 16  # output columns per weight block (cpu_kernels_shared.h)
 SIX_GROUP_BYTES, SIX_SCALE_BYTES = 384, 36  # a 6-bit group's codes and scales in one block (cpu_kernels_shared.h)
@@ -177,7 +177,7 @@ class BlockLinear(nn.Module):
         if self.bits in (16, 32):
             return BlockLinear.from_float(self.rows(ids).to(self.codes.dtype), self._bias_rows(ids))
         if self.bits == 6:
-            from specdraft.models.six_bit import subset_six
+            from specdraft.models.kernels.six_bit import subset_six
 
             codes, scales = subset_six(self.codes, self.scales, self.groups, ids)
             return BlockLinear(codes, scales, None, 1, self._bias_rows(ids), len(ids), bits=6)

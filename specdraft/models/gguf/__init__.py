@@ -1,0 +1,1 @@
+"""GGUF files as llama.cpp reads them: the header, the mapped tensor data, the checks before a model is built, the mapping of a file's tensors onto the kernels' layout (repacked by C), and the small cache of a file's config and tokenizer."""

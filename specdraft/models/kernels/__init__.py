@@ -1,0 +1,1 @@
+"""specdraft's C kernels and the layers that call them: the block products per weight format (the file's GGUF codes rewritten for them, `formats.py`), float blocks, the oneDNN and torch int8/int4 products, the C build and its loader."""
