@@ -23,6 +23,7 @@ def rules(tiny_models, tmp_path_factory):
 def test_the_servers_rule_decodes_on_the_servers_runtime(rules):
     assert rules.runtime_for(()) is rules.server
     assert rules.runtime_for((("temperature", 0.0), ("top_p", 1.0))) is rules.server
+    assert rules.runtime_for((("top_p", 0.5), ("top_k", 3))) is rules.server  # greedy: they change nothing
 
 
 def test_another_rule_gets_its_own_runtime_sharing_the_target(rules):

@@ -11,6 +11,7 @@ and the few most recently used are kept for the next request at the same rule.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import OrderedDict
 from typing import Any
@@ -28,7 +29,12 @@ class RuleError(ValueError):
 
 
 def rule_of(profile: Profile) -> tuple:
-    return tuple(getattr(profile.decode, key) for key in RULE_KEYS)
+    """What decides a runtime's distributions; greedy decoding ignores top-k and top-p, so a
+    greedy request that names them decodes on the greedy runtime."""
+    decode = profile.decode
+    if decode.greedy:
+        decode = dataclasses.replace(decode, top_k=0, top_p=1.0)
+    return tuple(getattr(decode, key) for key in RULE_KEYS)
 
 
 class RuntimesByRule:
