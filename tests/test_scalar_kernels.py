@@ -241,3 +241,17 @@ def test_the_demo_model_generates_the_same_text_on_the_scalar_kernels():
     for policy, (text, ids, _) in scalar["texts"].items():  # (rounds may differ: K follows each run's timings)
         assert (text, ids) == tuple(avx2["texts"][policy][:2]), policy
 
+
+def test_stats_and_bench_say_which_kernels_ran(tmp_path):
+    import json
+
+    from specdraft.commands.bench import BenchOptions, _write_outputs
+    from specdraft.session.stats import GenerationStats
+    from specdraft.ui.panel import summary_line
+
+    for isa in ISAS:
+        with using_isa(isa):
+            assert summary_line(GenerationStats(["lookup"])).endswith(f" · kernels {isa}")
+            out = tmp_path / f"{isa}.json"
+            _write_outputs(BenchOptions(pool=None, out=str(out)), [], [], None)
+            assert json.loads(out.read_text())["kernels"] == isa
