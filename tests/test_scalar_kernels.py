@@ -53,6 +53,14 @@ def assert_bit_for_bit(results: dict) -> None:
             assert torch.equal(a, b), f"{isa} differs from scalar"
 
 
+def test_the_scalar_build_asks_for_no_instruction_set_and_includes_no_intrinsics():
+    from specdraft.models.kernels.native import HEADERS, flags, sources
+
+    assert [flag for flag in flags("scalar") if flag.startswith("-m")] == []
+    read = [path for path in (*sources("scalar"), *HEADERS) if path.name != "cpu_kernels_vector.h"]
+    assert [path.name for path in read if "immintrin" in path.read_text() or "_mm" in path.read_text()] == []
+
+
 def _file_layer(type_name: str, rows: int, cols: int, float32_scales: bool = False) -> BlockLinear:
     """A weight in `type_name`'s blocks: quantized where gguf quantizes it (the Python codes,
     as a float32-scales layer when asked), else random blocks repacked by C."""
