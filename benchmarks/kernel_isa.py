@@ -1,7 +1,7 @@
 """The file-quantized target's forward at each verify width on specdraft's AVX2 kernels and on
-its AVX-512 VNNI kernels (where the CPU has them), the two interleaved on the same tokens and
-cache; and whether the two give the same logits bit for bit over a greedy continuation (they
-are meant to: see cpu_kernels_vnni.c).
+its AVX-512 VNNI kernels (where the CPU has them; each its own library, native.using_isa), the
+two interleaved on the same tokens and cache; and whether the two give the same logits bit for
+bit over a greedy continuation (they are meant to: see cpu_kernels_vnni.c).
 
     python benchmarks/kernel_isa.py --pool profiles/demo.toml --widths 1,2,3,4,5,6,8,11 --positions 300
 """
@@ -14,20 +14,19 @@ import torch
 from forward_timing import interleaved_costs  # benchmarks/, the folder the script runs from
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.loading import load_model
-from specdraft.models.kernels.native import kernel_isa, vnni_available
+from specdraft.models.kernels.native import using_isa, vnni_available
 from specdraft.profile import load_profile
 
-ISAS = {"avx2": 0, "vnni": 1}
+ISAS = ("avx2", "vnni")
 
 
 def same_logits(model, prompt: torch.Tensor, positions: int) -> tuple[int, int]:
     """(one-token steps, verify rows of widths 2..11) whose logits are bit for bit the same on
     both kernels, along the greedy continuation of `prompt`."""
     runs = {}
-    for name, isa in ISAS.items():
-        kernel_isa(isa)
+    for isa in ISAS:
         lm = CachedLM(model, lean=True)
-        with torch.inference_mode():
+        with torch.inference_mode(), using_isa(isa):
             logits, steps = lm.feed(prompt), []
             for _ in range(positions):
                 steps.append(logits[-1])
@@ -40,10 +39,15 @@ def same_logits(model, prompt: torch.Tensor, positions: int) -> tuple[int, int]:
                 rows.append(blocks.feed(fed[position:position + width], keep=0)[:positions - position])
                 position += width
                 width = 2 + (width - 1) % 10
-        runs[name] = (torch.stack(steps), torch.cat(rows))
+        runs[isa] = (torch.stack(steps), torch.cat(rows))
     (steps_a, rows_a), (steps_b, rows_b) = runs.values()
     return (sum(torch.equal(a, b) for a, b in zip(steps_a, steps_b)),
             sum(torch.equal(a, b) for a, b in zip(rows_a, rows_b)))
+
+
+def feed_on(isa: str, lm: CachedLM, tokens: torch.Tensor) -> None:
+    with using_isa(isa):
+        lm.feed(tokens, keep=0)
 
 
 def main() -> None:
@@ -60,8 +64,8 @@ def main() -> None:
     target = load_model(profile.target, str(profile.file), "target")
     widths = [int(w) for w in args.widths.split(",")]
     lm = CachedLM(target.model, lean=True)
-    costs = interleaved_costs({name: (lm, lambda isa=isa: kernel_isa(isa)) for name, isa in ISAS.items()}, widths,
-                              args.context, args.repeats, int(target.model.config.vocab_size))
+    costs = interleaved_costs({isa: (lm, None, lambda lm, tokens, isa=isa: feed_on(isa, lm, tokens)) for isa in ISAS},
+                              widths, args.context, args.repeats, int(target.model.config.vocab_size))
     print(f"forward ms by width (median of {args.repeats}, after {args.context} cached tokens, "
           f"{torch.get_num_threads()} threads); x = / AVX2 width 1")
     print("width        avx2          vnni   vnni/avx2")

@@ -2,8 +2,11 @@
 against another revision's, interleaved in one process (the same model, the same KV buffer,
 the order shuffled per repeat): what a kernel change did, free of the drift between runs.
 
-The other revision's sources (`git show REV:specdraft/models/...`) are compiled as
-`models/kernels/native.py` compiles this checkout's; only the C library differs between the two columns
+The other revision's sources (`git show REV:specdraft/models/kernels/...`, or
+`specdraft/models/...` before the kernels had a folder) are compiled as `models/kernels/native.py`
+compiles this checkout's library for the instruction set this process runs (SPECDRAFT_KERNEL_ISA;
+a revision from before one library per instruction set is switched to it); only the C library
+differs between the two columns
 (the decoder layers' call and the output head's block product alike), the Python around it is
 this checkout's. A prompt prefill is timed as a forward of its width at
 context 0.
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import random
+import re
 import subprocess
 import tempfile
 import time
@@ -27,6 +31,7 @@ import torch
 from specdraft.models.kernels import block_linear
 from specdraft.models.kernels import native
 from specdraft.models.kernels import native_layers
+from specdraft.models.kernels.boundary import declare
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.loading import load_model
 from specdraft.profile import load_profile
@@ -34,25 +39,42 @@ from specdraft.profile import load_profile
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# Interfaces whose functions take the same arguments: 6 added the statuses of the norms and
+# SwiGLU (void before) and fixed each library's instruction set (kernel_isa took a switch).
+SAME_ARGUMENTS = {5, 6}
+
+
 def build_revision(revision: str, folder: Path):
-    """The kernel library of `revision`, compiled into `folder` and loaded."""
-    sources = []
-    for path in (*native.SOURCES, native.HEADER):
-        name = f"specdraft/models/{path.name}"
-        shown = subprocess.run(["git", "show", f"{revision}:{name}"], cwd=ROOT, capture_output=True)
-        if shown.returncode == 0:  # (a source that revision did not have yet is left out)
-            (folder / path.name).write_bytes(shown.stdout)
-            if path.suffix == ".c":
-                sources.append(folder / path.name)
+    """The kernel library of `revision`, for this process's instruction set, compiled into
+    `folder` and loaded."""
+    isa = native.kernel_isa()
+    listed = subprocess.run(["git", "ls-tree", "--name-only", revision, "specdraft/models/kernels/",
+                             "specdraft/models/"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    names = {}
+    for name in listed:
+        if re.fullmatch(r".*/cpu_[a-z0-9_]+\.[ch]", name):
+            shown = subprocess.run(["git", "show", f"{revision}:{name}"], cwd=ROOT, capture_output=True, check=True)
+            (folder / Path(name).name).write_bytes(shown.stdout)
+            names[Path(name).name] = folder / Path(name).name
+    if "cpu_boundary.c" in names:  # one library per instruction set: this one's sources
+        sources = [names[path.name] for path in native.sources(isa) if path.name in names]
+    elif isa == "scalar":
+        raise SystemExit(f"{revision} has no scalar kernels to compare")
+    else:
+        sources = [path for name, path in sorted(names.items()) if name.endswith(".c")]
     target = folder / "kernels.so"
-    native._build(native.c_compiler(), target, sources)  # as the package builds its own
+    native._build(native.c_compiler(), target, sources, isa)  # as the package builds its own
     loaded = ctypes.CDLL(str(target))
     theirs, ours = native.interface_of(loaded), native.interface_of(native.library())
-    if theirs != ours:  # this checkout's Python would call it with other arguments
+    if theirs != ours and not {theirs, ours} <= SAME_ARGUMENTS:  # this checkout's Python would call it wrongly
         raise SystemExit(f"{revision}'s kernels take other arguments (interface {theirs}, this checkout's "
                          f"{ours}): compare revisions of the same interface")
-    library = native._declared(loaded)
-    library.kernel_isa(native.kernel_isa())
+    library = declare(loaded)
+    if theirs < 6:  # a switch then, and no statuses from these
+        library.kernel_isa.argtypes = [ctypes.c_int]
+        library.kernel_isa(int(isa == "vnni"))
+        for name in ("rms_norm_rows", "add_rms_norm_rows", "swiglu_rows"):
+            getattr(library, name).restype = None
     return library
 
 

@@ -13,7 +13,7 @@ from gguf.quants import quantize
 from specdraft.models.kernels import block_linear
 from specdraft.models.kernels.block_linear import BlockLinear, to_int8_blocks
 from specdraft.models.kernels.formats import block_terms
-from specdraft.models.kernels.native import kernel_isa, kernel_problem, vnni_available
+from specdraft.models.kernels.native import kernel_problem, using_isa, vnni_available
 from specdraft.models.kernels.scale_forms import FACTORED, FLOAT16, FLOAT32, compact, decoded
 
 pytestmark = pytest.mark.skipif(kernel_problem() is not None, reason=f"no CPU kernels here: {kernel_problem()}")
@@ -32,14 +32,10 @@ def _terms(type_name: str, rows: int, cols: int, seed: int = 0):
 def _same_products(compacted: BlockLinear, wide: BlockLinear, inputs: int) -> None:
     x = torch.randn(11, inputs) * 2
     x[3] = 0.0
-    isas, before = ((0, 1) if vnni_available() else (0,)), kernel_isa(-1)
-    try:
-        for isa in isas:
-            assert kernel_isa(isa) == isa
+    for isa in ("scalar", "avx2", "vnni") if vnni_available() else ("scalar", "avx2"):
+        with using_isa(isa):
             for width in (1, 2, 5, 11):
                 assert torch.equal(compacted(x[:width]), wide(x[:width])), (isa, width)
-    finally:
-        kernel_isa(before)
 
 
 def _with_float32_scales(terms) -> BlockLinear:
@@ -124,7 +120,8 @@ def test_a_build_says_which_signatures_it_has_so_benchmarks_never_mix_two():
 
     from specdraft.models.kernels.native import interface_of, library
 
-    assert interface_of(library()) == 5  # float16 scales (2), rows looked up in C (3), scale forms (4), 6-bit (5)
+    assert interface_of(library()) == 6  # float16 scales (2), rows looked up in C (3), scale forms (4), 6-bit (5),
+    # one library per instruction set with statuses (6)
     assert interface_of(ctypes.CDLL(ctypes.util.find_library("m"))) == 1  # a build from before the version
 
 

@@ -22,7 +22,7 @@ from specdraft.models.kernels.block_linear import BlockLinear
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.file_quantization import FileCodes, quantized_in_place
 from specdraft.models.kernels.formats import Int8Codes, block_terms, int8_rows
-from specdraft.models.kernels.native import causal_attention, kernel_isa, kernel_problem, rms_norm, vnni_available
+from specdraft.models.kernels.native import causal_attention, kernel_problem, rms_norm, using_isa, vnni_available
 from specdraft.models.kernels.quantized_embedding import QuantizedEmbedding
 
 pytestmark = pytest.mark.skipif(kernel_problem() is not None, reason=f"no CPU kernels here: {kernel_problem()}")
@@ -107,14 +107,11 @@ def test_the_vnni_kernels_give_the_avx2_kernels_products_bit_for_bit(type_name, 
     x = torch.randn(9, cols) * 2
     x[3] = 0.0  # a row of zeros: every group scale 0
     x[4, :40] = 1e-30  # tiny values next to ordinary ones
-    try:
-        products = {}
-        for isa in (0, 1):
-            assert kernel_isa(isa) == isa
+    products = {}
+    for isa in ("avx2", "vnni"):
+        with using_isa(isa):
             products[isa] = [layer(x[:width]) for width in (1, 2, 3, 4, 5, 9)]
-    finally:
-        kernel_isa(1)
-    for avx2, vnni in zip(products[0], products[1]):
+    for avx2, vnni in zip(products["avx2"], products["vnni"]):
         assert torch.equal(avx2, vnni)
 
 
@@ -350,8 +347,8 @@ def test_the_architecture_is_read_from_the_header_alone(tmp_path):
     assert gguf_architecture(tmp_path / "missing.gguf") is None
 
 
-@pytest.mark.parametrize("value, expected", [("avx2", "0"), ("auto", None), ("sse", "SPECDRAFT_KERNEL_ISA=sse"),
-                                             ("vnni", None)])
+@pytest.mark.parametrize("value, expected", [("avx2", "avx2"), ("auto", None), ("sse", "SPECDRAFT_KERNEL_ISA=sse"),
+                                             ("vnni", None), ("scalar", "scalar")])
 def test_the_kernels_instruction_set_can_be_chosen_by_the_environment(value, expected):
     """A name that cannot run here is a usage error, never a silent fallback: unknown names,
     and vnni on a CPU without it."""
@@ -368,10 +365,10 @@ def test_the_kernels_instruction_set_can_be_chosen_by_the_environment(value, exp
     assert done.returncode == 0, done.stderr
     printed = done.stdout.strip()
     if value == "vnni":
-        assert printed == "1 1" if vnni_available() else printed.startswith("SPECDRAFT_KERNEL_ISA=vnni: this CPU")
+        assert printed == "vnni 1" if vnni_available() else printed.startswith("SPECDRAFT_KERNEL_ISA=vnni: this CPU")
     elif expected is None:  # auto: VNNI exactly where the CPU has it
         chosen, available = printed.split()
-        assert chosen == available
+        assert chosen == ("vnni" if available == "1" else "avx2")
     else:
         assert printed.startswith(expected)
 

@@ -171,7 +171,7 @@ def test_six_bit_rows_keep_their_codes_in_a_subset_and_in_a_fused_layer():
 
 @pytest.mark.parametrize("width", [1, 2, 5, 11])
 def test_six_bit_products_are_the_same_on_avx2_and_vnni(width):
-    from specdraft.models.kernels.native import kernel_isa, vnni_available
+    from specdraft.models.kernels.native import using_isa, vnni_available
 
     if not vnni_available():
         pytest.skip("this CPU has no AVX-512 VNNI")
@@ -179,12 +179,8 @@ def test_six_bit_products_are_the_same_on_avx2_and_vnni(width):
     data = random_tensor("Q6_K", rows, cols, seed=8)
     layer = repacked(info("Q6_K", rows, cols, data), data.reshape(-1))
     x = torch.randn(width, cols)
-    before = kernel_isa(-1)
-    try:
-        kernel_isa(0)
+    with using_isa("avx2"):
         avx2 = layer(x)
-        kernel_isa(1)
+    with using_isa("vnni"):
         vnni = layer(x)
-    finally:
-        kernel_isa(before)
     assert torch.equal(avx2, vnni)

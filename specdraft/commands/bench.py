@@ -54,8 +54,7 @@ class BenchOptions:
     verbose: bool = False  # the wide table: acceptance by position, regret, time split, draft lengths
 
 
-QUICK_PROMPTS = 4
-QUICK_TOKENS = 32
+QUICK_PROMPTS, QUICK_TOKENS = 4, 32
 
 
 # transformers' own generation on the stock kernels, and the same over the packed target
@@ -242,6 +241,7 @@ def _report(opts: BenchOptions, console: Console, samples: list, what: str, simu
     hindsight `bounds`)."""
     from specdraft.measurement.benchmark import PLAIN
     from specdraft.measurement.summary import add_versus, after_warmup, noise_warnings, summarize
+    from specdraft.models.kernels.native import kernels_in_use
     from specdraft.ui.tables import bench_table, hindsight_table
 
     rows = summarize(after_warmup(samples, opts.skip))
@@ -259,6 +259,7 @@ def _report(opts: BenchOptions, console: Console, samples: list, what: str, simu
         title = f"specdraft bench --replay {opts.replay} · {what} · simulated from measured forward costs"
     else:
         title = f"specdraft bench · {what} · speedup = wall time of plain decoding / wall time"
+    title += f" · kernels {isa}" if (isa := kernels_in_use()) else ""  # which of specdraft's CPU kernels ran
     table_out = stdout_console(opts.verbose)  # the results are the output; progress and warnings stay on stderr
     table_out.print(bench_table(rows, title, simulated=simulated, versus=opts.versus, wide=opts.verbose))
     if bounds:
@@ -342,7 +343,8 @@ def _policy_from_flag(flag: str, base, trace):
 
 def _write_outputs(opts: BenchOptions, rows: list[dict], samples: list[dict], bounds: list[dict] | None) -> None:
     if opts.out:
-        written = {"summary": rows, "samples": samples} | ({"hindsight": bounds} if bounds else {})
-        atomic_write_text(opts.out, json.dumps(written, indent=1))
+        from specdraft.models.kernels.native import kernels_in_use  # which CPU kernels ran (None: none did)
+        written = {"summary": rows, "samples": samples, "kernels": kernels_in_use()}
+        atomic_write_text(opts.out, json.dumps(written | ({"hindsight": bounds} if bounds else {}), indent=1))
     if opts.csv_file and rows:
         write_flat_csv(opts.csv_file, rows)

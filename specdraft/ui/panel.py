@@ -168,11 +168,15 @@ def compact_line(stats: GenerationStats) -> Text:
 
 
 def summary_line(stats: GenerationStats) -> str:
+    from specdraft.models.kernels.native import kernels_in_use
+
+    isa = kernels_in_use()  # which of specdraft's CPU kernels ran (scalar, avx2, vnni), if any did
     parts: Sequence[str] = (
         f"{stats.tokens} tokens in {stats.elapsed_s:.2f}s ({stats.tokens_per_s:.1f} tok/s)",
         f"{stats.rounds} rounds, mean accepted {stats.tokens_per_round:.2f}",
         f"trees in {stats.tree_share:.0%} of rounds" if stats.tree_rounds else "",
         " · ".join(Text.from_markup(p).plain for p in _speed_parts(stats)),
         ", ".join(f"{n} {u.rounds}r/{u.accepted}acc" for n, u in stats.usage.items() if u.rounds),
+        f"kernels {isa}" if isa else "",
     )
     return " · ".join(p for p in parts if p)

@@ -15,11 +15,11 @@ import torch
 from specdraft.models.kernels.block_linear import BLOCK, SIX_GROUP_BYTES, SIX_SCALE_BYTES, BlockLinear
 from specdraft.models.kernels.formats import GROUP, Int8Codes, dequantized, int8_rows
 from specdraft.models.gguf.file import TYPES, TensorInfo
+from specdraft.models.kernels.boundary import NOT_HALF, check_status
 from specdraft.models.kernels.native import library
 from specdraft.models.kernels.scale_forms import FACTORED, FLOAT16, FLOAT32
 
 TYPE_NUMBERS = {name: number for number, (name, _, _) in TYPES.items()}
-_OK, _UNSUPPORTED, _BAD_ARGUMENT, _NOT_HALF, _NO_MEMORY = range(5)
 _K_TYPES = ("Q4_K", "Q5_K")
 _FALLBACK_ROWS = 1024  # rows dequantized at once for a format the C repack does not read
 
@@ -35,19 +35,19 @@ def repacked(info: TensorInfo, data: np.ndarray, order: np.ndarray | None = None
         return _rounded_rows(info, data, order, bias)
     natural = FACTORED if info.type_name in _K_TYPES else (FLOAT32 if bits != 4 and info.type_name != "Q8_0"
                                                            else FLOAT16)
+    if not data.flags.c_contiguous:
+        raise ValueError(f"repack_tensor: the bytes of {info.name} are not contiguous")
     for form in (natural, FLOAT32) if natural != FLOAT32 else (FLOAT32,):
         codes, scales, offsets = _buffers(rows, cols, bits, terms, form)
         status = library().repack_tensor(
             data.ctypes.data, data.nbytes, TYPE_NUMBERS[info.type_name], rows, cols,
             None if order is None else _checked_order(order, rows).ctypes.data, codes.data_ptr(), scales.data_ptr(),
             None if offsets is None else offsets.data_ptr(), form, threads or torch.get_num_threads())
-        if status == _OK:
+        if status == 0:
             return BlockLinear(codes, scales, offsets, max(terms, 1), bias, rows, bits=bits)
-        if status == _NO_MEMORY:
-            raise MemoryError(f"repacking {info.name} ran out of memory")
-        if status != _NOT_HALF:
-            raise ValueError(f"tensor {info.name} ({info.type_name}, {rows} x {cols}) cannot be repacked "
-                             f"(status {status})")
+        if status != NOT_HALF:  # (float16 scales that cannot hold a value: float32 next)
+            check_status("repack_tensor", status,
+                         f"{info.name} ({info.type_name}, {rows} x {cols}) cannot be repacked: ")
     raise AssertionError("float32 scales hold any value")
 
 

@@ -17,12 +17,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from specdraft.models.kernels.boundary import ROW_OUTSIDE, address, check_status
 from specdraft.models.kernels.formats import GROUP, Int4Terms, Int8Codes, int8_groups
 from specdraft.models.kernels.native import library
 from specdraft.models.kernels.scale_forms import FLOAT32, compact, decoded, form_of
+from specdraft.models.kernels.structs import BLOCK, SIX_GROUP_BYTES, SIX_SCALE_BYTES
 
-BLOCK = 16  # output columns per weight block (cpu_kernels_shared.h)
-SIX_GROUP_BYTES, SIX_SCALE_BYTES = 384, 36  # a 6-bit group's codes and scales in one block (cpu_kernels_shared.h)
+__all__ = ["BLOCK", "SIX_GROUP_BYTES", "SIX_SCALE_BYTES", "BlockLinear", "kernel_layout", "to_blocks",
+           "to_int8_blocks", "runs_on_file_quantization"]  # (BLOCK and SIX_*: structs.py, kept here for callers)
 _GROUP_BYTES = {4: 256, 6: SIX_GROUP_BYTES, 8: 512}  # a group's codes in one block, by bits
 # Whether layers built from now on keep their scales in the smallest exact form
 # (scale_forms.compact); benchmarks/target_width_cost.py turns it off to time float32 scales.
@@ -119,17 +121,26 @@ class BlockLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32 or not x.is_contiguous():
             return self.forward(x.float().contiguous()).to(x.dtype)
+        self.check_buffers()
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(f"block_matmul: x has shape {tuple(x.shape)}, not (..., {self.in_features})")
         rows = x.numel() // self.in_features
-        out = torch.empty(*x.shape[:-1], self.out_features)  # [..., N]
+        out = torch.empty(*x.shape[:-1], self.out_features, dtype=torch.float32)  # [..., N]
+        if rows == 0:
+            return out
         # (looked up per call, not kept: a benchmark swaps the library to time another build's)
-        status = library().block_matmul(x.data_ptr(), rows, self.in_features, self._codes, self._scales, self._offsets,
-                                        self.scale_form, self.bits, self.out_features, self.groups,
-                                        out.data_ptr(), torch.get_num_threads())
-        if status:
-            raise MemoryError("the block kernel could not allocate its scratch memory")
+        check_status("block_matmul", library().block_matmul(
+            address("block_matmul", "x", x), rows, self.in_features, self._codes, self._scales, self._offsets,
+            self.scale_form, self.bits, self.out_features, self.groups, out.data_ptr(), torch.get_num_threads()))
         if self.bias is not None:
             out += self.bias
         return out
+
+    def check_buffers(self) -> None:
+        """A ValueError unless the weight's buffers are what the kernels read (on the CPU,
+        contiguous; a module moved to another device cannot run them)."""
+        if self._problem is not None:
+            raise ValueError(f"block_matmul: this BlockLinear's {self._problem}")
 
     def _apply(self, fn, recurse=True):  # buffers moved or re-pointed: the cached addresses follow
         result = super()._apply(fn, recurse)
@@ -148,6 +159,12 @@ class BlockLinear(nn.Module):
         self.groups = self.codes.shape[1] // _GROUP_BYTES[self.bits] if self.bits in (4, 6, 8) \
             else self.in_features // GROUP
         self.scale_form = form_of(self.scales) if self.bits in (4, 8) else FLOAT32
+        self._problem = next((f"{name} are on {t.device}, not the CPU" if t.device.type != "cpu" else
+                              f"{name} are not contiguous" for name, t in
+                              (("codes", self.codes), ("scales", self.scales), ("offsets", self.offsets))
+                              if t.device.type != "cpu" or not t.is_contiguous()), None)
+        if self.bits == 4 and self.scales.dtype != self.offsets.dtype:
+            self._problem = f"scales ({self.scales.dtype}) and offsets ({self.offsets.dtype}) differ in form"
         self._codes, self._scales, self._offsets = (self.codes.data_ptr(), self.scales.data_ptr(),
                                                     self.offsets.data_ptr())
 
@@ -163,12 +180,17 @@ class BlockLinear(nn.Module):
             return self.codes.view(self.codes.shape[0], self.in_features, BLOCK)[ids // BLOCK, :, ids % BLOCK].float()
         # code x scale (+ offset) per group, the terms added in order, in one C call (a step's
         # embedding: a dozen tensor operations cost several times the lookup)
-        wanted = ids.to("cpu", torch.int64).contiguous()
-        out = torch.empty(len(wanted), self.in_features)
-        if library().block_rows(self._codes, self._scales, self._offsets, self.scale_form, self.bits,
-                                self.out_features, self.groups, self.terms, wanted.data_ptr(), len(wanted),
-                                out.data_ptr()):
-            raise IndexError(f"row ids outside 0 .. {self.out_features - 1}")
+        wanted = ids.to("cpu", torch.int64).contiguous().view(-1)
+        out = torch.empty(len(wanted), self.in_features, dtype=torch.float32)
+        if len(wanted) == 0:
+            return out
+        self.check_buffers()
+        status = library().block_rows(self._codes, self._scales, self._offsets, self.scale_form, self.bits,
+                                      self.out_features, self.groups, self.terms, wanted.data_ptr(), len(wanted),
+                                      out.data_ptr())
+        if status == ROW_OUTSIDE:
+            raise IndexError(f"block_rows: row ids outside 0 .. {self.out_features - 1}")
+        check_status("block_rows", status)
         return out
 
     def subset(self, ids: torch.Tensor) -> "BlockLinear":

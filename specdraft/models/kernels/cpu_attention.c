@@ -1,5 +1,6 @@
-/* Attention for the lean forward (models/lean/decoder.py, cpu_decoder.c): rotary positions,
- * the KV write, and causal attention over a decode or verify block, a chain or a token tree.
+/* Causal attention for the lean forward (models/lean/decoder.py, cpu_decoder.c) over a decode or
+ * verify block, a chain or a token tree, on AVX2 (the rotary positions and the KV write before
+ * it: attention_block, cpu_common.c; the same in plain C, bit for bit: cpu_attention_scalar.c).
  *
  * Every (row, head) is reduced in an order that depends only on the keys it attends: scores
  * eight keys at a time (each key's dot product in lanes, eight keys' lanes summed by one hadd
@@ -16,10 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_kernels_shared.h"
+#include "cpu_kernels_vector.h"
 
-#define ROW_TILE 16    /* rows one work item attends together: their scores stay in its scratch */
-#define VALUE_SPAN 64  /* keys whose values stay in L1 while each of a tile's rows adds them */
 #define FORCE inline __attribute__((always_inline))
 
 /* The dot product of two D-vectors (D a multiple of 8), in lanes, reduced in one fixed order. */
@@ -55,7 +54,7 @@ static FORCE __m256 scores8(const float *q, const float *keys, const int *slots,
 /* acc [D] (zero when `fresh`) += weights[j] * value of slot j, for j = from .. to - 1 in order. */
 static FORCE void add_values(const float *weights, const float *values, const int *slots, int from, int to, int D,
                              int fresh, float *acc) {
-    __m256 accum[32];
+    __m256 accum[MAX_HEAD_DIM / 8];
     for (int d = 0; d < D / 8; d++) accum[d] = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + 8 * d);
     for (int j = from; j < to; j++) {
         const float *vj = values + (size_t)(slots ? slots[j] : j) * D;
@@ -63,16 +62,6 @@ static FORCE void add_values(const float *weights, const float *values, const in
         for (int d = 0; d < D / 8; d++) accum[d] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8 * d), accum[d]);
     }
     for (int d = 0; d < D / 8; d++) _mm256_storeu_ps(acc + 8 * d, accum[d]);
-}
-
-/* The key slots row i of a token tree attends, in order: the cached positions 0 .. start - 1,
- * then the block's slots of its path from the root (row 0) down to itself. Returns how many. */
-static int tree_slots(const int *parents, int start, int i, int *slots) {
-    int depth = 0;
-    for (int node = i; node > 0; node = parents[node]) depth++;
-    for (int j = 0; j < start; j++) slots[j] = j;
-    for (int node = i, d = depth; d >= 0; node = node > 0 ? parents[node] : 0, d--) slots[start + d] = start + node;
-    return start + depth + 1;
 }
 
 /* Scratch of one thread: a tile's scores, key slots (token trees) and value sums. */
@@ -140,8 +129,8 @@ static FORCE void attend_tile(const float *q, const float *kh, const float *vh, 
  * (its depth) of a chain holding that path. Work items are (head, tile of rows); a head's
  * items go to one thread in turn, so heads sharing keys (grouped queries) find them in its
  * cache. Returns 0, or -1 when scratch memory cannot be had. */
-int causal_attention(const float *q, const float *keys, const float *values, int n, int start, int H, int KVH,
-                     int D, int capacity, float scale, const int *parents, float *out, int threads) {
+int causal_attention_impl(const float *q, const float *keys, const float *values, int n, int start, int H,
+                          int KVH, int D, int capacity, float scale, const int *parents, float *out, int threads) {
     const int group = H / KVH, tiles = (n + ROW_TILE - 1) / ROW_TILE;
     const size_t stride = (size_t)start + n + 8;
     int failed = 0;
@@ -172,38 +161,5 @@ int causal_attention(const float *q, const float *keys, const float *values, int
         free(s.slots);
         free(s.sums);
     }
-    return failed ? -1 : 0;
-}
-
-/* Rotary positions on one head vector: v * cos + rotate_half(v) * sin, rotate_half(v) being
- * [-v[D/2:], v[:D/2]] (transformers' convention). */
-static inline void rope(const float *v, const float *cos, const float *sin, int D, float *out) {
-    const int half = D / 2;
-    for (int d = 0; d < half; d++) out[d] = v[d] * cos[d] - v[d + half] * sin[d];
-    for (int d = half; d < D; d++) out[d] = v[d] * cos[d] + v[d - half] * sin[d];
-}
-
-/* One attention block of the lean forward: qkv [n, (H + 2 KVH) D] as the fused projection
- * gives it, cos and sin [n, D] for each row's position (start + i in a chain, start + depth
- * in a token tree), keys and values [KVH, capacity, D] (written here at slots start..start +
- * n - 1), `parents` NULL for a chain or a tree's parent rows (causal_attention), out [n, H D].
- * Rotates queries and keys, stores keys and values, then attends. Every row's arithmetic is
- * its own. */
-int attention_block(const float *qkv, int n, int start, int H, int KVH, int D, const float *cos, const float *sin,
-                    float *keys, float *values, int capacity, float scale, const int *parents, float *out,
-                    int threads) {
-    const int width = (H + 2 * KVH) * D;
-    float *q = (float *)malloc(sizeof(float) * (size_t)n * H * D);
-    if (!q) return -1;
-    for (int i = 0; i < n; i++) {
-        const float *row = qkv + (size_t)i * width, *c = cos + (size_t)i * D, *s = sin + (size_t)i * D;
-        for (int h = 0; h < H; h++) rope(row + h * D, c, s, D, q + ((size_t)i * H + h) * D);
-        for (int h = 0; h < KVH; h++) {
-            rope(row + (H + h) * D, c, s, D, keys + ((size_t)h * capacity + start + i) * D);
-            memcpy(values + ((size_t)h * capacity + start + i) * D, row + (H + KVH + h) * D, sizeof(float) * D);
-        }
-    }
-    int status = causal_attention(q, keys, values, n, start, H, KVH, D, capacity, scale, parents, out, threads);
-    free(q);
-    return status;
+    return failed ? KERNEL_NO_MEMORY : KERNEL_OK;
 }

@@ -3,29 +3,14 @@
  * kernels, in the same order, on the same numbers as the layer-by-layer path (RMSNorm, the
  * fused query/key/value product, attention with the KV write, the output product, the residual
  * update fused with the next RMSNorm, the gate/up product, SwiGLU, the down product), so the
- * two paths give the same logits bit for bit and each row stays width-invariant.
+ * two paths give the same logits bit for bit and each row stays width-invariant. Plain C over
+ * the build's kernels: every library (scalar, AVX2, VNNI) compiles it. Matrix and Layer, the
+ * table Python fills, are in cpu_kernels_shared.h.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu_kernels_shared.h"
-
-/* A weight in the block layout (block_linear.BlockLinear): `bits` 4 (offsets), 8, or 16 / 32
- * (bfloat16 / float32 weights, no scales); `form`: how its scales and offsets are held (cpu_kernels_shared.h). */
-typedef struct {
-    const void *codes, *scale, *offset; /* offset NULL for 8 bits */
-    const float *bias;                  /* NULL when none */
-    int N, groups, bits, form;
-} Matrix;
-
-#define MAX_PARTS 3 /* a projection stored as up to three matrices side by side (q, k, v) */
-
-typedef struct {
-    const float *norm1, *norm2;
-    float eps1, eps2;
-    Matrix qkv[MAX_PARTS], gate_up[MAX_PARTS], out, down;
-    int qkv_parts, gate_up_parts;
-} Layer;
 
 /* The MLP's inner width of a layer: half its gate/up projection's columns. */
 static int inner_width(const Layer *L) {
@@ -35,14 +20,14 @@ static int inner_width(const Layer *L) {
 }
 
 /* y [n, sum of the parts' N] = x [n, K] times the parts side by side, plus their biases; the
- * activations are quantized once for all parts. Returns 0, or -1 without memory. */
+ * activations are quantized once for all parts. Returns 0, or KERNEL_NO_MEMORY. */
 static int project(const float *x, int n, int K, const Matrix *parts, int count, float *y, int threads) {
     int width = 0;
     for (int p = 0; p < count; p++) width += parts[p].N;
     int quantize = 0;
     for (int p = 0; p < count; p++) quantize |= !FLOAT_WEIGHTS(parts[p].bits);
     Activations a;
-    if (prepare_activations(x, n, K, quantize, &a)) return -1;
+    if (prepare_activations(x, n, K, quantize, &a)) return KERNEL_NO_MEMORY;
     int column = 0;
     for (int p = 0; p < count; p++) {
         const Matrix *w = &parts[p];
@@ -54,17 +39,17 @@ static int project(const float *x, int n, int K, const Matrix *parts, int count,
         column += w->N;
     }
     free_activations(&a);
-    return 0;
+    return KERNEL_OK;
 }
 
 /* Layers 0 .. count - 1 of `layers` over the residual stream x [n, hidden] (updated in place),
  * written at KV slots start .. start + n - 1; keys and values [count, KVH, capacity, D] from
  * the first of these layers on; cos, sin [n, D] at each row's position; `parents` NULL for a
- * chain or a token tree's parent rows (attention_block). Returns 0, or -1 when scratch memory
- * cannot be had. */
-int decoder_layers(float *x, int n, int hidden, int start, const Layer *layers, int count, int H, int KVH, int D,
-                   float *keys, float *values, int capacity, const float *cos, const float *sin, float scale,
-                   const int *parents, int threads) {
+ * chain or a token tree's parent rows (attention_block). Returns 0, or KERNEL_NO_MEMORY when
+ * scratch memory cannot be had. The arguments were checked (cpu_boundary.c). */
+int decoder_layers_impl(float *x, int n, int hidden, int start, const Layer *layers, int count, int H, int KVH,
+                        int D, float *keys, float *values, int capacity, const float *cos, const float *sin,
+                        float scale, const int *parents, int threads) {
     const size_t rows = (size_t)n, per_layer = (size_t)KVH * capacity * D;
     const int qkv_width = (H + 2 * KVH) * D;
     int inner = 0; /* the widest MLP among these layers: the scratch holds any of them */
@@ -75,29 +60,29 @@ int decoder_layers(float *x, int n, int hidden, int start, const Layer *layers, 
     float *h = malloc(sizeof(float) * rows * hidden), *qkv = malloc(sizeof(float) * rows * qkv_width);
     float *attended = malloc(sizeof(float) * rows * H * D), *delta = malloc(sizeof(float) * rows * hidden);
     float *gate_up = malloc(sizeof(float) * rows * 2 * inner), *act = malloc(sizeof(float) * rows * inner);
-    int failed = !h || !qkv || !attended || !delta || !gate_up || !act;
+    int failed = !h || !qkv || !attended || !delta || !gate_up || !act; /* (every failure: no memory) */
     int pending = 0; /* delta holds the last layer's MLP output, not yet added to x */
     for (int i = 0; i < count && !failed; i++) {
         const Layer *L = &layers[i];
         const int width = inner_width(L);
         if (pending)
-            add_rms_norm_rows(x, delta, L->norm1, n, hidden, L->eps1, h);
+            add_rms_norm_impl(x, delta, L->norm1, n, hidden, L->eps1, h);
         else
-            rms_norm_rows(x, L->norm1, n, hidden, L->eps1, h);
+            rms_norm_impl(x, L->norm1, n, hidden, L->eps1, h);
         failed = project(h, n, hidden, L->qkv, L->qkv_parts, qkv, threads)
-                 || attention_block(qkv, n, start, H, KVH, D, cos, sin, keys + i * per_layer, values + i * per_layer,
-                                    capacity, scale, parents, attended, threads)
+                 || attention_block_impl(qkv, n, start, H, KVH, D, cos, sin, keys + i * per_layer, values + i * per_layer,
+                                         capacity, scale, parents, attended, threads)
                  || project(attended, n, H * D, &L->out, 1, delta, threads);
         if (failed) break;
-        add_rms_norm_rows(x, delta, L->norm2, n, hidden, L->eps2, h);
+        add_rms_norm_impl(x, delta, L->norm2, n, hidden, L->eps2, h);
         failed = project(h, n, hidden, L->gate_up, L->gate_up_parts, gate_up, threads);
         if (failed) break;
-        swiglu_rows(gate_up, n, width, act);
+        swiglu_impl(gate_up, n, width, act);
         failed = project(act, n, width, &L->down, 1, delta, threads);
         pending = !failed;
     }
     if (pending && !failed)
         for (size_t i = 0; i < rows * hidden; i++) x[i] += delta[i];
     free(h); free(qkv); free(attended); free(delta); free(gate_up); free(act);
-    return failed ? -1 : 0;
+    return failed ? KERNEL_NO_MEMORY : KERNEL_OK;
 }

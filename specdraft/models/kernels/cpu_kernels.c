@@ -1,14 +1,15 @@
-/* specdraft's CPU kernels (models/kernels/native.py loads them): the products for weights in 4-bit and
- * 8-bit groups of a GGUF file (models/kernels/block_linear.py), and attention, RMSNorm and SwiGLU for the
- * lean forward (lean_decoder.py).
+/* specdraft's CPU kernels on AVX2 (models/kernels/native.py builds them): the products for
+ * weights in 4-bit and 8-bit groups of a GGUF file (models/kernels/block_linear.py), and RMSNorm
+ * and SwiGLU for the lean forward (models/lean/decoder.py).
  *
  * The products: y[m, n] = sum over groups g of dx[m, g] * (s[n, g] * <c[n, g], qx[m, g]>
  * + o[n, g] * sx[m, g]), c a group's 32 codes (0..15, or int8 without offsets), s and o its
  * scale and offset (the weight is c * s + o), qx the activations quantized per row and group
  * of 32 to int8 with scale dx, sx their sum (as llama.cpp quantizes them). The weight layout,
  * and why every row's result is the same whatever the number of rows, is in
- * cpu_kernels_shared.h. These are the AVX2 products; cpu_kernels_vnni.c has the same on
- * AVX-512 VNNI, chosen at run time, bit for bit the same.
+ * cpu_kernels_shared.h. The library compiled with -DSPECDRAFT_ISA=ISA_VNNI runs the 4-, 6- and
+ * 8-bit products of cpu_kernels_vnni.c instead, bit for bit the same; cpu_kernels_scalar.c is
+ * the same arithmetic in plain C (the reference the tests hold these to).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -16,47 +17,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_kernels_shared.h"
-
-#define ROWS 4      /* rows an AVX2 call takes at once: the block's codes are expanded once for them */
-#define VNNI_ROWS 8 /* the same for the VNNI products (cpu_kernels_vnni.c): 32 registers hold more */
-
-void block6_vnni_any(const uint8_t *codes, const uint8_t *scales, int G, const Activations *a, int m0, int rows,
-                     int b, int N, float *y, int ldy);
-void block4_vnni_any(const uint8_t *codes, const void *scale, const void *offset, int form, int G, int xgroups,
-                     const Activations *a, int m0, int rows, int b, int N, float *y, int ldy);
-void block8_vnni_any(const int8_t *codes, const void *scale, int form, int G, const Activations *a, int m0, int rows,
-                     int b, int N, float *y, int ldy);
-
-/* The version of the functions' signatures (models/kernels/native.py declares them): a benchmark that
- * loads another revision's build beside this one's compares only builds of the same version.
- * 2: the block products take `half` (float16 scales); 3: block_rows; 4: `half` became `form`
- * (SCALES_FACTORED added); 5: 6-bit weights (bits 6, cpu_kernels_six.c); a build without this
- * function is 1. */
-int kernel_interface(void) { return 5; }
-
-static int use_vnni = -1; /* -1: not decided yet */
-
-/* Whether this CPU runs the AVX-512 VNNI products. */
-int vnni_supported(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
-           && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")
-           && __builtin_cpu_supports("avx512vnni");
-}
-
-/* Which products run: `request` 0 asks for AVX2, 1 for AVX-512 VNNI where the CPU has it, -1
- * keeps the choice (made on first use: VNNI where available). Returns 1 for VNNI. Both give the
- * same numbers; the choice is speed only (and lets tests and benchmarks compare the two). */
-int kernel_isa(int request) {
-    if (request >= 0) use_vnni = request && vnni_supported();
-    else if (use_vnni < 0) use_vnni = vnni_supported();
-    return use_vnni;
-}
+#include "cpu_kernels_vector.h"
 
 /* One row's groups of 32 to int8 codes: per group the scale amax / 127, each value rounded to
- * nearest even (as nearbyintf in the default rounding mode) and clamped to -127..127. */
-static void quantize_row(const float *x, int groups, int8_t *q, float *d, int32_t *s) {
+ * nearest even (as nearbyintf in the default rounding mode) and clamped to -127..127 (every
+ * build's activations; prepare_activations, cpu_common.c, calls it). */
+void quantize_row(const float *x, int groups, int8_t *q, float *d, int32_t *s) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i top = _mm256_set1_epi32(127), bottom = _mm256_set1_epi32(-127);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* undoes the packs' lane interleave */
@@ -84,37 +50,6 @@ static void quantize_row(const float *x, int groups, int8_t *q, float *d, int32_
         d[g] = scale;
         s[g] = _mm_cvtsi128_si32(half);
     }
-}
-
-void free_activations(Activations *a) {
-    free(a->qx); free(a->dx); free(a->sx); free(a->ax); free(a->sx16);
-}
-
-/* Returns 0, or -1 when memory cannot be had (then nothing is left allocated). */
-int prepare_activations(const float *x, int M, int K, int quantize, Activations *a) {
-    const int groups = K / GROUP;
-    a->x = x;
-    a->qx = NULL; a->dx = NULL; a->sx = NULL; a->ax = NULL; a->sx16 = NULL;
-    if (!quantize) return 0;
-    a->qx = (int8_t *)malloc((size_t)M * K);
-    a->dx = (float *)malloc(sizeof(float) * (size_t)M * groups);
-    a->sx = (int32_t *)malloc(sizeof(int32_t) * (size_t)M * groups);
-    a->ax = (float *)malloc(sizeof(float) * (size_t)M * groups);
-    a->sx16 = (int32_t *)malloc(sizeof(int32_t) * (size_t)M * groups * 2);
-    if (!a->qx || !a->dx || !a->sx || !a->ax || !a->sx16) {
-        free_activations(a);
-        return -1;
-    }
-    for (int m = 0; m < M; m++)
-        quantize_row(x + (size_t)m * K, groups, a->qx + (size_t)m * K, a->dx + (size_t)m * groups,
-                     a->sx + (size_t)m * groups);
-    for (size_t i = 0; i < (size_t)M * groups; i++) a->ax[i] = a->dx[i] * (float)a->sx[i];
-    for (size_t i = 0; i < (size_t)M * groups * 2; i++) {
-        int32_t total = 0;
-        for (int j = 0; j < 16; j++) total += a->qx[16 * i + j];
-        a->sx16[i] = total;
-    }
-    return 0;
 }
 
 /* Eight columns from `first` of rows m0 .. m0 + rows - 1 (fewer where the weight ends). */
@@ -207,7 +142,7 @@ static inline __attribute__((always_inline)) void block4(
     default: call(form, 4); break;                                                                          \
     }
 
-static void block4_any(const uint8_t *codes, const void *scale, const void *offset, int form, int G, int xgroups,
+static __attribute__((unused)) void block4_any(const uint8_t *codes, const void *scale, const void *offset, int form, int G, int xgroups,
                        const Activations *a, int m0, int rows, int b, int N, float *y, int ldy) {
 #define BLOCK4(f, r) block4(codes, scale, offset, f, G, xgroups, a, m0, r, b, N, y, ldy)
     FORM_CASES(form, ROW_CASES, BLOCK4)
@@ -243,7 +178,7 @@ static inline __attribute__((always_inline)) void block8(
     }
 }
 
-static void block8_any(const int8_t *codes, const void *scale, int form, int G, const Activations *a, int m0,
+static __attribute__((unused)) void block8_any(const int8_t *codes, const void *scale, int form, int G, const Activations *a, int m0,
                        int rows, int b, int N, float *y, int ldy) {
 #define BLOCK8(f, r) block8(codes, scale, f, G, a, m0, r, b, N, y, ldy)
     if (form == SCALES_FLOAT16) ROW_CASES(BLOCK8, SCALES_FLOAT16) else ROW_CASES(BLOCK8, SCALES_FLOAT32)
@@ -257,8 +192,6 @@ static inline __attribute__((always_inline)) __m256 float_weights(const void *w,
             _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + at))), 16));
     return _mm256_loadu_ps((const float *)w + at);
 }
-
-#define FLOAT_ROWS 6 /* rows a float-weight call takes at once: 6 rows x 2 halves of accumulators */
 
 /* Rows m0 .. m0 + rows - 1 of float-weight block b (cpu_kernels_shared.h): per column one sum
  * over k in order. One pass over the block's weights serves up to FLOAT_ROWS rows. */
@@ -294,103 +227,46 @@ static void block_float_any(const void *w, int bits, int K, const float *x, int 
 }
 
 /* y [M, N] (row stride ldy) = the quantized activations `a` of M rows times a weight in the
- * block layout: `bits` 4 (`groups` groups per column, K / 32 per term, with offsets) or 8
- * (K / 32 groups, no offsets). Weight blocks are split evenly between threads; rows go in
- * tiles that share each block's expanded codes. */
+ * block layout: `bits` 4 (`groups` groups per column, K / 32 per term, with offsets), 6 or 8
+ * (K / 32 groups, no offsets), or 16 / 32 (float weights, a->x). Weight blocks are split evenly
+ * between threads; rows go in tiles that share each block's expanded codes. Which products run
+ * is fixed when the library is compiled (SPECDRAFT_ISA). */
 void block_products(const Activations *a, int M, int K, const void *codes, const void *scale, const void *offset,
                     int form, int bits, int N, int groups, float *y, int ldy, int threads) {
-    const int blocks = (N + BLOCK - 1) / BLOCK, vnni = kernel_isa(-1);
-    const int tile = FLOAT_WEIGHTS(bits) ? FLOAT_ROWS : vnni ? VNNI_ROWS : ROWS;
+    const int blocks = (N + BLOCK - 1) / BLOCK;
+#if SPECDRAFT_ISA == ISA_VNNI
+    const int tile = FLOAT_WEIGHTS(bits) ? FLOAT_ROWS : VNNI_ROWS;
+#else
+    const int tile = FLOAT_WEIGHTS(bits) ? FLOAT_ROWS : ROWS;
+#endif
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int b = 0; b < blocks; b++)
         for (int m0 = 0; m0 < M; m0 += tile) {
             const int rows = M - m0 < tile ? M - m0 : tile;
             if (FLOAT_WEIGHTS(bits))
                 block_float_any(codes, bits, K, a->x, m0, rows, b, N, y, ldy);
+#if SPECDRAFT_ISA == ISA_VNNI
             else if (bits == 6)
-                (vnni ? block6_vnni_any : block6_any)((const uint8_t *)codes, (const uint8_t *)scale, K / GROUP, a, m0,
-                                                      rows, b, N, y, ldy);
+                block6_vnni_any((const uint8_t *)codes, (const uint8_t *)scale, K / GROUP, a, m0, rows, b, N, y, ldy);
             else if (bits == 8)
-                (vnni ? block8_vnni_any : block8_any)((const int8_t *)codes, scale, form, K / GROUP, a, m0, rows, b,
-                                                      N, y, ldy);
+                block8_vnni_any((const int8_t *)codes, scale, form, K / GROUP, a, m0, rows, b, N, y, ldy);
             else
-                (vnni ? block4_vnni_any : block4_any)((const uint8_t *)codes, scale, offset, form, groups, K / GROUP,
-                                                      a, m0, rows, b, N, y, ldy);
+                block4_vnni_any((const uint8_t *)codes, scale, offset, form, groups, K / GROUP, a, m0, rows, b, N, y,
+                                ldy);
+#else
+            else if (bits == 6)
+                block6_any((const uint8_t *)codes, (const uint8_t *)scale, K / GROUP, a, m0, rows, b, N, y, ldy);
+            else if (bits == 8)
+                block8_any((const int8_t *)codes, scale, form, K / GROUP, a, m0, rows, b, N, y, ldy);
+            else
+                block4_any((const uint8_t *)codes, scale, offset, form, groups, K / GROUP, a, m0, rows, b, N, y, ldy);
+#endif
         }
-}
-
-/* x [M, K] float32 -> y [M, N] float32 for a weight in the block layout (`block_products`:
- * 4-bit codes with offsets, 8-bit codes or 6-bit codes (cpu_kernels_six.c) whose `offset` is not read
- * (a 6-bit weight's `scale` is its scale bytes, `form` unread), or bfloat16 / float32
- * weights, `bits` 16 / 32, that read neither; `form`: how the scales and offsets are held,
- * cpu_kernels_shared.h).
- * Returns 0, or -1 when scratch memory cannot
- * be had. */
-int block_matmul(const float *x, int M, int K, const void *codes, const void *scale, const void *offset, int form,
-                 int bits, int N, int groups, float *y, int threads) {
-    Activations a;
-    if (prepare_activations(x, M, K, !FLOAT_WEIGHTS(bits), &a)) return -1;
-    block_products(&a, M, K, codes, scale, offset, form, bits, N, groups, y, N, threads);
-    free_activations(&a);
-    return 0;
-}
-
-static inline float widened(uint16_t half) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(half))); }
-
-/* Column c's scale or offset of block b's group g (G groups), in any form, widened exactly. */
-static inline float scale_at(const void *p, int b, int G, int g, int c, int form) {
-    const size_t at = ((size_t)b * G + g) * BLOCK + c;
-    if (form == SCALES_FLOAT16) return widened(((const uint16_t *)p)[at]);
-    if (form == SCALES_FACTORED) {
-        const uint8_t *block = (const uint8_t *)p + (size_t)b * G * FACTORED_BYTES;
-        const uint16_t *supers = (const uint16_t *)(block + (size_t)G * BLOCK);
-        return (float)block[(size_t)g * BLOCK + c] * widened(supers[(g / SUPER_GROUPS) * BLOCK + c]);
-    }
-    return ((const float *)p)[at];
-}
-
-/* Rows `ids` [n] of a 4-bit (`terms` terms) or 8-bit weight of N output rows in the block
- * layout, dequantized into out [n, K]: per group code x scale (+ offset), a 4-bit weight's
- * terms added in order, one rounding per product and per sum (the build does not contract
- * them into fused multiply-adds): BlockLinear.rows, for an embedding tied to the head,
- * looked up every step. Returns 0, or -1 for an id outside
- * 0 .. N - 1 (nothing is written for it). */
-int block_rows(const void *codes, const void *scale, const void *offset, int form, int bits, int N, int groups,
-               int terms, const int64_t *ids, int n, float *out) {
-    const int per_term = groups / terms, K = per_term * GROUP;
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= N) return -1;
-    for (int i = 0; i < n; i++) {
-        const int b = (int)(ids[i] / BLOCK), c = (int)(ids[i] % BLOCK);
-        float *row = out + (size_t)i * K;
-        for (int g = 0; g < groups; g++) {
-            const float s = bits == 6 ? 0.0f : scale_at(scale, b, groups, g, c, form);
-            float value[GROUP];
-            if (bits == 6) {
-                six_group_values((const uint8_t *)codes, (const uint8_t *)scale, groups, b, g, c, value);
-            } else if (bits == 8) {
-                const int8_t *group = (const int8_t *)codes + ((size_t)b * groups + g) * 512 + 4 * c;
-                for (int j = 0; j < GROUP; j++) value[j] = (float)group[64 * (j / 4) + j % 4] * s;
-            } else {
-                const uint8_t *group = (const uint8_t *)codes + ((size_t)b * groups + g) * 256 + 4 * c;
-                const float o = scale_at(offset, b, groups, g, c, form);
-                for (int j = 0; j < 16; j++) {
-                    const uint8_t byte = group[64 * (j / 4) + j % 4];
-                    const float low = (float)(byte & 0x0F) * s, high = (float)(byte >> 4) * s;
-                    value[j] = low + o;
-                    value[j + 16] = high + o;
-                }
-            }
-            float *into = row + (size_t)(g % per_term) * GROUP;
-            for (int j = 0; j < GROUP; j++) into[j] = g < per_term ? value[j] : into[j] + value[j];
-        }
-    }
-    return 0;
 }
 
 /* RMSNorm of each row of x [rows, dim] into out: x / sqrt(mean(x^2) + eps) * weight, the
  * sum of squares in one fixed order per row (so a row's result never depends on the others). */
-void rms_norm_rows(const float *x, const float *weight, int rows, int dim, float eps, float *out) {
+void rms_norm_impl(const float *x, const float *weight, int rows, int dim, float eps, float *out) {
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * dim;
         float *o = out + (size_t)r * dim;
@@ -411,16 +287,9 @@ void rms_norm_rows(const float *x, const float *weight, int rows, int dim, float
     }
 }
 
-/* x += delta, then out = RMSNorm(x) * weight, row by row (the residual stream's update and
- * the next layer input's norm in one pass). */
-void add_rms_norm_rows(float *x, const float *delta, const float *weight, int rows, int dim, float eps, float *out) {
-    for (size_t i = 0; i < (size_t)rows * dim; i++) x[i] += delta[i];
-    rms_norm_rows(x, weight, rows, dim, eps, out);
-}
-
 /* gate_up [rows, 2 I] -> out [rows, I] = silu(gate) * up, silu(g) = g / (1 + e^-g) taken as
  * g / (1 + t) for g >= 0 and g t / (1 + t) below, t = e^-|g| (exp_nonpositive: no overflow). */
-void swiglu_rows(const float *gate_up, int rows, int inner, float *out) {
+void swiglu_impl(const float *gate_up, int rows, int inner, float *out) {
     const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f), floor = _mm256_set1_ps(-87.0f);
     for (int r = 0; r < rows; r++) {
         const float *g = gate_up + (size_t)r * 2 * inner, *u = g + inner;

@@ -1,6 +1,10 @@
-/* What cpu_kernels.c (AVX2) and cpu_kernels_vnni.c (AVX-512 VNNI) share: the weight layout
- * the block products read, the quantized activations, and the per-column float steps both run
- * in the same order, so that the two builds give the same numbers bit for bit.
+/* What every build of the kernels shares (plain C: no intrinsics, so the scalar build includes
+ * it on any CPU; cpu_kernels_vector.h adds the vector helpers): the weight layout the block
+ * products read, the quantized activations, the per-column float steps every build runs in the
+ * same order, so that the scalar (cpu_kernels_scalar.c), AVX2 (cpu_kernels.c) and AVX-512 VNNI
+ * (cpu_kernels_vnni.c) builds give the same numbers bit for bit, the structs Python mirrors
+ * (native_layers.py), the status codes of the exported functions (cpu_boundary.c) and the
+ * constants the C files share.
  *
  * The weight layout ("columns in lanes", as llama.cpp's repacked GEMMs): output columns go in
  * blocks of BLOCK = 16. For a 4-bit weight with G groups of 32 per column, block b's group g
@@ -31,9 +35,17 @@
 #ifndef SPECDRAFT_CPU_KERNELS_SHARED_H
 #define SPECDRAFT_CPU_KERNELS_SHARED_H
 
-#include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
+
+/* Which build this is (-DSPECDRAFT_ISA=..., set by native.py per library; every library holds
+ * one instruction set's kernels, fixed when it is compiled). */
+#define ISA_SCALAR 0
+#define ISA_AVX2 1
+#define ISA_VNNI 2
+#ifndef SPECDRAFT_ISA
+#define SPECDRAFT_ISA ISA_SCALAR
+#endif
 
 #define GROUP 32
 #define BLOCK 16 /* output columns of one weight block */
@@ -54,6 +66,43 @@
  * at G 32 + 2 ((g / SUPER_GROUPS) 16 + c). */
 #define SIX_GROUP_BYTES 384
 #define SIX_SCALE_BYTES 36
+
+/* Rows one call of a block product takes at once (a block's codes are expanded once for them):
+ * the row count changes only speed, never a row's numbers. */
+#define ROWS 4        /* AVX2, 4- and 8-bit weights */
+#define VNNI_ROWS 8   /* AVX-512 VNNI: 32 registers hold more */
+#define SIX_ROWS 4    /* AVX2, 6-bit weights */
+#define FLOAT_ROWS 6  /* float weights: 6 rows x 2 halves of accumulators */
+#define SCALAR_ROWS 8 /* the scalar build */
+
+/* Attention: D (the head size) a multiple of 8 (the lanes of a key's dot product) and at most
+ * MAX_HEAD_DIM (the value sums' accumulators live in registers, D / 8 of them). */
+#define HEAD_LANES 8
+#define MAX_HEAD_DIM 256
+#define ROW_TILE 16   /* rows one attention work item attends together */
+#define VALUE_SPAN 64 /* keys whose values stay in L1 while each of a tile's rows adds them */
+
+#define MAX_PARTS 3 /* a projection stored as up to three matrices side by side (q, k, v) */
+
+/* The status every exported function returns (cpu_boundary.c checks the arguments before any
+ * work; native.py names each in the error it raises). */
+enum {
+    KERNEL_OK = 0,
+    KERNEL_NO_MEMORY = -1,       /* scratch memory could not be had */
+    KERNEL_NULL_POINTER = -2,    /* a pointer the call reads or writes is NULL */
+    KERNEL_BAD_SIZE = -3,        /* a size, count or thread count not positive */
+    KERNEL_BAD_WIDTH = -4,       /* an input width K not a multiple of GROUP (32) */
+    KERNEL_BAD_FORMAT = -5,      /* bits, scale form or group count not a layout the products read */
+    KERNEL_BAD_HEAD_DIM = -6,    /* a head size not a multiple of HEAD_LANES, or over MAX_HEAD_DIM */
+    KERNEL_BAD_HEADS = -7,       /* query heads not a multiple of the key/value heads */
+    KERNEL_BAD_POSITION = -8,    /* start negative, or start + n past the KV capacity */
+    KERNEL_BAD_PARENT = -9,      /* a token tree row's parent not an earlier row */
+    KERNEL_BAD_ROW = -10,        /* a row id outside 0 .. N - 1 */
+    KERNEL_BAD_SHAPE = -11,      /* widths that do not fit together (a layer's projections) */
+    KERNEL_UNSUPPORTED_TYPE = -12, /* repack: a GGML type not repacked here */
+    KERNEL_NOT_HALF = -13,       /* repack: a value float16 scales cannot hold exactly */
+    KERNEL_BAD_ARGUMENT = -14    /* repack: sizes or forms that do not fit the tensor */
+};
 
 /* One specialisation of a product per scale form (and, inside, per row count: `cases`). */
 #define FORM_CASES(form, cases, call)                                                                       \
@@ -80,42 +129,54 @@ typedef struct {
  * number of rows. */
 #define FLOAT_WEIGHTS(bits) ((bits) == 16 || (bits) == 32)
 
-/* Defined in cpu_kernels.c, used by cpu_decoder.c as well. `quantize` 0 leaves the codes
- * out (every weight the activations meet is float). */
-int prepare_activations(const float *x, int M, int K, int quantize, Activations *a);
-void free_activations(Activations *a);
+/* A weight in the block layout (block_linear.BlockLinear): `bits` 4 (offsets), 6, 8, or 16 / 32
+ * (bfloat16 / float32 weights, no scales); `form`: how its scales and offsets are held. Python
+ * mirrors it and Layer with ctypes (native_layers.py), checked against `struct_layout`. */
+typedef struct {
+    const void *codes, *scale, *offset; /* offset NULL unless 4 bits */
+    const float *bias;                  /* NULL when none */
+    int N, groups, bits, form;
+} Matrix;
+
+/* One decoder layer of the lean forward (cpu_decoder.c). */
+typedef struct {
+    const float *norm1, *norm2;
+    float eps1, eps2;
+    Matrix qkv[MAX_PARTS], gate_up[MAX_PARTS], out, down;
+    int qkv_parts, gate_up_parts;
+} Layer;
+
+/* Per build (cpu_kernels.c, cpu_kernels_scalar.c): one row's groups of 32 quantized, the block
+ * products, RMSNorm, SwiGLU and attention over cached keys. */
+void quantize_row(const float *x, int groups, int8_t *q, float *d, int32_t *s);
 void block_products(const Activations *a, int M, int K, const void *codes, const void *scale, const void *offset,
                     int form, int bits, int N, int groups, float *y, int ldy, int threads);
-void rms_norm_rows(const float *x, const float *weight, int rows, int dim, float eps, float *out);
-void add_rms_norm_rows(float *x, const float *delta, const float *weight, int rows, int dim, float eps, float *out);
-void swiglu_rows(const float *gate_up, int rows, int inner, float *out);
-/* Defined in cpu_kernels_six.c. */
+void rms_norm_impl(const float *x, const float *weight, int rows, int dim, float eps, float *out);
+void swiglu_impl(const float *gate_up, int rows, int inner, float *out);
+int causal_attention_impl(const float *q, const float *keys, const float *values, int n, int start, int H, int KVH,
+                          int D, int capacity, float scale, const int *parents, float *out, int threads);
+/* Shared by every build (cpu_common.c, cpu_decoder.c): `quantize` 0 leaves the codes out
+ * (every weight the activations meet is float). */
+int prepare_activations(const float *x, int M, int K, int quantize, Activations *a);
+void free_activations(Activations *a);
+void add_rms_norm_impl(float *x, const float *delta, const float *weight, int rows, int dim, float eps, float *out);
+int attention_block_impl(const float *qkv, int n, int start, int H, int KVH, int D, const float *cos,
+                         const float *sin, float *keys, float *values, int capacity, float scale, const int *parents,
+                         float *out, int threads);
+int block_rows_impl(const void *codes, const void *scale, const void *offset, int form, int bits, int N, int groups,
+                    int terms, const int64_t *ids, int n, float *out);
+int decoder_layers_impl(float *x, int n, int hidden, int start, const Layer *layers, int count, int H, int KVH,
+                        int D, float *keys, float *values, int capacity, const float *cos, const float *sin,
+                        float scale, const int *parents, int threads);
+/* The AVX2 and VNNI 6-bit products (cpu_kernels_six.c) and those of VNNI (cpu_kernels_vnni.c). */
 void block6_any(const uint8_t *codes, const uint8_t *scales, int G, const Activations *a, int m0, int rows, int b,
                 int N, float *y, int ldy);
-void six_group_values(const uint8_t *codes, const uint8_t *scales, int G, int b, int g, int c, float *value);
-/* Defined in cpu_attention.c. */
-int attention_block(const float *qkv, int n, int start, int H, int KVH, int D, const float *cos, const float *sin,
-                    float *keys, float *values, int capacity, float scale, const int *parents, float *out,
-                    int threads);
-
-/* A weight's codes stream through once per forward, far more bytes than the caches hold and
- * none of them read again soon, so each group of a 4-bit product asks for the group
- * PREFETCH_AHEAD bytes further on (in the same stream: a thread walks its blocks in order), so
- * that it arrives in time for the multiply; non-temporally, since nothing reads it again this
- * forward (whole runs were faster with that hint than with an ordinary prefetch). The 8-bit
- * products do not: with the same prefetch, whole runs whose output head is 8-bit were slower
- * than without it. Prefetching never faults, so reading past a weight's end is harmless. Both
- * macros may be set with -D to try other values. */
-#ifndef PREFETCH_AHEAD
-#define PREFETCH_AHEAD 2048
-#endif
-#ifndef PREFETCH_HINT
-#define PREFETCH_HINT _MM_HINT_NTA
-#endif
-
-static inline __attribute__((always_inline)) void prefetch_codes(const void *group, int lines) {
-    for (int k = 0; k < lines; k++) _mm_prefetch((const char *)group + PREFETCH_AHEAD + 64 * k, PREFETCH_HINT);
-}
+void block6_vnni_any(const uint8_t *codes, const uint8_t *scales, int G, const Activations *a, int m0, int rows,
+                     int b, int N, float *y, int ldy);
+void block4_vnni_any(const uint8_t *codes, const void *scale, const void *offset, int form, int G, int xgroups,
+                     const Activations *a, int m0, int rows, int b, int N, float *y, int ldy);
+void block8_vnni_any(const int8_t *codes, const void *scale, int form, int G, const Activations *a, int m0, int rows,
+                     int b, int N, float *y, int ldy);
 
 /* The columns of one block that exist (the last block of a weight may be partial). */
 static inline int block_columns(int b, int N) {
@@ -128,39 +189,34 @@ static inline __attribute__((always_inline)) int32_t four_bytes(const int8_t *p)
     return v;
 }
 
-/* The horizontal sum of a vector (attention's normalizer, RMSNorm's sum of squares). */
-static inline __attribute__((always_inline)) float hsum(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
+/* A float16's value as a float32, exactly (as F16C's conversion gives it for every finite
+ * value), in plain C. */
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF, bits;
+    if (exponent == 0x1F) {
+        bits = sign | 0x7F800000u | (mantissa << 13);
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    } else if (mantissa == 0) {
+        bits = sign;
+    } else { /* subnormal: normalise */
+        int shift = 0;
+        while (!(mantissa & 0x400)) { mantissa <<= 1; shift++; }
+        bits = sign | ((uint32_t)(113 - shift) << 23) | ((mantissa & 0x3FF) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
 }
 
-static inline __attribute__((always_inline)) float hmax(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
-/* exp(x) for x <= 0 (Cephes' single-precision polynomial): the same operations for every
- * lane, so a score's weight never depends on its neighbours. */
-static inline __attribute__((always_inline)) __m256 exp_nonpositive(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
-    x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    __m256i power = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(power));
+/* The key slots row i of a token tree attends, in order: the cached positions 0 .. start - 1,
+ * then the block's slots of its path from the root (row 0) down to itself. Returns how many. */
+static inline int tree_slots(const int *parents, int start, int i, int *slots) {
+    int depth = 0;
+    for (int node = i; node > 0; node = parents[node]) depth++;
+    for (int j = 0; j < start; j++) slots[j] = j;
+    for (int node = i, d = depth; d >= 0; node = node > 0 ? parents[node] : 0, d--) slots[start + d] = start + node;
+    return start + depth + 1;
 }
 
 #endif

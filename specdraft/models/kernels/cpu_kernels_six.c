@@ -3,15 +3,14 @@
  * int8 per 16 weights, d a float16 per 8 groups. Each group's 32 products are summed in two
  * exact integer halves, one per scale, and each half meets its scale in one fused multiply-add
  * per column, in a fixed order: a row's result never depends on the number of rows (the width
- * invariance lossless speculation needs). An AVX2 and an AVX-512 VNNI version (chosen at run
- * time with the other products) form the same integers and float steps: the same numbers. */
+ * invariance lossless speculation needs). An AVX2 and an AVX-512 VNNI version (the VNNI one in
+ * the VNNI library only) form the same integers and float steps: the same numbers, as the
+ * scalar reference (cpu_kernels_scalar.c) does. */
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "cpu_kernels_shared.h"
-
-#define SIX_ROWS 4 /* rows an AVX2 call takes at once */
+#include "cpu_kernels_vector.h"
 
 /* Eight columns (half h) of a 6-bit weight's per-16 scale `part` (0: codes 0..15, 1: 16..31) of
  * group g: factor x d, exact. */
@@ -97,6 +96,7 @@ void block6_any(const uint8_t *codes, const uint8_t *scales, int G, const Activa
     }
 }
 
+#if SPECDRAFT_ISA == ISA_VNNI
 /* ---- the same on AVX-512 VNNI: a register holds all 16 columns, vpdpbusd adds each column's
  * four code x activation products into its lane (the same integer sums, the same float steps
  * lane for lane, so the same numbers bit for bit) */
@@ -169,21 +169,4 @@ VNNI6 void block6_vnni_any(const uint8_t *codes, const uint8_t *scales, int G, c
     }
 }
 
-/* Column c of block b's group g dequantized into value[32]: (code - 32) x (factor x d), one
- * rounding per weight, as the `gguf` package computes Q6_K and Q3_K (d x scale, then x q). */
-void six_group_values(const uint8_t *codes, const uint8_t *scales, int G, int b, int g, int c, float *value) {
-    const uint8_t *group = codes + ((size_t)b * G + g) * SIX_GROUP_BYTES;
-    const uint8_t *block = scales + (size_t)b * G * SIX_SCALE_BYTES;
-    uint16_t super;
-    memcpy(&super, block + (size_t)G * 2 * BLOCK + 2 * ((g / SUPER_GROUPS) * BLOCK + c), 2);
-    const float d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(super)));
-    const int h = c / 8, lane = c % 8;
-    for (int j = 0; j < GROUP; j++) {
-        const int part = j / 16, k = (j % 16) / 4, i = j % 4;
-        const uint8_t byte = group[64 * k + 4 * c + i];
-        const int low = part ? byte >> 4 : byte & 0x0F;
-        const int high = (group[256 + 64 * h + 32 * part + 4 * lane + i] >> (2 * k)) & 0x03;
-        const float scale = (float)((const int8_t *)block)[(size_t)g * 2 * BLOCK + part * BLOCK + c] * d;
-        value[j] = (float)((low | (high << 4)) - 32) * scale;
-    }
-}
+#endif

@@ -1,5 +1,6 @@
-/* The block products of cpu_kernels.c on AVX-512 VNNI, for the CPUs that have it (chosen at run
- * time by cpu_kernels.c), giving bit for bit what the AVX2 products give.
+/* The block products of cpu_kernels.c on AVX-512 VNNI, for the CPUs that have it (compiled only
+ * into the VNNI library, -DSPECDRAFT_ISA=ISA_VNNI, which native.py loads where the CPU has it),
+ * giving bit for bit what the AVX2 products give.
  *
  * Why they are the same: a 512-bit register holds one weight block's 16 columns, one per lane
  * (the layout in cpu_kernels_shared.h). `vpdpbusd` adds each column's four code x activation
@@ -14,9 +15,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "cpu_kernels_shared.h"
+#include "cpu_kernels_vector.h"
 
-#define VNNI_ROWS 8 /* rows one call takes at once: 8 accumulators beside a group's 8 code registers */
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")))
 #define INLINE inline __attribute__((always_inline))
 

@@ -29,27 +29,11 @@
 /* GGML's type numbers (ggml.h) */
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12,
        T_Q5_K = 13, T_Q6_K = 14 };
-enum { REPACK_OK = 0, REPACK_UNSUPPORTED = 1, REPACK_BAD_ARGUMENT = 2, REPACK_NOT_HALF = 3, REPACK_NO_MEMORY = 4 };
+/* repack_tensor's statuses (cpu_kernels_shared.h) */
+enum { REPACK_OK = KERNEL_OK, REPACK_UNSUPPORTED = KERNEL_UNSUPPORTED_TYPE, REPACK_BAD_ARGUMENT = KERNEL_BAD_ARGUMENT,
+       REPACK_NOT_HALF = KERNEL_NOT_HALF, REPACK_NO_MEMORY = KERNEL_NO_MEMORY, REPACK_NULL = KERNEL_NULL_POINTER };
 
 #define QK_K 256
-
-static float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF, bits;
-    if (exponent == 0x1F) {
-        bits = sign | 0x7F800000u | (mantissa << 13);
-    } else if (exponent != 0) {
-        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-    } else if (mantissa == 0) {
-        bits = sign;
-    } else { /* subnormal: normalise */
-        int shift = 0;
-        while (!(mantissa & 0x400)) { mantissa <<= 1; shift++; }
-        bits = sign | ((uint32_t)(113 - shift) << 23) | ((mantissa & 0x3FF) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
 
 /* `f` as a float16 when it is one exactly (finite); 0 when it is not. */
 static int half_exactly(float f, uint16_t *out) {
@@ -386,7 +370,8 @@ int repack_tensor(const uint8_t *src, int64_t source_bytes, int type, int64_t ro
     if (bits < 0) return REPACK_UNSUPPORTED;
     int k_type = type == T_Q4_K || type == T_Q5_K || bits == 6 || per_row_int8(type);
     int64_t stride = row_bytes(type, cols);
-    if (!src || !codes || !scales || rows <= 0 || cols <= 0 || cols % (k_type ? QK_K : GROUP) != 0 ||
+    if (!src || !codes || !scales) return REPACK_NULL;
+    if (rows <= 0 || cols <= 0 || cols % (k_type ? QK_K : GROUP) != 0 ||
         cols / GROUP * (terms ? terms : 1) > (1 << 30) / BLOCK || stride * rows > source_bytes)
         return REPACK_BAD_ARGUMENT;
     if ((terms > 0) != (offsets != NULL)) return REPACK_BAD_ARGUMENT;

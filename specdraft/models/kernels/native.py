@@ -1,40 +1,65 @@
 """specdraft's own CPU kernels (cpu_kernels.c and the files beside it), built on first use and
-loaded with ctypes.
+loaded with ctypes, one library per instruction set:
 
-The C files need no torch headers: the machine's C compiler builds them in seconds, keyed by
-the sources, the flags and the compiler, so an upgrade or another machine builds its own;
-kernels/build.py builds, records and checks each build before it is loaded. They target AVX2
-with FMA and F16C (every x86 CPU of the last ten years); the block products also come in an
-AVX-512 VNNI build (cpu_kernels_vnni.c, compiled for that target alone and chosen at run time
-where the CPU has it) that gives the same numbers bit for bit in fewer instructions a row.
-Without AVX2, or without a compiler, `kernel_problem` says why, and callers keep torch's
-kernels; SPECDRAFT_KERNEL_ISA names a choice (auto, avx2, vnni), and one that cannot run here
-is a usage error.
+- `vnni`: the block products on AVX-512 VNNI (cpu_kernels_vnni.c), the rest on AVX2;
+- `avx2`: AVX2 with FMA and F16C (every x86 CPU of the last ten years);
+- `scalar`: plain C, no intrinsics (cpu_kernels_scalar.c, cpu_attention_scalar.c), built
+  without any -m flag, so it runs on any CPU; also the reference the tests hold the others to.
+
+All three give the same numbers bit for bit; the choice changes only speed. The process takes
+the fastest its CPU runs (SPECDRAFT_KERNEL_ISA=auto) or the one SPECDRAFT_KERNEL_ISA names
+(one this CPU cannot run is a usage error), once; each library's instruction set is fixed
+when it is compiled (no switch to flip), and `using_isa` runs a block of code on another
+library (tests and benchmarks compare them). The C files need no torch headers: the machine's
+C compiler builds each library in seconds, keyed by its sources, flags and compiler;
+kernels/build.py builds, records and checks each build before it is loaded. Without a
+compiler `kernel_problem` says why, and callers keep torch's kernels.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
 import os
+import platform
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
 from specdraft.errors import UsageError
+from specdraft.models.kernels.boundary import address, check_layout, check_status, declare
 from specdraft.models.kernels.build import KernelBuildError, compiler_command, compiler_version, load_library
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in
-                ("cpu_kernels.c", "cpu_kernels_vnni.c", "cpu_attention.c", "cpu_decoder.c", "cpu_repack.c",
-                                 "cpu_kernels_six.c"))
-HEADER = Path(__file__).with_name("cpu_kernels_shared.h")  # included by every source
-# SPECDRAFT_KERNEL_ISA: the block products' instruction set (auto: AVX-512 VNNI where the CPU
-# has it, else AVX2). The results are the same bit for bit; avx2 measures what an AVX2-only
-# CPU would run.
-ISA_CHOICES = {"auto": 1, "vnni": 1, "avx2": 0}  # vnni on a CPU without it is refused
-FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
+HERE = Path(__file__).parent
+ISAS = ("scalar", "avx2", "vnni")  # index: the build's SPECDRAFT_ISA (cpu_kernels_shared.h)
+ISA_CHOICES = ("auto", *ISAS)  # SPECDRAFT_KERNEL_ISA
+COMMON = ("cpu_common.c", "cpu_decoder.c", "cpu_repack.c", "cpu_boundary.c")  # plain C, in every library
+VECTOR = ("cpu_kernels.c", "cpu_kernels_six.c", "cpu_attention.c")
+ISA_SOURCES = {"scalar": ("cpu_kernels_scalar.c", "cpu_attention_scalar.c"), "avx2": VECTOR,
+               "vnni": (*VECTOR, "cpu_kernels_vnni.c")}
+HEADERS = tuple(HERE / name for name in ("cpu_kernels_shared.h", "cpu_kernels_vector.h", "cpu_kernels_scalar.h"))
+BASE_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
+VECTOR_FLAGS = ["-mavx2", "-mfma", "-mf16c"]
+FLAGS = BASE_FLAGS + VECTOR_FLAGS  # (the vector builds' flags, as before one library per instruction set)
+CPU_FLAGS = {"avx2": ("avx2", "fma", "f16c"),
+             "vnni": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")}
+_SELECTED: ContextVar[str | None] = ContextVar("specdraft_kernel_isa", default=None)  # `using_isa`
+_LOADED: set[str] = set()  # the instruction sets whose library this process loaded
+
+
+def sources(isa: str) -> tuple[Path, ...]:
+    """The C files of `isa`'s library."""
+    return tuple(HERE / name for name in (*ISA_SOURCES[isa], *COMMON))
+
+
+def flags(isa: str) -> list[str]:
+    """The compiler flags of `isa`'s library (the scalar one: no instruction set beyond the
+    machine's baseline)."""
+    return BASE_FLAGS + ([] if isa == "scalar" else VECTOR_FLAGS) + [f"-DSPECDRAFT_ISA={ISAS.index(isa)}"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -51,25 +76,81 @@ def kernel_problem() -> str | None:
     return None
 
 
+def isa_available(isa: str) -> bool:
+    """Whether this CPU runs `isa`'s library (the scalar one: every CPU)."""
+    if isa == "scalar":
+        return True
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686", "x86"):
+        return False
+    return _cpu_has(*CPU_FLAGS[isa])
+
+
 @functools.lru_cache(maxsize=1)
-def library() -> ctypes.CDLL:
-    """The built kernels, loaded (built first where this source, compiler and flags never were;
-    kernels/build.py checks that a build is ours before loading it)."""
+def process_isa() -> str:
+    """The instruction set this process runs (SPECDRAFT_KERNEL_ISA, read once; auto: the
+    fastest this CPU has)."""
     chosen = os.environ.get("SPECDRAFT_KERNEL_ISA", "auto")
     if chosen not in ISA_CHOICES:
         raise UsageError(f"SPECDRAFT_KERNEL_ISA={chosen}: expected one of {', '.join(ISA_CHOICES)}")
-    if not _cpu_has("avx2", "fma", "f16c"):
-        raise KernelBuildError("this CPU lacks AVX2/FMA/F16C")
+    if chosen == "auto":
+        return next(isa for isa in reversed(ISAS) if isa_available(isa))
+    if not isa_available(chosen):
+        needs = {"vnni": "AVX-512 VNNI", "avx2": "AVX2/FMA/F16C"}[chosen]
+        raise UsageError(f"SPECDRAFT_KERNEL_ISA={chosen}: this CPU has no {needs} (use auto or scalar)")
+    return chosen
+
+
+def kernel_isa() -> str:
+    """The instruction set the kernels run on here and now: "scalar", "avx2" or "vnni"."""
+    return _SELECTED.get() or process_isa()
+
+
+def library(isa: str | None = None) -> ctypes.CDLL:
+    """The built kernels of `isa` (None: `kernel_isa()`), loaded (built first where these
+    sources, compiler and flags never were; kernels/build.py checks that a build is ours)."""
+    return _loaded(isa or _SELECTED.get() or process_isa())
+
+
+@functools.lru_cache(maxsize=None)
+def _loaded(isa: str) -> ctypes.CDLL:
+    if isa not in ISAS:
+        raise ValueError(f"no kernels for instruction set {isa!r}: expected one of {', '.join(ISAS)}")
+    if not isa_available(isa):
+        raise KernelBuildError(f"this CPU cannot run the {isa} kernels")
     command = compiler_command()
     version = compiler_version(command)
-    code = b"".join(source.read_bytes() for source in (*SOURCES, HEADER))
-    digest = hashlib.sha256(code + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
-    loaded = _declared(load_library("cpu_kernels", SOURCES, FLAGS, digest))
-    loaded.build_id = digest
-    if chosen == "vnni" and not loaded.vnni_supported():
-        raise UsageError("SPECDRAFT_KERNEL_ISA=vnni: this CPU has no AVX-512 VNNI (use auto or avx2)")
-    loaded.kernel_isa(ISA_CHOICES[chosen])
+    files = sources(isa)
+    code = b"".join(path.read_bytes() for path in (*files, *HEADERS))
+    digest = hashlib.sha256(code + version.encode() + " ".join(flags(isa)).encode()).hexdigest()[:16]
+    loaded = declare(load_library(f"cpu_kernels-{isa}", files, flags(isa), digest))
+    loaded.build_id, loaded.isa = digest, isa
+    check_layout(loaded)
+    if loaded.kernel_isa() != ISAS.index(isa) or not loaded.isa_supported():
+        raise KernelBuildError(f"the {isa} kernel build is not one this CPU runs")
+    _LOADED.add(isa)
     return loaded
+
+
+def kernels_in_use() -> str | None:
+    """The instruction set of the kernels running here, once this process has loaded them to
+    run on (None before: nothing ran on them), as `generate --stats` and `bench` say it."""
+    try:
+        isa = kernel_isa() if _LOADED else None
+    except UsageError:
+        return None
+    return isa if isa in _LOADED else None
+
+
+@contextlib.contextmanager
+def using_isa(isa: str) -> Iterator[None]:
+    """Run the kernels of `isa` inside the block (in this thread or task only): the same
+    numbers, another speed. An instruction set this CPU lacks is an error here."""
+    library(isa)
+    token = _SELECTED.set(isa)
+    try:
+        yield
+    finally:
+        _SELECTED.reset(token)
 
 
 def c_compiler() -> str | None:
@@ -80,94 +161,45 @@ def c_compiler() -> str | None:
         return None
 
 
-def _build(compiler: str, target: Path, sources: Sequence[Path] = SOURCES) -> None:
-    """Compile `sources` into `target` as the package builds its own (benchmarks build other
-    revisions' kernels with it)."""
+def _build(compiler: str, target: Path, files: Sequence[Path], isa: str | None = None) -> None:
+    """Compile `files` into `target` as the package builds `isa`'s library (benchmarks build
+    other revisions' kernels with it)."""
     import shlex
 
     from specdraft.models.kernels.build import _compile
 
-    _compile(shlex.split(compiler), sources, FLAGS, target)
+    _compile(shlex.split(compiler), files, flags(isa or kernel_isa()), target)
 
 
 def interface_of(loaded: ctypes.CDLL) -> int:
-    """The signatures' version of a build (cpu_kernels.c `kernel_interface`; 1 before it)."""
+    """The signatures' version of a build (cpu_boundary.c `kernel_interface`; 1 before it)."""
     return int(loaded.kernel_interface()) if hasattr(loaded, "kernel_interface") else 1
 
 
-def _declared(loaded: ctypes.CDLL) -> ctypes.CDLL:
-    """The kernels' C signatures, so ctypes passes each argument as the C side reads it."""
-    pointer, integer = ctypes.c_void_p, ctypes.c_int
-    loaded.kernel_interface.restype = integer
-    loaded.kernel_interface.argtypes = []
-    loaded.kernel_isa.restype = integer
-    loaded.kernel_isa.argtypes = [integer]
-    loaded.vnni_supported.restype = integer
-    loaded.vnni_supported.argtypes = []
-    loaded.block_matmul.restype = integer
-    loaded.block_matmul.argtypes = [pointer, integer, integer, pointer, pointer, pointer, integer, integer, integer,
-                                    integer, pointer, integer]
-    loaded.block_rows.restype = integer
-    loaded.block_rows.argtypes = [pointer, pointer, pointer, integer, integer, integer, integer, integer, pointer,
-                                  integer, pointer]
-    loaded.causal_attention.restype = integer
-    loaded.causal_attention.argtypes = [pointer, pointer, pointer, integer, integer, integer, integer, integer,
-                                        integer, ctypes.c_float, pointer, pointer, integer]
-    loaded.rms_norm_rows.restype = None
-    loaded.rms_norm_rows.argtypes = [pointer, pointer, integer, integer, ctypes.c_float, pointer]
-    loaded.add_rms_norm_rows.restype = None
-    loaded.add_rms_norm_rows.argtypes = [pointer, pointer, pointer, integer, integer, ctypes.c_float, pointer]
-    loaded.swiglu_rows.restype = None
-    loaded.swiglu_rows.argtypes = [pointer, integer, integer, pointer]
-    loaded.decoder_layers.restype = integer
-    loaded.decoder_layers.argtypes = [pointer, integer, integer, integer, pointer, integer, integer, integer, integer,
-                                      pointer, pointer, integer, pointer, pointer, ctypes.c_float, pointer, integer]
-    loaded.attention_block.restype = integer
-    loaded.attention_block.argtypes = [pointer, integer, integer, integer, integer, integer, pointer, pointer,
-                                       pointer, pointer, integer, ctypes.c_float, pointer, pointer, integer]
-    loaded.repack_terms.restype = integer
-    loaded.repack_terms.argtypes = [integer]
-    loaded.repack_bits.restype = integer
-    loaded.repack_bits.argtypes = [integer]
-    loaded.repack_tensor.restype = integer
-    loaded.repack_tensor.argtypes = [pointer, ctypes.c_int64, integer, ctypes.c_int64, ctypes.c_int64, pointer, pointer,
-                                     pointer, pointer, integer, integer]
-    return loaded
-
-
-def _cpu_has(*flags: str) -> bool:
+def _cpu_has(*names: str) -> bool:
     try:
         text = Path("/proc/cpuinfo").read_text()
-    except OSError:  # not Linux: ask torch what it dispatches to
-        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    except OSError:  # not Linux: ask torch what it dispatches to (no VNNI: AVX2 then)
+        return "avx512_vnni" not in names and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
     line = next((row for row in text.splitlines() if row.startswith("flags")), "")
     have = set(line.split(":", 1)[-1].split())
-    return all(flag in have for flag in flags)
-
-
+    return all(name in have for name in names)
 
 
 def vnni_available() -> bool:
     """Whether this CPU runs the block products on AVX-512 VNNI."""
-    return bool(library().vnni_supported())
+    return isa_available("vnni")
 
 
 def kernel_version() -> str:
-    """Which kernels run: the build (source, flags, compiler) and the products' instruction set.
+    """Which kernels run: the build (sources, flags, compiler) and its instruction set.
     Measured costs of a model on these kernels are keyed by it."""
-    return f"{library().build_id}-{'vnni' if kernel_isa() else 'avx2'}"
+    return f"{library().build_id}-{kernel_isa()}"
 
 
-def kernel_isa(request: int = -1) -> int:
-    """Choose the block products' kernels for this process: 0 AVX2, 1 AVX-512 VNNI where the
-    CPU has it, -1 keeps the current choice (VNNI where available). Returns 1 when VNNI runs.
-    Both give the same numbers bit for bit; benchmarks and tests compare them."""
-    return int(library().kernel_isa(request))
-
-
-def parent_rows(parents: torch.Tensor | None) -> int | None:
-    """The address of a token tree's parent rows (int32, contiguous; None for a chain)."""
-    return None if parents is None else parents.data_ptr()
+def parent_rows(function: str, parents: torch.Tensor | None, n: int) -> int | None:
+    """The address of a token tree's parent rows (int32 [n]; None for a chain)."""
+    return None if parents is None else address(function, "parents", parents, (n,), torch.int32)
 
 
 def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
@@ -175,39 +207,48 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     """q [n, H, D] of a block at KV slots start.. over keys and values [KVH, capacity, D]
     (float32, contiguous, the block's own slots already written): [n, H, D], each row the same
     whatever n; `parents` (int32 [n], parents[0] = -1) makes the block a token tree whose rows
-    attend their own paths (cpu_kernels.c)."""
+    attend their own paths (cpu_attention.c)."""
+    name = "causal_attention"
+    if q.dim() != 3 or keys.dim() != 3:
+        raise ValueError(f"{name}: q must be [n, H, D] and keys [KVH, capacity, D], not {tuple(q.shape)} and "
+                         f"{tuple(keys.shape)}")
     n, heads, dim = q.shape
-    out = torch.empty_like(q)
-    status = library().causal_attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(), n, start, heads,
-                                        keys.shape[0], dim, keys.shape[1], dim ** -0.5, parent_rows(parents),
-                                        out.data_ptr(), torch.get_num_threads())
-    if status:
-        raise MemoryError("the attention kernel could not allocate its scratch memory")
+    kv_heads, capacity, _ = keys.shape
+    pointers = [address(name, "q", q), address(name, "keys", keys, (kv_heads, capacity, dim)),
+                address(name, "values", values, (kv_heads, capacity, dim))]
+    out = torch.empty(n, heads, dim, dtype=torch.float32)
+    check_status(name, library().causal_attention(*pointers, n, start, heads, kv_heads, dim, capacity, dim ** -0.5,
+                                                   parent_rows(name, parents, n), out.data_ptr(),
+                                                   torch.get_num_threads()))
     return out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension of float32 `x` (contiguous), each row alone (cpu_kernels.c)."""
-    out = torch.empty_like(x)
-    dim = x.shape[-1]
-    library().rms_norm_rows(x.data_ptr(), weight.data_ptr(), x.numel() // dim, dim, eps, out.data_ptr())
+    dim = x.shape[-1] if x.dim() else 0
+    pointers = [address("rms_norm_rows", "x", x), address("rms_norm_rows", "weight", weight, (dim,))]
+    out = torch.empty(x.shape, dtype=torch.float32)
+    check_status("rms_norm_rows", library().rms_norm_rows(*pointers, x.numel() // dim, dim, eps, out.data_ptr()))
     return out
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x += delta in place (float32, contiguous, same shape); returns RMSNorm(x) * weight."""
-    out = torch.empty_like(x)
-    dim = x.shape[-1]
-    library().add_rms_norm_rows(x.data_ptr(), delta.data_ptr(), weight.data_ptr(), x.numel() // dim, dim, eps,
-                                out.data_ptr())
+    name, dim = "add_rms_norm_rows", x.shape[-1] if x.dim() else 0
+    pointers = [address(name, "x", x), address(name, "delta", delta, x.shape), address(name, "weight", weight, (dim,))]
+    out = torch.empty(x.shape, dtype=torch.float32)
+    check_status(name, library().add_rms_norm_rows(*pointers, x.numel() // dim, dim, eps, out.data_ptr()))
     return out
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """[..., 2 I] -> [..., I]: silu(gate) * up (float32, contiguous)."""
-    inner = gate_up.shape[-1] // 2
-    out = torch.empty(*gate_up.shape[:-1], inner)
-    library().swiglu_rows(gate_up.data_ptr(), gate_up.numel() // (2 * inner), inner, out.data_ptr())
+    width = gate_up.shape[-1] if gate_up.dim() else 0
+    if width == 0 or width % 2:
+        raise ValueError(f"swiglu_rows: gate_up's last dimension {width} is not even and positive (gate, then up)")
+    pointer, inner = address("swiglu_rows", "gate_up", gate_up), width // 2
+    out = torch.empty(*gate_up.shape[:-1], inner, dtype=torch.float32)
+    check_status("swiglu_rows", library().swiglu_rows(pointer, gate_up.numel() // width, inner, out.data_ptr()))
     return out
 
 
@@ -215,13 +256,17 @@ def attention_block(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key
                     values: torch.Tensor, start: int, heads: int, parents: torch.Tensor | None = None) -> torch.Tensor:
     """The fused projection's output qkv [n, (H + 2 KVH) D] at positions start.. -> the
     attended values [n, H D]; rotates queries and keys by cos, sin [n, D] and writes keys and
-    values [KVH, capacity, D] at those positions (cpu_kernels.c)."""
-    n = qkv.shape[0]
+    values [KVH, capacity, D] at those positions (cpu_common.c, cpu_attention.c)."""
+    name = "attention_block"
+    if keys.dim() != 3:
+        raise ValueError(f"{name}: keys must be [KVH, capacity, D], not {tuple(keys.shape)}")
     kv_heads, capacity, dim = keys.shape
-    out = torch.empty(n, heads * dim)
-    status = library().attention_block(qkv.data_ptr(), n, start, heads, kv_heads, dim, cos.data_ptr(),
-                                       sin.data_ptr(), keys.data_ptr(), values.data_ptr(), capacity, dim ** -0.5,
-                                       parent_rows(parents), out.data_ptr(), torch.get_num_threads())
-    if status:
-        raise MemoryError("the attention kernel could not allocate its scratch memory")
+    n = qkv.shape[0] if qkv.dim() else 0
+    pointers = [address(name, "qkv", qkv, (n, (heads + 2 * kv_heads) * dim)), address(name, "cos", cos, (n, dim)),
+                address(name, "sin", sin, (n, dim)), address(name, "keys", keys),
+                address(name, "values", values, keys.shape)]
+    out = torch.empty(n, heads * dim, dtype=torch.float32)
+    check_status(name, library().attention_block(pointers[0], n, start, heads, kv_heads, dim, *pointers[1:],
+                                                 capacity, dim ** -0.5, parent_rows(name, parents, n),
+                                                 out.data_ptr(), torch.get_num_threads()))
     return out

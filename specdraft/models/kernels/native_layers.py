@@ -18,22 +18,12 @@ import torch
 from torch import nn
 
 from specdraft.models.kernels.block_linear import BlockLinear
+from specdraft.models.kernels.boundary import address, check_status
 from specdraft.models.kernels.fused_linear import Concatenated
 from specdraft.models.kernels.native import library, parent_rows
-
-MAX_PARTS = 3  # cpu_decoder.c
-
-
-class _Matrix(ctypes.Structure):
-    _fields_ = [("codes", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("offset", ctypes.c_void_p),
-                ("bias", ctypes.c_void_p), ("N", ctypes.c_int), ("groups", ctypes.c_int), ("bits", ctypes.c_int),
-                ("form", ctypes.c_int)]
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [("norm1", ctypes.c_void_p), ("norm2", ctypes.c_void_p), ("eps1", ctypes.c_float),
-                ("eps2", ctypes.c_float), ("qkv", _Matrix * MAX_PARTS), ("gate_up", _Matrix * MAX_PARTS),
-                ("out", _Matrix), ("down", _Matrix), ("qkv_parts", ctypes.c_int), ("gate_up_parts", ctypes.c_int)]
+from specdraft.models.kernels.structs import MAX_PARTS
+from specdraft.models.kernels.structs import Layer as _Layer
+from specdraft.models.kernels.structs import Matrix as _Matrix
 
 
 def _parts(module: nn.Module) -> list[BlockLinear] | None:
@@ -45,14 +35,15 @@ def _parts(module: nn.Module) -> list[BlockLinear] | None:
 
 
 def _matrix(layer: BlockLinear) -> _Matrix:
-    bias = layer.bias.data_ptr() if layer.bias is not None else None
+    layer.check_buffers()
+    bias = None if layer.bias is None else address("decoder_layers", "a bias", layer.bias.data, (layer.out_features,))
     return _Matrix(*layer.addresses, bias, layer.out_features, layer.groups, layer.bits, layer.scale_form)
 
 
 def _norm_weight(norm: nn.Module) -> torch.Tensor | None:
     weight = getattr(norm, "weight", None)
     ok = weight is not None and weight.dtype == torch.float32 and weight.is_contiguous() \
-        and hasattr(norm, "variance_epsilon")
+        and weight.device.type == "cpu" and hasattr(norm, "variance_epsilon")
     return weight if ok else None
 
 
@@ -90,11 +81,17 @@ class NativeLayers:
         contiguous, updated in place) at KV slots start..; keys and values [layers, 1, KVH,
         capacity, D]; cos, sin [n, D] at each row's position; `parents` (int32 [n]) for a
         token tree (native.causal_attention)."""
+        name = "decoder_layers"
+        if x.dim() != 2 or keys.dim() != 5 or not 0 <= first < first + count <= min(len(self.table), len(keys)):
+            raise ValueError(f"{name}: x must be [n, H] and keys [layers, 1, KVH, capacity, D] holding layers "
+                             f"{first} .. {first + count - 1} of the table's {len(self.table)}, not {tuple(x.shape)} "
+                             f"and {tuple(keys.shape)}")
         n, hidden = x.shape
         _, _, kv_heads, capacity, dim = keys.shape
+        address(name, "keys", keys), address(name, "values", values, keys.shape)  # (whole: C reads `count` layers)
+        rope = [address(name, "cos", cos, (n, dim)), address(name, "sin", sin, (n, dim))]
         layer = ctypes.addressof(self.table) + first * ctypes.sizeof(_Layer)
-        status = library().decoder_layers(
-            x.data_ptr(), n, hidden, start, layer, count, heads, kv_heads, dim, keys[first].data_ptr(), values[first].data_ptr(), capacity, cos.data_ptr(), sin.data_ptr(),
-            dim ** -0.5, parent_rows(parents), torch.get_num_threads())
-        if status:
-            raise MemoryError("the decoder layers could not allocate their scratch memory")
+        check_status(name, library().decoder_layers(address(name, "x", x), n, hidden, start, layer, count, heads,
+                                                    kv_heads, dim, keys[first].data_ptr(), values[first].data_ptr(),
+                                                    capacity, *rope, dim ** -0.5, parent_rows(name, parents, n),
+                                                    torch.get_num_threads()))

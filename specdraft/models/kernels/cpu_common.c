@@ -1,0 +1,154 @@
+/* What every build of the kernels shares, in plain C (compiled into the scalar, AVX2 and VNNI
+ * libraries alike; each links it to its own quantize_row, products, norms and attention): the
+ * activations a product quantizes, the residual update before a norm, a weight's rows looked
+ * up (block_rows: an embedding tied to the head), and the rotary positions and KV write before
+ * attention. None of it is vector code of its own, and none of it depends on a build: the same
+ * numbers everywhere. The build flags keep the compiler from fusing a multiply and an add
+ * (-ffp-contract=off), so what auto-vectorized code computes is what these lines say.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_kernels_shared.h"
+
+void free_activations(Activations *a) {
+    free(a->qx); free(a->dx); free(a->sx); free(a->ax); free(a->sx16);
+}
+
+/* Returns 0, or KERNEL_NO_MEMORY (then nothing is left allocated). */
+int prepare_activations(const float *x, int M, int K, int quantize, Activations *a) {
+    const int groups = K / GROUP;
+    a->x = x;
+    a->qx = NULL; a->dx = NULL; a->sx = NULL; a->ax = NULL; a->sx16 = NULL;
+    if (!quantize) return 0;
+    a->qx = (int8_t *)malloc((size_t)M * K);
+    a->dx = (float *)malloc(sizeof(float) * (size_t)M * groups);
+    a->sx = (int32_t *)malloc(sizeof(int32_t) * (size_t)M * groups);
+    a->ax = (float *)malloc(sizeof(float) * (size_t)M * groups);
+    a->sx16 = (int32_t *)malloc(sizeof(int32_t) * (size_t)M * groups * 2);
+    if (!a->qx || !a->dx || !a->sx || !a->ax || !a->sx16) {
+        free_activations(a);
+        return KERNEL_NO_MEMORY;
+    }
+    for (int m = 0; m < M; m++) /* (this build's quantize_row: the same codes in every build) */
+        quantize_row(x + (size_t)m * K, groups, a->qx + (size_t)m * K, a->dx + (size_t)m * groups,
+                     a->sx + (size_t)m * groups);
+    for (size_t i = 0; i < (size_t)M * groups; i++) a->ax[i] = a->dx[i] * (float)a->sx[i];
+    for (size_t i = 0; i < (size_t)M * groups * 2; i++) {
+        int32_t total = 0;
+        for (int j = 0; j < 16; j++) total += a->qx[16 * i + j];
+        a->sx16[i] = total;
+    }
+    return 0;
+}
+
+/* x += delta, then out = RMSNorm(x) * weight, row by row (the residual stream's update and
+ * the next layer input's norm in one pass). */
+void add_rms_norm_impl(float *x, const float *delta, const float *weight, int rows, int dim, float eps, float *out) {
+    for (size_t i = 0; i < (size_t)rows * dim; i++) x[i] += delta[i];
+    rms_norm_impl(x, weight, rows, dim, eps, out);
+}
+
+/* Column c of block b's group g dequantized into value[32]: (code - 32) x (factor x d), one
+ * rounding per weight, as the `gguf` package computes Q6_K and Q3_K (d x scale, then x q). */
+static void six_group_values(const uint8_t *codes, const uint8_t *scales, int G, int b, int g, int c, float *value) {
+    const uint8_t *group = codes + ((size_t)b * G + g) * SIX_GROUP_BYTES;
+    const uint8_t *block = scales + (size_t)b * G * SIX_SCALE_BYTES;
+    uint16_t super;
+    memcpy(&super, block + (size_t)G * 2 * BLOCK + 2 * ((g / SUPER_GROUPS) * BLOCK + c), 2);
+    const float d = half_to_float(super);
+    const int h = c / 8, lane = c % 8;
+    for (int j = 0; j < GROUP; j++) {
+        const int part = j / 16, k = (j % 16) / 4, i = j % 4;
+        const uint8_t byte = group[64 * k + 4 * c + i];
+        const int low = part ? byte >> 4 : byte & 0x0F;
+        const int high = (group[256 + 64 * h + 32 * part + 4 * lane + i] >> (2 * k)) & 0x03;
+        const float scale = (float)((const int8_t *)block)[(size_t)g * 2 * BLOCK + part * BLOCK + c] * d;
+        value[j] = (float)((low | (high << 4)) - 32) * scale;
+    }
+}
+
+/* Column c's scale or offset of block b's group g (G groups), in any form, widened exactly. */
+static inline float scale_at(const void *p, int b, int G, int g, int c, int form) {
+    const size_t at = ((size_t)b * G + g) * BLOCK + c;
+    if (form == SCALES_FLOAT16) return half_to_float(((const uint16_t *)p)[at]);
+    if (form == SCALES_FACTORED) {
+        const uint8_t *block = (const uint8_t *)p + (size_t)b * G * FACTORED_BYTES;
+        const uint16_t *supers = (const uint16_t *)(block + (size_t)G * BLOCK);
+        return (float)block[(size_t)g * BLOCK + c] * half_to_float(supers[(g / SUPER_GROUPS) * BLOCK + c]);
+    }
+    return ((const float *)p)[at];
+}
+
+/* Rows `ids` [n] of a 4-bit (`terms` terms) or 8-bit weight of N output rows in the block
+ * layout, dequantized into out [n, K]: per group code x scale (+ offset), a 4-bit weight's
+ * terms added in order, one rounding per product and per sum (the build does not contract
+ * them into fused multiply-adds): BlockLinear.rows, for an embedding tied to the head,
+ * looked up every step. Returns 0, or KERNEL_BAD_ROW for an id
+ * outside 0 .. N - 1 (nothing is written then). */
+int block_rows_impl(const void *codes, const void *scale, const void *offset, int form, int bits, int N, int groups,
+                    int terms, const int64_t *ids, int n, float *out) {
+    const int per_term = groups / terms, K = per_term * GROUP;
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= N) return KERNEL_BAD_ROW;
+    for (int i = 0; i < n; i++) {
+        const int b = (int)(ids[i] / BLOCK), c = (int)(ids[i] % BLOCK);
+        float *row = out + (size_t)i * K;
+        for (int g = 0; g < groups; g++) {
+            const float s = bits == 6 ? 0.0f : scale_at(scale, b, groups, g, c, form);
+            float value[GROUP];
+            if (bits == 6) {
+                six_group_values((const uint8_t *)codes, (const uint8_t *)scale, groups, b, g, c, value);
+            } else if (bits == 8) {
+                const int8_t *group = (const int8_t *)codes + ((size_t)b * groups + g) * 512 + 4 * c;
+                for (int j = 0; j < GROUP; j++) value[j] = (float)group[64 * (j / 4) + j % 4] * s;
+            } else {
+                const uint8_t *group = (const uint8_t *)codes + ((size_t)b * groups + g) * 256 + 4 * c;
+                const float o = scale_at(offset, b, groups, g, c, form);
+                for (int j = 0; j < 16; j++) {
+                    const uint8_t byte = group[64 * (j / 4) + j % 4];
+                    const float low = (float)(byte & 0x0F) * s, high = (float)(byte >> 4) * s;
+                    value[j] = low + o;
+                    value[j + 16] = high + o;
+                }
+            }
+            float *into = row + (size_t)(g % per_term) * GROUP;
+            for (int j = 0; j < GROUP; j++) into[j] = g < per_term ? value[j] : into[j] + value[j];
+        }
+    }
+    return KERNEL_OK;
+}
+
+/* Rotary positions on one head vector: v * cos + rotate_half(v) * sin, rotate_half(v) being
+ * [-v[D/2:], v[:D/2]] (transformers' convention). */
+static inline void rope(const float *v, const float *cos, const float *sin, int D, float *out) {
+    const int half = D / 2;
+    for (int d = 0; d < half; d++) out[d] = v[d] * cos[d] - v[d + half] * sin[d];
+    for (int d = half; d < D; d++) out[d] = v[d] * cos[d] + v[d - half] * sin[d];
+}
+
+/* One attention block of the lean forward: qkv [n, (H + 2 KVH) D] as the fused projection
+ * gives it, cos and sin [n, D] for each row's position (start + i in a chain, start + depth
+ * in a token tree), keys and values [KVH, capacity, D] (written here at slots start..start +
+ * n - 1), `parents` NULL for a chain or a tree's parent rows (causal_attention), out [n, H D].
+ * Rotates queries and keys, stores keys and values, then attends. Every row's arithmetic is
+ * its own. */
+int attention_block_impl(const float *qkv, int n, int start, int H, int KVH, int D, const float *cos,
+                         const float *sin, float *keys, float *values, int capacity, float scale, const int *parents,
+                         float *out, int threads) {
+    const int width = (H + 2 * KVH) * D;
+    float *q = (float *)malloc(sizeof(float) * (size_t)n * H * D);
+    if (!q) return KERNEL_NO_MEMORY;
+    for (int i = 0; i < n; i++) {
+        const float *row = qkv + (size_t)i * width, *c = cos + (size_t)i * D, *s = sin + (size_t)i * D;
+        for (int h = 0; h < H; h++) rope(row + h * D, c, s, D, q + ((size_t)i * H + h) * D);
+        for (int h = 0; h < KVH; h++) {
+            rope(row + (H + h) * D, c, s, D, keys + ((size_t)h * capacity + start + i) * D);
+            memcpy(values + ((size_t)h * capacity + start + i) * D, row + (H + KVH + h) * D, sizeof(float) * D);
+        }
+    }
+    int status = causal_attention_impl(q, keys, values, n, start, H, KVH, D, capacity, scale, parents, out, threads);
+    free(q);
+    return status;
+}

@@ -1,0 +1,47 @@
+"""The C kernels' shared constants and the structs Python fills for them, as ctypes sees them
+(cpu_kernels_shared.h): a weight's table entry (`Matrix`) and a decoder layer's (`Layer`,
+native_layers.py fills a table of them). When a build loads, native.py compares `layout()`
+with the build's own `kernel_layout` (the same numbers, read by C's sizeof and offsetof), so
+a header and a mirror that drift apart are a KernelBuildError, never a misread table."""
+
+from __future__ import annotations
+
+import ctypes
+
+from specdraft.models.kernels.formats import GROUP
+
+BLOCK = 16  # output columns of one weight block
+SIX_GROUP_BYTES, SIX_SCALE_BYTES = 384, 36  # a 6-bit group's codes and scales in one block
+MAX_PARTS = 3  # matrices side by side in one projection (q, k, v)
+MAX_HEAD_DIM = 256  # the largest head size attention takes (its accumulators: D / 8 registers)
+HEAD_LANES = 8  # a head size is a multiple of this
+
+
+class Matrix(ctypes.Structure):
+    _fields_ = [("codes", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("offset", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p), ("N", ctypes.c_int), ("groups", ctypes.c_int), ("bits", ctypes.c_int),
+                ("form", ctypes.c_int)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [("norm1", ctypes.c_void_p), ("norm2", ctypes.c_void_p), ("eps1", ctypes.c_float),
+                ("eps2", ctypes.c_float), ("qkv", Matrix * MAX_PARTS), ("gate_up", Matrix * MAX_PARTS),
+                ("out", Matrix), ("down", Matrix), ("qkv_parts", ctypes.c_int), ("gate_up_parts", ctypes.c_int)]
+
+
+# The fields of each struct in the C declaration's order (cpu_kernels_shared.h)
+FIELDS = {"Matrix": ("codes", "scale", "offset", "bias", "N", "groups", "bits", "form"),
+          "Layer": ("norm1", "norm2", "eps1", "eps2", "qkv", "gate_up", "out", "down", "qkv_parts", "gate_up_parts")}
+
+
+def layout() -> list[int]:
+    """What `kernel_layout` (cpu_boundary.c) gives for these: the constants, then each struct's
+    size and, field by field in C's order, the mirror's offset and size (-1, -1: no such
+    field). Read when called, so a replaced mirror is seen."""
+    values = [GROUP, BLOCK, SIX_GROUP_BYTES, SIX_SCALE_BYTES, MAX_PARTS, MAX_HEAD_DIM]
+    for struct in (Matrix, Layer):
+        values.append(ctypes.sizeof(struct))
+        for name in FIELDS[struct.__name__]:
+            field = getattr(struct, name, None)
+            values += [field.offset, field.size] if isinstance(field, type(Matrix.codes)) else [-1, -1]
+    return values
