@@ -52,20 +52,29 @@ void add_rms_norm_impl(float *x, const float *delta, const float *weight, int ro
 
 /* Column c of block b's group g dequantized into value[32]: (code - 32) x (factor x d), one
  * rounding per weight, as the `gguf` package computes Q6_K and Q3_K (d x scale, then x q). */
-static void six_group_values(const uint8_t *codes, const uint8_t *scales, int G, int b, int g, int c, float *value) {
-    const uint8_t *group = codes + ((size_t)b * G + g) * SIX_GROUP_BYTES;
-    const uint8_t *block = scales + (size_t)b * G * SIX_SCALE_BYTES;
-    uint16_t super;
-    memcpy(&super, block + (size_t)G * 2 * BLOCK + 2 * ((g / SUPER_GROUPS) * BLOCK + c), 2);
-    const float d = half_to_float(super);
+/* Group g's 32 codes 0..63 of column c of a 6-bit block (cpu_kernels_shared.h SIX_*):
+   the scalar products' codes and, scaled, block_rows' values. */
+void six_codes(const uint8_t *group, int c, int32_t *code) {
     const int h = c / 8, lane = c % 8;
     for (int j = 0; j < GROUP; j++) {
         const int part = j / 16, k = (j % 16) / 4, i = j % 4;
         const uint8_t byte = group[64 * k + 4 * c + i];
         const int low = part ? byte >> 4 : byte & 0x0F;
         const int high = (group[256 + 64 * h + 32 * part + 4 * lane + i] >> (2 * k)) & 0x03;
-        const float scale = (float)((const int8_t *)block)[(size_t)g * 2 * BLOCK + part * BLOCK + c] * d;
-        value[j] = (float)((low | (high << 4)) - 32) * scale;
+        code[j] = low | (high << 4);
+    }
+}
+
+static void six_group_values(const uint8_t *codes, const uint8_t *scales, int G, int b, int g, int c, float *value) {
+    const uint8_t *block = scales + (size_t)b * G * SIX_SCALE_BYTES;
+    uint16_t super;
+    memcpy(&super, block + (size_t)G * 2 * BLOCK + 2 * ((g / SUPER_GROUPS) * BLOCK + c), 2);
+    const float d = half_to_float(super);
+    int32_t code[GROUP];
+    six_codes(codes + ((size_t)b * G + g) * SIX_GROUP_BYTES, c, code);
+    for (int j = 0; j < GROUP; j++) {
+        const float scale = (float)((const int8_t *)block)[(size_t)g * 2 * BLOCK + (j / 16) * BLOCK + c] * d;
+        value[j] = (float)(code[j] - 32) * scale;
     }
 }
 

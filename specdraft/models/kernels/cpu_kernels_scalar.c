@@ -112,18 +112,6 @@ static void block8(const int8_t *codes, const void *scale, int form, int G, cons
     store_rows(acc, rows, m0, b, columns, y, ldy);
 }
 
-/* Group g's 32 codes 0..63 of column c of a 6-bit block (cpu_kernels_shared.h SIX_*). */
-static void six_codes(const uint8_t *group, int c, int32_t *code) {
-    const int h = c / 8, lane = c % 8;
-    for (int j = 0; j < GROUP; j++) {
-        const int part = j / 16, k = (j % 16) / 4, i = j % 4;
-        const uint8_t byte = group[64 * k + 4 * c + i];
-        const int low = part ? byte >> 4 : byte & 0x0F;
-        const int high = (group[256 + 64 * h + 32 * part + 4 * lane + i] >> (2 * k)) & 0x03;
-        code[j] = low | (high << 4);
-    }
-}
-
 /* 6-bit weights: each half group's exact sum of (code - 32) x activation (formed as the vector
  * code forms it, sum(code x) - 32 sx16: the same integer), then per half acc = fma(sum, dx s,
  * acc), s = factor x d, as block6 in cpu_kernels_six.c. */

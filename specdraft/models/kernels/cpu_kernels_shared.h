@@ -159,6 +159,7 @@ int causal_attention_impl(const float *q, const float *keys, const float *values
  * (every weight the activations meet is float). */
 int prepare_activations(const float *x, int M, int K, int quantize, Activations *a);
 void free_activations(Activations *a);
+void six_codes(const uint8_t *group, int c, int32_t *code);  /* a 6-bit group's 32 codes 0..63 of column c */
 void add_rms_norm_impl(float *x, const float *delta, const float *weight, int rows, int dim, float eps, float *out);
 int attention_block_impl(const float *qkv, int n, int start, int H, int KVH, int D, const float *cos,
                          const float *sin, float *keys, float *values, int capacity, float scale, const int *parents,
