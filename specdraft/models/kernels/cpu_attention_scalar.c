@@ -28,8 +28,7 @@ static float score(const float *q, const float *k, int D, float scale) {
     return (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) * scale;
 }
 
-/* Row `row` of head h: out [D]. `slots` NULL (a chain: slot j is key j) or the row's key
- * slots; `length` keys; `weights` scratch of length rounded up to 8. */
+/* One row of one head (AttendRow, cpu_kernels_shared.h). */
 static void attend_row(const float *q, const float *kh, const float *vh, const int *slots, int length, int D,
                        float scale, float *weights, float *out) {
     const int padded = (length + 7) / 8 * 8;
@@ -56,29 +55,5 @@ static void attend_row(const float *q, const float *kh, const float *vh, const i
 /* cpu_attention.c's causal_attention_impl, the same arguments (D at most MAX_HEAD_DIM). */
 int causal_attention_impl(const float *q, const float *keys, const float *values, int n, int start, int H, int KVH,
                           int D, int capacity, float scale, const int *parents, float *out, int threads) {
-    const int group = H / KVH;
-    const size_t stride = (size_t)start + n + 8;
-    int failed = 0;
-    #pragma omp parallel num_threads(threads)
-    {
-        float *weights = malloc(sizeof(float) * stride);
-        int *slots = parents ? malloc(sizeof(int) * stride) : NULL;
-        const int ready = weights && (!parents || slots);
-        if (!ready) {
-            #pragma omp atomic write
-            failed = 1;
-        }
-        #pragma omp for collapse(2) schedule(static)
-        for (int h = 0; h < H; h++)
-            for (int i = 0; i < n; i++) {
-                if (!ready) continue;
-                const int length = parents ? tree_slots(parents, start, i, slots) : start + i + 1;
-                attend_row(q + ((size_t)i * H + h) * D, keys + (size_t)(h / group) * capacity * D,
-                           values + (size_t)(h / group) * capacity * D, slots, length, D, scale, weights,
-                           out + ((size_t)i * H + h) * D);
-            }
-        free(weights);
-        free(slots);
-    }
-    return failed ? KERNEL_NO_MEMORY : KERNEL_OK;
+    return attention_by_rows(attend_row, q, keys, values, n, start, H, KVH, D, capacity, scale, parents, out, threads);
 }

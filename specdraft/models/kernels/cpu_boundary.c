@@ -14,6 +14,14 @@
 
 #include "cpu_kernels_shared.h"
 
+#if SPECDRAFT_ISA == ISA_NEON && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#elif SPECDRAFT_ISA == ISA_NEON && defined(__APPLE__)
+#include <sys/sysctl.h>
+#include <sys/types.h>
+#endif
+
 /* The version of the functions' signatures (models/kernels/native.py declares them): a benchmark
  * that loads another revision's build beside this one's compares only builds of the same
  * signatures. 2: the block products take `half` (float16 scales); 3: block_rows; 4: `half`
@@ -22,13 +30,24 @@
  * a status, kernel_layout; a build without this function is 1. */
 int kernel_interface(void) { return 6; }
 
-/* This library's instruction set (ISA_SCALAR, ISA_AVX2, ISA_VNNI), fixed when it was compiled. */
+/* This library's instruction set (ISA_SCALAR, ISA_AVX2, ISA_VNNI, ISA_NEON), fixed when it was compiled. */
 int kernel_isa(void) { return SPECDRAFT_ISA; }
 
-/* Whether this CPU runs this library's instructions (the scalar build: every CPU). */
+/* Whether this CPU runs this library's instructions (the scalar build: every CPU; NEON: every
+ * AArch64 CPU, and the dot-product instruction where the build uses it). */
 int isa_supported(void) {
 #if SPECDRAFT_ISA == ISA_SCALAR
     return 1;
+#elif SPECDRAFT_ISA == ISA_NEON
+#if defined(__ARM_FEATURE_DOTPROD) && defined(__linux__)
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#elif defined(__ARM_FEATURE_DOTPROD) && defined(__APPLE__)
+    int has = 0;
+    size_t size = sizeof(has);
+    return sysctlbyname("hw.optional.arm.FEAT_DotProd", &has, &size, NULL, 0) == 0 && has;
+#else
+    return 1;
+#endif
 #else
     __builtin_cpu_init();
     int ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");

@@ -1,8 +1,8 @@
-/* What every build of the kernels shares, in plain C (compiled into the scalar, AVX2 and VNNI
- * libraries alike; each links it to its own quantize_row, products, norms and attention): the
- * activations a product quantizes, the residual update before a norm, a weight's rows looked
- * up (block_rows: an embedding tied to the head), and the rotary positions and KV write before
- * attention. None of it is vector code of its own, and none of it depends on a build: the same
+/* What every build of the kernels shares, in plain C (compiled into the scalar, AVX2, VNNI and
+ * NEON libraries alike; each links it to its own quantize_row, products, norms and attention):
+ * the activations a product quantizes, the residual update before a norm, a weight's rows
+ * looked up (block_rows: an embedding tied to the head), the rotary positions and KV write
+ * before attention, and the parallel loop of the builds that attend row by row. None of it is vector code of its own, and none of it depends on a build: the same
  * numbers everywhere. The build flags keep the compiler from fusing a multiply and an add
  * (-ffp-contract=off), so what auto-vectorized code computes is what these lines say.
  */
@@ -160,4 +160,35 @@ int attention_block_impl(const float *qkv, int n, int start, int H, int KVH, int
     int status = causal_attention_impl(q, keys, values, n, start, H, KVH, D, capacity, scale, parents, out, threads);
     free(q);
     return status;
+}
+
+/* causal_attention_impl of a build that attends one row of one head at a time (the scalar and
+ * NEON builds): `attend` for every head and row, in parallel, each with its own scratch. */
+int attention_by_rows(AttendRow attend, const float *q, const float *keys, const float *values, int n, int start, int H,
+                      int KVH, int D, int capacity, float scale, const int *parents, float *out, int threads) {
+    const int group = H / KVH;
+    const size_t stride = (size_t)start + n + 8;
+    int failed = 0;
+    #pragma omp parallel num_threads(threads)
+    {
+        float *weights = malloc(sizeof(float) * stride);
+        int *slots = parents ? malloc(sizeof(int) * stride) : NULL;
+        const int ready = weights && (!parents || slots);
+        if (!ready) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for collapse(2) schedule(static)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < n; i++) {
+                if (!ready) continue;
+                const int length = parents ? tree_slots(parents, start, i, slots) : start + i + 1;
+                attend(q + ((size_t)i * H + h) * D, keys + (size_t)(h / group) * capacity * D,
+                       values + (size_t)(h / group) * capacity * D, slots, length, D, scale, weights,
+                       out + ((size_t)i * H + h) * D);
+            }
+        free(weights);
+        free(slots);
+    }
+    return failed ? KERNEL_NO_MEMORY : KERNEL_OK;
 }

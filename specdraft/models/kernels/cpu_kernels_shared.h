@@ -43,6 +43,7 @@
 #define ISA_SCALAR 0
 #define ISA_AVX2 1
 #define ISA_VNNI 2
+#define ISA_NEON 3 /* AArch64 (with the dot-product instruction where the build was told so) */
 #ifndef SPECDRAFT_ISA
 #define SPECDRAFT_ISA ISA_SCALAR
 #endif
@@ -164,6 +165,12 @@ void add_rms_norm_impl(float *x, const float *delta, const float *weight, int ro
 int attention_block_impl(const float *qkv, int n, int start, int H, int KVH, int D, const float *cos,
                          const float *sin, float *keys, float *values, int capacity, float scale, const int *parents,
                          float *out, int threads);
+/* One row of one head: `slots` NULL (a chain: slot j is key j) or the row's key slots, `length`
+ * keys, `weights` scratch of length rounded up to 8, out [D] (the scalar and NEON builds'). */
+typedef void (*AttendRow)(const float *q, const float *kh, const float *vh, const int *slots, int length, int D,
+                          float scale, float *weights, float *out);
+int attention_by_rows(AttendRow attend, const float *q, const float *keys, const float *values, int n, int start, int H,
+                      int KVH, int D, int capacity, float scale, const int *parents, float *out, int threads);
 int block_rows_impl(const void *codes, const void *scale, const void *offset, int form, int bits, int N, int groups,
                     int terms, const int64_t *ids, int n, float *out);
 int decoder_layers_impl(float *x, int n, int hidden, int start, const Layer *layers, int count, int H, int KVH,

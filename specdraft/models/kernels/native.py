@@ -3,10 +3,12 @@ loaded with ctypes, one library per instruction set:
 
 - `vnni`: the block products on AVX-512 VNNI (cpu_kernels_vnni.c), the rest on AVX2;
 - `avx2`: AVX2 with FMA and F16C (every x86 CPU of the last ten years);
+- `neon`: AArch64 NEON, with the dot-product instruction where the CPU has it
+  (cpu_kernels_neon.c, cpu_attention_neon.c);
 - `scalar`: plain C, no intrinsics (cpu_kernels_scalar.c, cpu_attention_scalar.c), built
   without any -m flag, so it runs on any CPU; also the reference the tests hold the others to.
 
-All three give the same numbers bit for bit; the choice changes only speed. The process takes
+(kernels/targets.py: which CPU runs which, and each one's compiler flags.) All four give the same numbers bit for bit; the choice changes only speed. The process takes
 the fastest its CPU runs (SPECDRAFT_KERNEL_ISA=auto) or the one SPECDRAFT_KERNEL_ISA names
 (one this CPU cannot run is a usage error), once; each library's instruction set is fixed
 when it is compiled (no switch to flip), and `using_isa` runs a block of code on another
@@ -23,7 +25,6 @@ import ctypes
 import functools
 import hashlib
 import os
-import platform
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -33,20 +34,12 @@ import torch
 from specdraft.errors import UsageError
 from specdraft.models.kernels.boundary import address, check_layout, check_status, declare
 from specdraft.models.kernels.build import KernelBuildError, compiler_command, compiler_version, load_library
+from specdraft.models.kernels.targets import (COMMON, HEADER_NAMES, ISA_CHOICES, ISA_SOURCES, ISAS, NEEDS,
+                                              fastest_available, flags, isa_available)
 
 HERE = Path(__file__).parent
-ISAS = ("scalar", "avx2", "vnni")  # index: the build's SPECDRAFT_ISA (cpu_kernels_shared.h)
-ISA_CHOICES = ("auto", *ISAS)  # SPECDRAFT_KERNEL_ISA
-COMMON = ("cpu_common.c", "cpu_decoder.c", "cpu_repack.c", "cpu_boundary.c")  # plain C, in every library
-VECTOR = ("cpu_kernels.c", "cpu_kernels_six.c", "cpu_attention.c")
-ISA_SOURCES = {"scalar": ("cpu_kernels_scalar.c", "cpu_attention_scalar.c"), "avx2": VECTOR,
-               "vnni": (*VECTOR, "cpu_kernels_vnni.c")}
-HEADERS = tuple(HERE / name for name in ("cpu_kernels_shared.h", "cpu_kernels_vector.h", "cpu_kernels_scalar.h"))
-BASE_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
-VECTOR_FLAGS = ["-mavx2", "-mfma", "-mf16c"]
-FLAGS = BASE_FLAGS + VECTOR_FLAGS  # (the vector builds' flags, as before one library per instruction set)
-CPU_FLAGS = {"avx2": ("avx2", "fma", "f16c"),
-             "vnni": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")}
+HEADERS = tuple(HERE / name for name in HEADER_NAMES)
+FLAGS = flags("avx2")  # (the vector builds' flags, as before one library per instruction set)
 _SELECTED: ContextVar[str | None] = ContextVar("specdraft_kernel_isa", default=None)  # `using_isa`
 _LOADED: set[str] = set()  # the instruction sets whose library this process loaded
 
@@ -54,12 +47,6 @@ _LOADED: set[str] = set()  # the instruction sets whose library this process loa
 def sources(isa: str) -> tuple[Path, ...]:
     """The C files of `isa`'s library."""
     return tuple(HERE / name for name in (*ISA_SOURCES[isa], *COMMON))
-
-
-def flags(isa: str) -> list[str]:
-    """The compiler flags of `isa`'s library (the scalar one: no instruction set beyond the
-    machine's baseline)."""
-    return BASE_FLAGS + ([] if isa == "scalar" else VECTOR_FLAGS) + [f"-DSPECDRAFT_ISA={ISAS.index(isa)}"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -76,15 +63,6 @@ def kernel_problem() -> str | None:
     return None
 
 
-def isa_available(isa: str) -> bool:
-    """Whether this CPU runs `isa`'s library (the scalar one: every CPU)."""
-    if isa == "scalar":
-        return True
-    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686", "x86"):
-        return False
-    return _cpu_has(*CPU_FLAGS[isa])
-
-
 @functools.lru_cache(maxsize=1)
 def process_isa() -> str:
     """The instruction set this process runs (SPECDRAFT_KERNEL_ISA, read once; auto: the
@@ -93,15 +71,14 @@ def process_isa() -> str:
     if chosen not in ISA_CHOICES:
         raise UsageError(f"SPECDRAFT_KERNEL_ISA={chosen}: expected one of {', '.join(ISA_CHOICES)}")
     if chosen == "auto":
-        return next(isa for isa in reversed(ISAS) if isa_available(isa))
+        return fastest_available()
     if not isa_available(chosen):
-        needs = {"vnni": "AVX-512 VNNI", "avx2": "AVX2/FMA/F16C"}[chosen]
-        raise UsageError(f"SPECDRAFT_KERNEL_ISA={chosen}: this CPU has no {needs} (use auto or scalar)")
+        raise UsageError(f"SPECDRAFT_KERNEL_ISA={chosen}: this CPU has no {NEEDS[chosen]} (use auto or scalar)")
     return chosen
 
 
 def kernel_isa() -> str:
-    """The instruction set the kernels run on here and now: "scalar", "avx2" or "vnni"."""
+    """The instruction set the kernels run on here and now: "scalar", "avx2", "vnni" or "neon"."""
     return _SELECTED.get() or process_isa()
 
 
@@ -174,16 +151,6 @@ def _build(compiler: str, target: Path, files: Sequence[Path], isa: str | None =
 def interface_of(loaded: ctypes.CDLL) -> int:
     """The signatures' version of a build (cpu_boundary.c `kernel_interface`; 1 before it)."""
     return int(loaded.kernel_interface()) if hasattr(loaded, "kernel_interface") else 1
-
-
-def _cpu_has(*names: str) -> bool:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:  # not Linux: ask torch what it dispatches to (no VNNI: AVX2 then)
-        return "avx512_vnni" not in names and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-    line = next((row for row in text.splitlines() if row.startswith("flags")), "")
-    have = set(line.split(":", 1)[-1].split())
-    return all(name in have for name in names)
 
 
 def vnni_available() -> bool:
