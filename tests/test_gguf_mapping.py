@@ -70,6 +70,19 @@ def test_every_matrix_is_the_weight_transformers_reads_from_the_file(tmp_path, a
     assert float((mine - theirs).norm() / theirs.norm()) < 0.05
 
 
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+def test_float_matrices_are_the_files_weights_in_transformers_order(tmp_path, architecture):
+    """F32 and F16 matrices stay float; a llama file's query and key rows are stored permuted
+    for llama.cpp's rotary layout and must come back in order as the quantized ones do."""
+    path = write_model(tmp_path / "m.gguf", architecture, "Q8_0", tied=False,
+                       types={"attn_q": "F16", "attn_k": "F32", "attn_v": "F16", "ffn_up": "F32"})
+    tokenizer, model = load_gguf_mapped(path, "p.toml", "target")
+    reference, _ = read_gguf(path)
+    for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.up_proj"):
+        mine, theirs = (m.model.layers[1].get_submodule(name).weight for m in (model, reference))
+        assert torch.equal(mine, theirs.float()), name
+
+
 def test_formats_with_scales_per_16_weights_are_exact_or_int8_rows(tmp_path):
     """Q6_K and Q3_K run on 6-bit codes (exact), Q2_K on int8 rows of its weights."""
     path = write_model(tmp_path / "m.gguf", "llama", "Q4_K", tied=False,

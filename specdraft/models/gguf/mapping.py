@@ -204,8 +204,11 @@ def _place_matrix(model: nn.Module, gguf: GGUFFile, place: Placement, floats: di
     if path == "model.embed_tokens" and not tied:
         model.set_submodule(path, _embedding(gguf, info, model.config.hidden_size))
         return
+    order = _row_order(gguf, path, info.rows_cols[0])
     if info.type_name in _FLOATS:  # a float matrix stays a float32 nn.Linear
         weight = torch.from_numpy(np.array(gguf.floats(info.name)))
+        if order is not None:  # (llama's query and key rows, as for the quantized ones)
+            weight = weight[torch.from_numpy(order)]
         if path == "model.embed_tokens":
             state["model.embed_tokens.weight"] = state["lm_head.weight"] = weight
         else:
@@ -213,7 +216,7 @@ def _place_matrix(model: nn.Module, gguf: GGUFFile, place: Placement, floats: di
             if bias is not None:
                 state[f"{path}.bias"] = bias
         return
-    layer = repacked(info, gguf.data(info.name), _row_order(gguf, path, info.rows_cols[0]), bias)
+    layer = repacked(info, gguf.data(info.name), order, bias)
     if path == "model.embed_tokens":  # tied: the head's codes serve both
         model.set_submodule("lm_head", layer)
         model.set_submodule(path, TiedEmbedding(layer))
