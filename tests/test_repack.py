@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(kernel_problem() is not None, reason=f"no CPU ke
 SIZES = {name: (per_block, size) for name, per_block, size in TYPES.values()}
 # where each format keeps its float16 scales in a block (kept small and finite in random blocks)
 HALF_FIELDS = {"Q4_K": (0, 4), "Q5_K": (0, 4), "Q6_K": (208, 210), "Q3_K": (108, 110), "Q2_K": (80, 84),
-               "IQ4_NL": (0, 2), "IQ4_XS": (0, 2)}
+               "IQ4_NL": (0, 2), "IQ4_XS": (0, 2), "IQ3_S": (0, 2)}
 
 
 def random_tensor(type_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
@@ -51,7 +51,7 @@ def python_layer(type_name: str, data: np.ndarray, rows: int, cols: int, order=N
     return BlockLinear.of(codes if order is None else codes.rows(order))
 
 
-FORMATS = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q2_K"]  # (Q6_K, Q3_K: 6-bit, below)
+FORMATS = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q2_K", "IQ4_NL", "IQ4_XS"]  # (Q6_K, Q3_K: below)
 
 
 @pytest.mark.parametrize("type_name", FORMATS)
@@ -79,7 +79,7 @@ def test_the_c_repack_gives_the_python_codes_layer_bit_for_bit(type_name, rows):
         assert torch.equal(layer.weight, torch.from_numpy(expected.copy()))
 
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_K", "Q5_K", "Q8_0", "Q6_K", "Q3_K"])
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_K", "Q5_K", "Q8_0", "Q6_K", "Q3_K", "IQ4_NL", "IQ4_XS"])
 def test_a_row_order_picks_the_files_rows(type_name):
     rows, cols = 32, 256
     data = random_tensor(type_name, rows, cols, seed=3)
@@ -91,7 +91,8 @@ def test_a_row_order_picks_the_files_rows(type_name):
 
 def test_scales_stay_in_the_smallest_exact_form_and_fall_back_to_float32():
     rows, cols = 16, 256
-    for type_name, form in (("Q4_0", FLOAT16), ("Q8_0", FLOAT16), ("Q4_K", FACTORED), ("Q2_K", FLOAT32)):
+    for type_name, form in (("Q4_0", FLOAT16), ("Q8_0", FLOAT16), ("Q4_K", FACTORED), ("Q2_K", FLOAT32),
+                            ("IQ4_NL", FLOAT16), ("IQ4_XS", FLOAT32)):
         data = random_tensor(type_name, rows, cols)
         assert repacked(info(type_name, rows, cols, data), data.reshape(-1)).scale_form == form, type_name
     data = random_tensor("Q5_0", rows, cols)
@@ -107,9 +108,9 @@ def test_formats_the_c_repack_does_not_read_become_int8_rows_a_slice_at_a_time(m
 
     monkeypatch.setattr(repack, "_FALLBACK_ROWS", 7)  # several slices, the last one short
     rows, cols = 20, 256
-    data = random_tensor("IQ4_NL", rows, cols)
-    layer = repacked(info("IQ4_NL", rows, cols, data), data.reshape(-1))
-    assert torch.equal(layer.weight, python_layer("IQ4_NL", data, rows, cols).weight)
+    data = random_tensor("IQ3_S", rows, cols)
+    layer = repacked(info("IQ3_S", rows, cols, data), data.reshape(-1))
+    assert torch.equal(layer.weight, python_layer("IQ3_S", data, rows, cols).weight)
 
 
 def test_a_tensor_shorter_than_its_shape_is_refused_not_read_past():

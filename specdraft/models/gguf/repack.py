@@ -21,6 +21,7 @@ from specdraft.models.kernels.scale_forms import FACTORED, FLOAT16, FLOAT32
 
 TYPE_NUMBERS = {name: number for number, (name, _, _) in TYPES.items()}
 _K_TYPES = ("Q4_K", "Q5_K")
+_HALF_SCALED = ("Q8_0", "IQ4_NL")  # 8-bit codes whose scales are the file's float16 d
 _FALLBACK_ROWS = 1024  # rows dequantized at once for a format the C repack does not read
 
 
@@ -33,8 +34,8 @@ def repacked(info: TensorInfo, data: np.ndarray, order: np.ndarray | None = None
     terms = library().repack_terms(TYPE_NUMBERS[info.type_name])
     if bits < 0 or cols % GROUP:
         return _rounded_rows(info, data, order, bias)
-    natural = FACTORED if info.type_name in _K_TYPES else (FLOAT32 if bits != 4 and info.type_name != "Q8_0"
-                                                           else FLOAT16)
+    natural = FACTORED if info.type_name in _K_TYPES else (FLOAT16 if bits == 4 or info.type_name in _HALF_SCALED
+                                                           else FLOAT32)
     if not data.flags.c_contiguous:
         raise ValueError(f"repack_tensor: the bytes of {info.name} are not contiguous")
     for form in (natural, FLOAT32) if natural != FLOAT32 else (FLOAT32,):

@@ -10,6 +10,9 @@
  * - Q4_K, Q5_K: one or two terms with scales in the factored form: the file's float16 d (dmin)
  *   per super-block times its 6-bit sc (m), which is exactly what the file means.
  * - Q8_0: int8 codes, float16 scales.
+ * - IQ4_NL, IQ4_XS: int8 codes, each the entry of llama.cpp's non-linear table (kvalues_iq4nl)
+ *   its 4-bit index picks, with the file's scale: float16 d (IQ4_NL), or d x (ls - 32) in
+ *   float32, one rounding as llama.cpp computes it (IQ4_XS).
  * - Q6_K, Q3_K: 6-bit codes with an int8 factor per 16 weights and the file's float16 d per
  *   256 (bits 6, cpu_kernels_six.c): Q6_K's codes as they are, Q3_K's 3-bit values + 32.
  * - Q2_K: each row dequantized (float32, the `gguf` package's arithmetic) and rounded to int8
@@ -28,7 +31,7 @@
 
 /* GGML's type numbers (ggml.h) */
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12,
-       T_Q5_K = 13, T_Q6_K = 14 };
+       T_Q5_K = 13, T_Q6_K = 14, T_IQ4_NL = 20, T_IQ4_XS = 23 };
 /* repack_tensor's statuses (cpu_kernels_shared.h) */
 enum { REPACK_OK = KERNEL_OK, REPACK_UNSUPPORTED = KERNEL_UNSUPPORTED_TYPE, REPACK_BAD_ARGUMENT = KERNEL_BAD_ARGUMENT,
        REPACK_NOT_HALF = KERNEL_NOT_HALF, REPACK_NO_MEMORY = KERNEL_NO_MEMORY, REPACK_NULL = KERNEL_NULL_POINTER };
@@ -114,7 +117,7 @@ static void put_value(Column *col, void *where, int g, float value) {
     if (col->form == SCALES_FLOAT32) {
         ((float *)where)[at] = value;
     } else {
-        uint16_t h;
+        uint16_t h = 0;
         if (!half_exactly(value, &h)) col->ok = 0;
         ((uint16_t *)where)[at] = h;
     }
@@ -183,6 +186,44 @@ static void column_q8_0(Column *col, const uint8_t *row, int64_t cols) {
         const uint8_t *blk = row + (size_t)g * 34;
         put_codes8(col, g, (const int8_t *)(blk + 2));
         put_value(col, col->scales, g, half_to_float(u16_at(blk)));
+    }
+}
+
+/* The values IQ4_NL's and IQ4_XS's 4-bit indices stand for (llama.cpp's kvalues_iq4nl). */
+static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* 16 bytes of 4-bit indices (byte j: value j low, value j + 16 high) as 32 int8 codes. */
+static void iq4_codes(const uint8_t *qs, int8_t codes[32]) {
+    for (int j = 0; j < 16; j++) {
+        codes[j] = IQ4_VALUES[qs[j] & 0x0F];
+        codes[j + 16] = IQ4_VALUES[qs[j] >> 4];
+    }
+}
+
+static void column_iq4_nl(Column *col, const uint8_t *row, int64_t cols) {
+    for (int g = 0; g < (int)(cols / GROUP); g++) {
+        const uint8_t *blk = row + (size_t)g * 18;
+        int8_t codes[32];
+        iq4_codes(blk + 2, codes);
+        put_codes8(col, g, codes);
+        put_value(col, col->scales, g, half_to_float(u16_at(blk)));
+    }
+}
+
+/* IQ4_XS: per 256 a float16 d, then a 6-bit scale ls per 32 (low four bits in scales_l, the top
+ * two in scales_h), the group's scale d (ls - 32). */
+static void column_iq4_xs(Column *col, const uint8_t *row, int64_t cols) {
+    for (int64_t s = 0; s < cols / QK_K; s++) {
+        const uint8_t *blk = row + (size_t)s * 136;
+        const float d = half_to_float(u16_at(blk));
+        const int high = u16_at(blk + 2);
+        for (int ib = 0; ib < QK_K / GROUP; ib++) {
+            const int ls = ((blk[4 + ib / 2] >> (4 * (ib % 2))) & 0x0F) | (((high >> (2 * ib)) & 3) << 4);
+            int8_t codes[32];
+            iq4_codes(blk + 8 + 16 * ib, codes);
+            put_codes8(col, (int)s * (QK_K / GROUP) + ib, codes);
+            put_value(col, col->scales, (int)s * (QK_K / GROUP) + ib, d * (float)(ls - 32));
+        }
     }
 }
 
@@ -308,6 +349,8 @@ static int64_t row_bytes(int type, int64_t cols) {
     case T_Q4_K: return cols / QK_K * 144;
     case T_Q5_K: return cols / QK_K * 176;
     case T_Q6_K: return cols / QK_K * 210;
+    case T_IQ4_NL: return cols / 32 * 18;
+    case T_IQ4_XS: return cols / QK_K * 136;
     default: return -1;
     }
 }
@@ -346,7 +389,7 @@ int repack_bits(int type) {
     switch (type) {
     case T_Q4_0: case T_Q4_1: case T_Q4_K: case T_Q5_0: case T_Q5_1: case T_Q5_K: return 4;
     case T_Q6_K: case T_Q3_K: return 6;
-    case T_Q8_0: case T_Q2_K: return 8;
+    case T_Q8_0: case T_Q2_K: case T_IQ4_NL: case T_IQ4_XS: return 8;
     default: return -1;
     }
 }
@@ -368,7 +411,7 @@ int repack_tensor(const uint8_t *src, int64_t source_bytes, int type, int64_t ro
                   const int64_t *order, uint8_t *codes, void *scales, void *offsets, int form, int threads) {
     int terms = repack_terms(type), bits = repack_bits(type);
     if (bits < 0) return REPACK_UNSUPPORTED;
-    int k_type = type == T_Q4_K || type == T_Q5_K || bits == 6 || per_row_int8(type);
+    int k_type = type == T_Q4_K || type == T_Q5_K || bits == 6 || per_row_int8(type) || type == T_IQ4_XS;
     int64_t stride = row_bytes(type, cols);
     if (!src || !codes || !scales) return REPACK_NULL;
     if (rows <= 0 || cols <= 0 || cols % (k_type ? QK_K : GROUP) != 0 ||
@@ -412,6 +455,8 @@ int repack_tensor(const uint8_t *src, int64_t source_bytes, int type, int64_t ro
                 case T_Q4_K: column_q45_k(&col, row, cols, 0); break;
                 case T_Q5_K: column_q45_k(&col, row, cols, 1); break;
                 case T_Q8_0: column_q8_0(&col, row, cols); break;
+                case T_IQ4_NL: column_iq4_nl(&col, row, cols); break;
+                case T_IQ4_XS: column_iq4_xs(&col, row, cols); break;
                 case T_Q6_K: column_q6_k(&col, row, cols); break;
                 case T_Q3_K: column_q3_k(&col, row, cols); break;
                 case T_Q2_K: row_q2_k(row, cols, scratch); column_int8_row(&col, scratch, cols); break;

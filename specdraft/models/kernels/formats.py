@@ -15,8 +15,9 @@ offsets that are exact float32 products of the file's float16 scales and small i
 
 A tensor with n terms runs as one kernel call over n x K input columns (the activations
 repeated n times). Q8_0 keeps its int8 codes and block scales (`Int8Codes`, the kernel's
-8-bit form: exact). Formats with scales per 16 weights (Q6_K, Q3_K, Q2_K) and the others
-have neither form: they are dequantized by the `gguf` package and rounded to int8 per
+8-bit form: exact), and so do IQ4_NL and IQ4_XS, their 4-bit indices replaced by the int8
+values of llama.cpp's non-linear table. Formats with scales per 16 weights (Q6_K, Q3_K, Q2_K;
+the first two run exactly on the 6-bit layout, cpu_repack.c) and the others have neither form: they are dequantized by the `gguf` package and rounded to int8 per
 output row (one scale per row), the closest layout the kernels take.
 
 Codes are [N, K] rows in the order the file stores them; the caller permutes rows where
@@ -82,7 +83,7 @@ def block_terms(type_name: str, data: np.ndarray, shape: tuple[int, int]) -> Int
     tensors."""
     rows, cols = shape
     decoder = _DECODERS.get(type_name)
-    if decoder is not None and cols % (256 if type_name.endswith("_K") else GROUP) == 0:
+    if decoder is not None and cols % (256 if type_name.endswith(("_K", "_XS")) else GROUP) == 0:
         blocks = np.ascontiguousarray(data).reshape(rows, -1).view(np.uint8)
         return decoder(blocks, rows, cols)
     if type_name in ("F32", "F16", "BF16", "F64"):
@@ -212,5 +213,28 @@ def _q5_k(blocks: np.ndarray, rows: int, cols: int) -> Int4Terms:
     return Int4Terms([low, high], [scale, 16.0 * scale], [offset, np.zeros_like(scale)])
 
 
-_DECODERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q8_0": _q8_0, "Q4_K": _q4_k, "Q5_K": _q5_k}
+# the values IQ4_NL's and IQ4_XS's 4-bit indices stand for (llama.cpp's kvalues_iq4nl)
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
+
+
+def _iq4_nl(blocks: np.ndarray, rows: int, cols: int) -> Int8Codes:
+    b = _split32(blocks, rows, cols, 18)
+    return Int8Codes(IQ4_VALUES[_nibbles32(b[..., 2:18])].reshape(rows, cols), _f16(b, 0))
+
+
+def _iq4_xs(blocks: np.ndarray, rows: int, cols: int) -> Int8Codes:
+    """Per 256: float16 d, a 6-bit ls per 32 (low bits in scales_l, top two in scales_h); the
+    group's scale d (ls - 32) in float32, as llama.cpp computes it."""
+    b = blocks.reshape(rows, cols // 256, 136)
+    high = b[..., 2:4].copy().view(np.uint16).astype(np.int32)  # [rows, blocks, 1]
+    low = b[..., 4:8].astype(np.int32)
+    ib = np.arange(8)
+    ls = ((low[..., ib // 2] >> (4 * (ib % 2))) & 0x0F) | (((high >> (2 * ib)) & 3) << 4)
+    scales = (_f16(b, 0)[..., None] * (ls - 32).astype(np.float32)).astype(np.float32).reshape(rows, -1)
+    codes = IQ4_VALUES[_nibbles32(b[..., 8:136].reshape(rows, cols // 256, 8, 16))].reshape(rows, cols)
+    return Int8Codes(codes, scales)
+
+
+_DECODERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q8_0": _q8_0, "Q4_K": _q4_k, "Q5_K": _q5_k,
+             "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs}
 EXACT_TYPES = frozenset(_DECODERS)  # read exactly; every other quantized type becomes int8 rows
