@@ -23,6 +23,7 @@ from specdraft.decoding.engine import SpeculativeEngine
 from specdraft.session.stats import GenerationStats
 from specdraft.ui.panel import stats_panel
 from terminal import Terminal
+from test_cli import unannounced
 
 runner = CliRunner()
 
@@ -33,7 +34,7 @@ def invoke(*args, input=None):
 
 def one_line_error(result, code=2):
     assert result.exit_code == code, (result.exit_code, result.stderr)
-    lines = result.stderr.strip().splitlines()
+    lines = unannounced(result.stderr).strip().splitlines()  # (a loaded machine's notices aside)
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr, result.stderr
     return lines[0]
 
