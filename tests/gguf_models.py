@@ -52,19 +52,24 @@ def weights_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generato
 def write_model(path: Path, architecture: str = "llama", type_name: str = "Q4_0", hidden: int = 256,
                 layers: int = 2, heads: int = 4, kv_heads: int = 2, ffn: int = 512, tied: bool = True,
                 seed: int = 0, types: dict[str, str] | None = None, states_vocab_size: bool = False,
-                claims: dict[str, int] | None = None, nan_in: str | None = None) -> Path:
-    """A tiny random model of `architecture` (llama, qwen2: with query/key/value biases) whose
+                claims: dict[str, int] | None = None, nan_in: str | None = None, head_dim: int | None = None,
+                rope_factors: np.ndarray | None = None) -> Path:
+    """A tiny random model of `architecture` (llama, mistral; qwen2: with query/key/value
+    biases; qwen3: a QK norm, and `head_dim` other than hidden / heads; phi3: fused query/key/
+    value and gate/up matrices) whose
     matrices are in `type_name` (or `types[name]` for a tensor name such as "output");
     `tied`: no output.weight, the head is the embedding; `states_vocab_size`: the header
     holds `<architecture>.vocab_size` (real files mostly do; otherwise readers count tokens);
     `claims`: header numbers ("block_count", "head_count_kv", "embedding_length") that disagree with the
-    tensors written; `nan_in`: a float32 vector's name whose values are all NaN."""
+    tensors written; `nan_in`: a float32 vector's name whose values are all NaN; `rope_factors`:
+    Llama 3's `rope_freqs.weight`, a factor per rotary frequency."""
     import gguf
 
     rng = np.random.default_rng(seed)
     vocab = tokens()
     writer = gguf.GGUFWriter(str(path), architecture)
-    writer.add_name(f"tiny {architecture}")
+    # (llama.cpp sets attributes of Phi-3's own special tokens in a model named "phi3")
+    writer.add_name(f"tiny {architecture}" if architecture != "phi3" else "tiny fused-projection model")
     claims = claims or {}
     writer.add_block_count(claims.get("block_count", layers))
     writer.add_context_length(512)
@@ -83,7 +88,10 @@ def write_model(path: Path, architecture: str = "llama", type_name: str = "Q4_0"
     writer.add_token_merges(MERGES)
     writer.add_bos_token_id(len(vocab) - 3)
     writer.add_eos_token_id(len(vocab) - 1)
-    head_dim = hidden // heads
+    head_dim = head_dim or hidden // heads
+    if head_dim != hidden // heads:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
 
     def matrix(name: str, rows: int, cols: int) -> None:
         kind = (types or {}).get(name.split(".")[-2] if name.startswith("blk") else name.split(".")[0], type_name)
@@ -98,19 +106,30 @@ def write_model(path: Path, architecture: str = "llama", type_name: str = "Q4_0"
         writer.add_tensor(name, np.full(size, np.nan, np.float32) if name == nan_in else values)
 
     matrix("token_embd.weight", len(vocab), hidden)
+    if rope_factors is not None:
+        writer.add_tensor("rope_freqs.weight", np.asarray(rope_factors, dtype=np.float32))
     for i in range(layers):
         vector(f"blk.{i}.attn_norm.weight", hidden, 1.0)
-        matrix(f"blk.{i}.attn_q.weight", hidden, hidden)
-        matrix(f"blk.{i}.attn_k.weight", kv_heads * head_dim, hidden)
-        matrix(f"blk.{i}.attn_v.weight", kv_heads * head_dim, hidden)
+        if architecture == "phi3":  # queries, keys and values in one matrix; gate and up in another
+            matrix(f"blk.{i}.attn_qkv.weight", (heads + 2 * kv_heads) * head_dim, hidden)
+        else:
+            matrix(f"blk.{i}.attn_q.weight", heads * head_dim, hidden)
+            matrix(f"blk.{i}.attn_k.weight", kv_heads * head_dim, hidden)
+            matrix(f"blk.{i}.attn_v.weight", kv_heads * head_dim, hidden)
+        if architecture == "qwen3":
+            vector(f"blk.{i}.attn_q_norm.weight", head_dim, 1.0)
+            vector(f"blk.{i}.attn_k_norm.weight", head_dim, 1.0)
         if architecture == "qwen2":
-            vector(f"blk.{i}.attn_q.bias", hidden, 0.0)
+            vector(f"blk.{i}.attn_q.bias", heads * head_dim, 0.0)
             vector(f"blk.{i}.attn_k.bias", kv_heads * head_dim, 0.0)
             vector(f"blk.{i}.attn_v.bias", kv_heads * head_dim, 0.0)
-        matrix(f"blk.{i}.attn_output.weight", hidden, hidden)
+        matrix(f"blk.{i}.attn_output.weight", hidden, heads * head_dim)
         vector(f"blk.{i}.ffn_norm.weight", hidden, 1.0)
-        matrix(f"blk.{i}.ffn_gate.weight", ffn, hidden)
-        matrix(f"blk.{i}.ffn_up.weight", ffn, hidden)
+        if architecture == "phi3":
+            matrix(f"blk.{i}.ffn_up.weight", 2 * ffn, hidden)
+        else:
+            matrix(f"blk.{i}.ffn_gate.weight", ffn, hidden)
+            matrix(f"blk.{i}.ffn_up.weight", ffn, hidden)
         matrix(f"blk.{i}.ffn_down.weight", hidden, ffn)
     vector("output_norm.weight", hidden, 1.0)
     if not tied:

@@ -25,8 +25,8 @@ typedef int (*MatmulFn)(const float *, int, int, const void *, const void *, con
 typedef int (*RowsFn)(const void *, const void *, const void *, int, int, int, int, int, const int64_t *, int, float *);
 typedef int (*AttentionFn)(const float *, const float *, const float *, int, int, int, int, int, int, float,
                            const int *, float *, int);
-typedef int (*BlockFn)(const float *, int, int, int, int, int, const float *, const float *, float *, float *, int,
-                       float, const int *, float *, int);
+typedef int (*BlockFn)(const float *, int, int, int, int, int, const float *, const float *, float, const float *,
+                       const float *, float *, float *, int, float, const int *, float *, int);
 typedef int (*NormFn)(const float *, const float *, int, int, float, float *);
 typedef int (*SwigluFn)(const float *, int, int, float *);
 typedef int (*LayersFn)(float *, int, int, int, const Layer *, int, int, int, int, float *, float *, int,
@@ -283,7 +283,7 @@ static Matrix random_matrix(int N, int K, void **keep) {
     return m;
 }
 
-/* One decoder layer (8-bit weights, a token tree) and one attention block, each on both builds
+/* One decoder layer (8-bit weights, a QK norm, a token tree) and an attention block, each on both builds
  * from the same state: the residual stream and the KV cache afterwards compared. */
 static void layers(const Build *a, const Build *b) {
     const int hidden = 64, H = 2, KVH = 1, D = 32, inner = 96, n = 4, start = 3, capacity = 12;
@@ -293,7 +293,11 @@ static void layers(const Build *a, const Build *b) {
     fill_floats(norm2, hidden, 0.5f, 1.5f);
     Layer L;
     memset(&L, 0, sizeof L);
+    float qn[32], kn[32];
+    fill_floats(qn, D, 0.5f, 1.5f);
+    fill_floats(kn, D, 0.5f, 1.5f);
     L.norm1 = norm1, L.norm2 = norm2, L.eps1 = L.eps2 = 1e-5f, L.qkv_parts = L.gate_up_parts = 1;
+    L.q_norm = qn, L.k_norm = kn, L.qk_eps = 1e-6f; /* (Qwen3's shape) */
     L.qkv[0] = random_matrix((H + 2 * KVH) * D, hidden, keep);
     L.gate_up[0] = random_matrix(2 * inner, hidden, keep + 2);
     L.out = random_matrix(hidden, H * D, keep + 4);
@@ -317,8 +321,12 @@ static void layers(const Build *a, const Build *b) {
     float qkv[4 * 128], oa[4 * 64], ob[4 * 64];
     fill_floats(qkv, (size_t)n * (H + 2 * KVH) * D, -1.0f, 1.0f);
     compare("attention_block",
-            a->block(qkv, n, start, H, KVH, D, cos, sin, ka, va, capacity, scale, NULL, oa, 2),
-            b->block(qkv, n, start, H, KVH, D, cos, sin, kb, vb, capacity, scale, NULL, ob, 2), oa, ob,
+            a->block(qkv, n, start, H, KVH, D, NULL, NULL, 0.0f, cos, sin, ka, va, capacity, scale, NULL, oa, 2),
+            b->block(qkv, n, start, H, KVH, D, NULL, NULL, 0.0f, cos, sin, kb, vb, capacity, scale, NULL, ob, 2), oa, ob,
+            sizeof(float) * n * H * D);
+    compare("attention_block with a QK norm",
+            a->block(qkv, n, start, H, KVH, D, qn, kn, 1e-6f, cos, sin, ka, va, capacity, scale, NULL, oa, 2),
+            b->block(qkv, n, start, H, KVH, D, qn, kn, 1e-6f, cos, sin, kb, vb, capacity, scale, NULL, ob, 2), oa, ob,
             sizeof(float) * n * H * D);
     for (int i = 0; i < 8; i++) free(keep[i]);
 }

@@ -75,7 +75,7 @@ def test_fused_projections_share_the_weights_and_leave_transformers_forward_unch
     before = _reference(model, tokens)
     lean = LeanDecoder(model)
     attn = model.model.layers[0].self_attn
-    fused = lean.layers[0][1]
+    fused = lean.layers[0].qkv
     assert attn.q_proj.weight.data_ptr() == fused.weight.data_ptr()  # a slice, not a copy
     assert attn.k_proj.weight.untyped_storage().data_ptr() == fused.weight.untyped_storage().data_ptr()
     torch.testing.assert_close(_reference(model, tokens), before)

@@ -30,7 +30,7 @@ from specdraft.errors import ProfileError
 from specdraft.models.kernels.block_linear import BlockLinear
 from specdraft.models.kernels.formats import Int4Terms, Int8Codes
 from specdraft.models.gguf.header import gguf_architecture
-from specdraft.models.gguf.mapping import ARCHITECTURES
+from specdraft.models.gguf.architectures import ARCHITECTURES
 from specdraft.models.kernels.native import kernel_problem
 from specdraft.models.kernels.quantized_embedding import QuantizedEmbedding, TiedEmbedding
 

@@ -7,7 +7,7 @@ anything large is allocated (`check_memory`).
 
 The module tree is transformers' (built empty from the config), so the lean forward, the
 caches and every drafter see the same model they always did. Which file tensor fills which
-module is the table below (llama, qwen2 and mistral share it).
+module is its architecture's entry in architectures.py.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from torch import nn
 from specdraft.errors import SpecdraftError
 from specdraft.models.kernels.block_linear import BLOCK, BlockLinear
 from specdraft.models.kernels.formats import GROUP
+from specdraft.models.gguf.architectures import ARCHITECTURES, GLOBAL_VECTORS
 from specdraft.models.gguf.file import GGUFError, GGUFFile, TensorInfo
 from specdraft.models.kernels.quantized_embedding import QuantizedEmbedding, TiedEmbedding
 from specdraft.models.gguf.repack import TYPE_NUMBERS, repacked
@@ -34,13 +35,6 @@ from specdraft.models.kernels.native import library
 
 log = logging.getLogger("specdraft")
 
-ARCHITECTURES = ("llama", "qwen2", "mistral")  # whose GGUF tensors are mapped below
-_LAYER_MATRICES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-                   "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-                   "ffn_down": "mlp.down_proj"}
-_LAYER_VECTORS = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight"}
-_GLOBAL_VECTORS = {"output_norm.weight": "model.norm.weight"}
-_IGNORED = ("rope_freqs.weight",)  # llama 3's rope scaling, which the config carries as well
 _FLOATS = ("F32", "F16", "BF16")
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes in all)
@@ -56,8 +50,9 @@ class Placement:
 
 
 def placements(gguf: GGUFFile) -> list[Placement]:
-    """Every tensor of the file and where it goes; a tensor the table does not know is an error."""
-    found = []
+    """Every tensor of the file and where it goes (its architecture's entry,
+    architectures.py); a tensor the entry does not know is an error."""
+    found, architecture = [], ARCHITECTURES[gguf.architecture]
     for info in gguf.tensors.values():
         name = info.name
         layer = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
@@ -65,16 +60,16 @@ def placements(gguf: GGUFFile) -> list[Placement]:
             found.append(Placement(info, "model.embed_tokens", True))
         elif name == "output.weight":
             found.append(Placement(info, "lm_head", True))
-        elif name in _GLOBAL_VECTORS:
-            found.append(Placement(info, _GLOBAL_VECTORS[name], False))
-        elif layer and layer.group(2) in _LAYER_MATRICES:
-            path = f"model.layers.{layer.group(1)}.{_LAYER_MATRICES[layer.group(2)]}"
+        elif name in GLOBAL_VECTORS:
+            found.append(Placement(info, GLOBAL_VECTORS[name], False))
+        elif layer and layer.group(2) in architecture.layer_matrices:
+            path = f"model.layers.{layer.group(1)}.{architecture.layer_matrices[layer.group(2)]}"
             weight = layer.group(3) == "weight"
             found.append(Placement(info, path if weight else f"{path}.bias", weight))
-        elif layer and f"{layer.group(2)}.{layer.group(3)}" in _LAYER_VECTORS:
+        elif layer and f"{layer.group(2)}.{layer.group(3)}" in architecture.layer_vectors:
             found.append(Placement(info, f"model.layers.{layer.group(1)}."
-                                         f"{_LAYER_VECTORS[layer.group(2) + '.' + layer.group(3)]}", False))
-        elif name not in _IGNORED:
+                                         f"{architecture.layer_vectors[layer.group(2) + '.' + layer.group(3)]}", False))
+        elif name not in architecture.ignored:
             raise GGUFError(f"{gguf.path.name}: tensor {name} has no place in a {gguf.architecture} model")
     return found
 
@@ -144,6 +139,7 @@ def mapped_model(gguf: GGUFFile, config: Any, progress: Progress | None = None) 
         raise GGUFError(f"{gguf.path.name}: architecture {gguf.architecture} is not mapped "
                         f"({', '.join(ARCHITECTURES)} are)")
     places = placements(gguf)
+    ARCHITECTURES[gguf.architecture].configure(config, gguf.field)
     tied = "output.weight" not in gguf.tensors
     check_memory(gguf.path.name, resident_bytes(places, tied))
     config.tie_word_embeddings = False  # two modules: transformers must not tie them again
@@ -152,11 +148,27 @@ def mapped_model(gguf: GGUFFile, config: Any, progress: Progress | None = None) 
     model.generation_config = GenerationConfig.from_model_config(config)
     _check_shapes(model, gguf, places)
     _fill(model, gguf, places, tied, progress)
+    _scale_rotary_frequencies(model, gguf)
     missing = [name for name, p in list(model.named_parameters()) + list(model.named_buffers()) if p.is_meta]
     if missing:
         raise GGUFError(f"{gguf.path.name} has no tensor for {len(missing)} of the model's weights "
                         f"(first: {missing[0]})")
     return model.eval()
+
+
+def _scale_rotary_frequencies(model: nn.Module, gguf: GGUFFile) -> None:
+    """Llama 3.1+'s rope scaling as llama.cpp's files carry it: `rope_freqs.weight`, a factor
+    per rotary frequency that divides it (transformers' reader builds the config without it)."""
+    info = gguf.tensors.get("rope_freqs.weight")
+    if info is None:
+        return
+    rotary = model.model.rotary_emb
+    factors = torch.from_numpy(np.array(gguf.floats(info.name))).float().reshape(-1)
+    if factors.shape != rotary.inv_freq.shape or not bool(torch.isfinite(factors).all() and (factors > 0).all()):
+        raise GGUFError(f"{gguf.path.name}: rope_freqs.weight holds {factors.numel()} factors; its "
+                        f"{rotary.inv_freq.numel()} rotary frequencies need as many, finite and positive")
+    rotary.inv_freq = rotary.inv_freq / factors
+    rotary.original_inv_freq = rotary.inv_freq
 
 
 def _check_shapes(model: nn.Module, gguf: GGUFFile, places: list[Placement]) -> None:
@@ -238,7 +250,7 @@ def _row_order(gguf: GGUFFile, path: str, rows: int) -> np.ndarray | None:
     """llama.cpp stores a llama model's query and key rows permuted for its rotary layout;
     transformers' modules expect them back in order (as its own GGUF loader does for files
     of architecture llama)."""
-    if gguf.architecture != "llama" or not path.endswith(("q_proj", "k_proj")):
+    if not ARCHITECTURES[gguf.architecture].rows_permuted or not path.endswith(("q_proj", "k_proj")):
         return None
     heads = gguf.field("attention.head_count")
     if path.endswith("k_proj"):

@@ -27,8 +27,9 @@
  * signatures. 2: the block products take `half` (float16 scales); 3: block_rows; 4: `half`
  * became `form` (SCALES_FACTORED added); 5: 6-bit weights (bits 6, cpu_kernels_six.c); 6: one
  * library per instruction set (kernel_isa fixed, no switch), every exported function returns
- * a status, kernel_layout; a build without this function is 1. */
-int kernel_interface(void) { return 6; }
+ * a status, kernel_layout; 7: a layer's QK norm (Layer.q_norm, k_norm, qk_eps; attention_block's
+ * q_norm, k_norm, qk_eps); a build without this function is 1. */
+int kernel_interface(void) { return 7; }
 
 /* This library's instruction set (ISA_SCALAR, ISA_AVX2, ISA_VNNI, ISA_NEON), fixed when it was compiled. */
 int kernel_isa(void) { return SPECDRAFT_ISA; }
@@ -73,6 +74,7 @@ int kernel_layout(int64_t *out, int capacity) {
         AT(Matrix, groups), AT(Matrix, bits), AT(Matrix, form),
         sizeof(Layer), AT(Layer, norm1), AT(Layer, norm2), AT(Layer, eps1), AT(Layer, eps2), AT(Layer, qkv),
         AT(Layer, gate_up), AT(Layer, out), AT(Layer, down), AT(Layer, qkv_parts), AT(Layer, gate_up_parts),
+        AT(Layer, q_norm), AT(Layer, k_norm), AT(Layer, qk_eps),
     };
     const int count = (int)(sizeof(layout) / sizeof(layout[0]));
     if (out) {
@@ -160,15 +162,16 @@ int causal_attention(const float *q, const float *keys, const float *values, int
                   : causal_attention_impl(q, keys, values, n, start, H, KVH, D, capacity, scale, parents, out, threads);
 }
 
-/* Rotary positions, the KV write and attention of one block (cpu_common.c). */
-int attention_block(const float *qkv, int n, int start, int H, int KVH, int D, const float *cos, const float *sin,
-                    float *keys, float *values, int capacity, float scale, const int *parents, float *out,
-                    int threads) {
+/* The QK norm of queries and keys before their rotary positions (cpu_common.c), then the KV
+ * write and attention of one block; q_norm, k_norm NULL: none. */
+int attention_block(const float *qkv, int n, int start, int H, int KVH, int D, const float *q_norm,
+                    const float *k_norm, float qk_eps, const float *cos, const float *sin, float *keys, float *values,
+                    int capacity, float scale, const int *parents, float *out, int threads) {
     if (!qkv || !cos || !sin || !keys || !values || !out) return KERNEL_NULL_POINTER;
     const int status = check_attention(n, start, H, KVH, D, capacity, parents, threads);
     return status ? status
-                  : attention_block_impl(qkv, n, start, H, KVH, D, cos, sin, keys, values, capacity, scale, parents,
-                                         out, threads);
+                  : attention_block_impl(qkv, n, start, H, KVH, D, q_norm, k_norm, qk_eps, cos, sin, keys, values,
+                                         capacity, scale, parents, out, threads);
 }
 
 /* RMSNorm of each row of x [rows, dim] into out (the build's rms_norm_impl). */

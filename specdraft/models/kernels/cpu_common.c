@@ -137,23 +137,36 @@ static inline void rope(const float *v, const float *cos, const float *sin, int 
     for (int d = half; d < D; d++) out[d] = v[d] * cos[d] + v[d - half] * sin[d];
 }
 
+/* One head vector v [D] rotated into out: first RMS-normalized by `norm` (the head's QK norm,
+ * the build's rms_norm_impl) where there is one. */
+static inline void normed_rope(const float *v, const float *norm, float eps, const float *cos, const float *sin,
+                               int D, float *out) {
+    float normed[MAX_HEAD_DIM];
+    if (norm) {
+        rms_norm_impl(v, norm, 1, D, eps, normed);
+        v = normed;
+    }
+    rope(v, cos, sin, D, out);
+}
+
 /* One attention block of the lean forward: qkv [n, (H + 2 KVH) D] as the fused projection
- * gives it, cos and sin [n, D] for each row's position (start + i in a chain, start + depth
+ * gives it, each head's queries and keys normalized by q_norm, k_norm [D] (epsilon qk_eps;
+ * NULL: not) before they are rotated, cos and sin [n, D] for each row's position (start + i in a chain, start + depth
  * in a token tree), keys and values [KVH, capacity, D] (written here at slots start..start +
  * n - 1), `parents` NULL for a chain or a tree's parent rows (causal_attention), out [n, H D].
  * Rotates queries and keys, stores keys and values, then attends. Every row's arithmetic is
  * its own. */
-int attention_block_impl(const float *qkv, int n, int start, int H, int KVH, int D, const float *cos,
-                         const float *sin, float *keys, float *values, int capacity, float scale, const int *parents,
-                         float *out, int threads) {
+int attention_block_impl(const float *qkv, int n, int start, int H, int KVH, int D, const float *q_norm,
+                         const float *k_norm, float qk_eps, const float *cos, const float *sin, float *keys,
+                         float *values, int capacity, float scale, const int *parents, float *out, int threads) {
     const int width = (H + 2 * KVH) * D;
     float *q = (float *)malloc(sizeof(float) * (size_t)n * H * D);
     if (!q) return KERNEL_NO_MEMORY;
     for (int i = 0; i < n; i++) {
         const float *row = qkv + (size_t)i * width, *c = cos + (size_t)i * D, *s = sin + (size_t)i * D;
-        for (int h = 0; h < H; h++) rope(row + h * D, c, s, D, q + ((size_t)i * H + h) * D);
+        for (int h = 0; h < H; h++) normed_rope(row + h * D, q_norm, qk_eps, c, s, D, q + ((size_t)i * H + h) * D);
         for (int h = 0; h < KVH; h++) {
-            rope(row + (H + h) * D, c, s, D, keys + ((size_t)h * capacity + start + i) * D);
+            normed_rope(row + (H + h) * D, k_norm, qk_eps, c, s, D, keys + ((size_t)h * capacity + start + i) * D);
             memcpy(values + ((size_t)h * capacity + start + i) * D, row + (H + KVH + h) * D, sizeof(float) * D);
         }
     }

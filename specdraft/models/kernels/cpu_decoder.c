@@ -70,7 +70,8 @@ int decoder_layers_impl(float *x, int n, int hidden, int start, const Layer *lay
         else
             rms_norm_impl(x, L->norm1, n, hidden, L->eps1, h);
         failed = project(h, n, hidden, L->qkv, L->qkv_parts, qkv, threads)
-                 || attention_block_impl(qkv, n, start, H, KVH, D, cos, sin, keys + i * per_layer, values + i * per_layer,
+                 || attention_block_impl(qkv, n, start, H, KVH, D, L->q_norm, L->k_norm, L->qk_eps, cos, sin,
+                                         keys + i * per_layer, values + i * per_layer,
                                          capacity, scale, parents, attended, threads)
                  || project(attended, n, H * D, &L->out, 1, delta, threads);
         if (failed) break;

@@ -139,12 +139,16 @@ typedef struct {
     int N, groups, bits, form;
 } Matrix;
 
-/* One decoder layer of the lean forward (cpu_decoder.c). */
+/* One decoder layer of the lean forward (cpu_decoder.c). q_norm, k_norm: an RMSNorm over each
+ * head's D values of the queries and keys before their rotary positions (Qwen3, Gemma 3), with
+ * epsilon qk_eps; NULL where the architecture has none. */
 typedef struct {
     const float *norm1, *norm2;
     float eps1, eps2;
     Matrix qkv[MAX_PARTS], gate_up[MAX_PARTS], out, down;
     int qkv_parts, gate_up_parts;
+    const float *q_norm, *k_norm;
+    float qk_eps;
 } Layer;
 
 /* Per build (cpu_kernels.c, cpu_kernels_scalar.c): one row's groups of 32 quantized, the block
@@ -162,9 +166,9 @@ int prepare_activations(const float *x, int M, int K, int quantize, Activations 
 void free_activations(Activations *a);
 void six_codes(const uint8_t *group, int c, int32_t *code);  /* a 6-bit group's 32 codes 0..63 of column c */
 void add_rms_norm_impl(float *x, const float *delta, const float *weight, int rows, int dim, float eps, float *out);
-int attention_block_impl(const float *qkv, int n, int start, int H, int KVH, int D, const float *cos,
-                         const float *sin, float *keys, float *values, int capacity, float scale, const int *parents,
-                         float *out, int threads);
+int attention_block_impl(const float *qkv, int n, int start, int H, int KVH, int D, const float *q_norm,
+                         const float *k_norm, float qk_eps, const float *cos, const float *sin, float *keys,
+                         float *values, int capacity, float scale, const int *parents, float *out, int threads);
 /* One row of one head: `slots` NULL (a chain: slot j is key j) or the row's key slots, `length`
  * keys, `weights` scratch of length rounded up to 8, out [D] (the scalar and NEON builds'). */
 typedef void (*AttendRow)(const float *q, const float *kh, const float *vh, const int *slots, int length, int D,

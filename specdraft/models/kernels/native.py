@@ -220,10 +220,12 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def attention_block(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
-                    values: torch.Tensor, start: int, heads: int, parents: torch.Tensor | None = None) -> torch.Tensor:
+                    values: torch.Tensor, start: int, heads: int, parents: torch.Tensor | None = None,
+                    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
     """The fused projection's output qkv [n, (H + 2 KVH) D] at positions start.. -> the
-    attended values [n, H D]; rotates queries and keys by cos, sin [n, D] and writes keys and
-    values [KVH, capacity, D] at those positions (cpu_common.c, cpu_attention.c)."""
+    attended values [n, H D]; normalizes each head's queries and keys by `qk_norm` (the
+    weights [D] of each and the epsilon; None: not), rotates them by cos, sin [n, D] and writes
+    keys and values [KVH, capacity, D] at those positions (cpu_common.c, cpu_attention.c)."""
     name = "attention_block"
     if keys.dim() != 3:
         raise ValueError(f"{name}: keys must be [KVH, capacity, D], not {tuple(keys.shape)}")
@@ -232,8 +234,10 @@ def attention_block(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key
     pointers = [address(name, "qkv", qkv, (n, (heads + 2 * kv_heads) * dim)), address(name, "cos", cos, (n, dim)),
                 address(name, "sin", sin, (n, dim)), address(name, "keys", keys),
                 address(name, "values", values, keys.shape)]
+    norms = [None, None, 0.0] if qk_norm is None else \
+        [address(name, "q_norm", qk_norm[0], (dim,)), address(name, "k_norm", qk_norm[1], (dim,)), qk_norm[2]]
     out = torch.empty(n, heads * dim, dtype=torch.float32)
-    check_status(name, library().attention_block(pointers[0], n, start, heads, kv_heads, dim, *pointers[1:],
+    check_status(name, library().attention_block(pointers[0], n, start, heads, kv_heads, dim, *norms, *pointers[1:],
                                                  capacity, dim ** -0.5, parent_rows(name, parents, n),
                                                  out.data_ptr(), torch.get_num_threads()))
     return out

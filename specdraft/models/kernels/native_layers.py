@@ -4,15 +4,16 @@ of consecutive layers over the residual stream. The C side runs the same kernels
 order as the layer-by-layer path in lean/decoder.py, so the two give the same logits bit for
 bit; only the hundred-odd trips through Python a step are gone.
 
-A layer fits the table when each projection is a BlockLinear, or (query/key/value, gate/up)
-up to three of them side by side, and its norms are RMSNorms with a weight; otherwise the
-model keeps the layer-by-layer path.
+A layer (lean/layers.py's LeanLayer) fits the table when each projection is a BlockLinear, or
+(query/key/value, gate/up) up to three of them side by side, and its norms (the QK norm's
+included) are RMSNorms with a float32 weight; otherwise the model keeps the layer-by-layer
+path.
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -56,17 +57,21 @@ class NativeLayers:
         self.table = table
 
     @classmethod
-    def of(cls, layers: Sequence[tuple]) -> "NativeLayers | None":
+    def of(cls, layers: Sequence[Any]) -> "NativeLayers | None":
         """The table, or None when some layer does not fit it (module docstring)."""
         table = (_Layer * len(layers))()
-        for entry, (norm1, qkv, out, norm2, gate_up, down, _) in zip(table, layers):
-            groups = [_parts(qkv), _parts(gate_up), _parts(out), _parts(down)]
-            weights = [_norm_weight(norm1), _norm_weight(norm2)]
+        for entry, layer in zip(table, layers):
+            groups = [_parts(layer.qkv), _parts(layer.gate_up), _parts(layer.out), _parts(layer.down)]
+            norms = [layer.norm1, layer.norm2] + ([] if layer.q_norm is None else [layer.q_norm, layer.k_norm])
+            weights = [_norm_weight(norm) for norm in norms]
             if any(g is None for g in groups) or any(w is None for w in weights) \
                     or len(groups[2]) != 1 or len(groups[3]) != 1:
                 return None
             entry.norm1, entry.norm2 = weights[0].data_ptr(), weights[1].data_ptr()
-            entry.eps1, entry.eps2 = norm1.variance_epsilon, norm2.variance_epsilon
+            entry.eps1, entry.eps2 = layer.norm1.variance_epsilon, layer.norm2.variance_epsilon
+            if layer.q_norm is not None:
+                entry.q_norm, entry.k_norm = weights[2].data_ptr(), weights[3].data_ptr()
+                entry.qk_eps = layer.q_norm.variance_epsilon
             for slot, matrix in enumerate(groups[0]):
                 entry.qkv[slot] = _matrix(matrix)
             for slot, matrix in enumerate(groups[1]):

@@ -26,12 +26,14 @@ class Matrix(ctypes.Structure):
 class Layer(ctypes.Structure):
     _fields_ = [("norm1", ctypes.c_void_p), ("norm2", ctypes.c_void_p), ("eps1", ctypes.c_float),
                 ("eps2", ctypes.c_float), ("qkv", Matrix * MAX_PARTS), ("gate_up", Matrix * MAX_PARTS),
-                ("out", Matrix), ("down", Matrix), ("qkv_parts", ctypes.c_int), ("gate_up_parts", ctypes.c_int)]
+                ("out", Matrix), ("down", Matrix), ("qkv_parts", ctypes.c_int), ("gate_up_parts", ctypes.c_int),
+                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("qk_eps", ctypes.c_float)]
 
 
 # The fields of each struct in the C declaration's order (cpu_kernels_shared.h)
 FIELDS = {"Matrix": ("codes", "scale", "offset", "bias", "N", "groups", "bits", "form"),
-          "Layer": ("norm1", "norm2", "eps1", "eps2", "qkv", "gate_up", "out", "down", "qkv_parts", "gate_up_parts")}
+          "Layer": ("norm1", "norm2", "eps1", "eps2", "qkv", "gate_up", "out", "down", "qkv_parts", "gate_up_parts",
+                    "q_norm", "k_norm", "qk_eps")}
 
 
 def layout() -> list[int]:

@@ -20,8 +20,8 @@ rounding. Only drafts come from this forward, and the target verifies every draf
 so output stays exactly what plain decoding gives.
 
 Supported: decoder-only models whose layers are Llama's shape (Llama, Qwen2, Mistral
-without sliding windows): RMSNorm, rotary positions from the model's own rotary module,
-gated SiLU MLP. `lean_problem` says why another model is not; it then runs through
+without sliding windows, Qwen3 with its QK norm, Phi-3 with its fused projections): RMSNorm, rotary positions from the model's
+own rotary module, gated SiLU MLP (one layer: lean/layers.py). `lean_problem` says why another model is not; it then runs through
 transformers as before. On CUDA, static caches with CUDA graphs remove the same overhead.
 """
 
@@ -35,16 +35,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdraft.models.kernels.block_linear import BlockLinear
-from specdraft.models.kernels.fused_linear import fuse
 from specdraft.models.kv_cache import move_path
 from specdraft.models.kernels.native_layers import NativeLayers
 from specdraft.models.kernels.native import add_rms_norm, attention_block, rms_norm, swiglu
 from specdraft.models.kernels.quantize import Int4Linear, Int8Linear
+from specdraft.models.lean.layers import LeanLayer, projections, qk_norm_problem
 from specdraft.models.lean.tree_rows import ancestry, tree_depths, tree_rows
 
 log = logging.getLogger("specdraft")
 
-ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM")
 INITIAL_CAPACITY = 512  # tokens; doubled when a context needs more
 
 
@@ -59,6 +59,8 @@ def lean_problem(model: nn.Module) -> str | None:
         return "it has sliding-window attention"
     if getattr(config, "pretraining_tp", 1) > 1:
         return "it splits its projections (pretraining_tp)"
+    if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
+        return "its rotary positions cover only part of each head (partial_rotary_factor)"
     return stack_problem(getattr(model, "model", None), model)
 
 
@@ -73,10 +75,13 @@ def stack_problem(inner: nn.Module | None, model: nn.Module | None = None) -> st
         return f"its MLP activation is {inner.config.hidden_act}"
     linear = (nn.Linear, Int4Linear, Int8Linear, BlockLinear)
     for layer in layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        parts = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        qkv, gate_up = projections(layer)
+        parts = [*qkv, layer.self_attn.o_proj, *gate_up, layer.mlp.down_proj]
         if not all(isinstance(p, linear) for p in parts):
             return "some of its projections are not linear layers this forward knows"
+        problem = qk_norm_problem(layer)
+        if problem is not None:
+            return problem
     if any(_changing_hooks(module) for module in model.modules()):
         return "forward hooks change its tensors (they would be skipped)"
     return None
@@ -106,12 +111,7 @@ class LeanDecoder:
         # shares the concatenated weights.
         self.layers = getattr(model, "_specdraft_lean_layers", None)
         if self.layers is None:
-            self.layers = []
-            for layer in self.inner.layers:
-                attn, mlp = layer.self_attn, layer.mlp
-                self.layers.append((layer.input_layernorm, fuse([attn.q_proj, attn.k_proj, attn.v_proj]),
-                                    attn.o_proj, layer.post_attention_layernorm, fuse([mlp.gate_proj, mlp.up_proj]),
-                                    mlp.down_proj, mlp.gate_proj.out_features))
+            self.layers = [LeanLayer.of(layer) for layer in self.inner.layers]
             model._specdraft_lean_layers = self.layers
         norm = self.inner.norm.weight  # (the embedding may be a quantized table without one)
         self.device, self.dtype = norm.device, norm.dtype
@@ -194,8 +194,7 @@ class LeanDecoder:
         def packed(module: nn.Module) -> nn.Module:
             return PackedLinear(module) if type(module) is nn.Linear else module
 
-        self.layers = [(norm1, packed(qkv), packed(out), norm2, packed(gate_up), packed(down), size)
-                       for norm1, qkv, out, norm2, gate_up, down, size in self.layers]
+        self.layers = [layer.with_products(packed) for layer in self.layers]
 
     def layers_over(self, x: torch.Tensor, start: int, hidden_layers: Sequence[int] = (),
                     depth: int | None = None, parents: Sequence[int] | None = None
@@ -257,12 +256,14 @@ class LeanDecoder:
                 first = end
             return x[None], hidden
         pending = None  # the last MLP's output, not yet added to x
-        for i, (norm1, qkv, out, norm2, gate_up, down, _) in enumerate(layers):
+        for i, layer in enumerate(layers):
+            norm1, norm2 = layer.norm1, layer.norm2
             h = rms_norm(x, norm1.weight, norm1.variance_epsilon) if pending is None else \
                 add_rms_norm(x, pending, norm1.weight, norm1.variance_epsilon)
-            attended = attention_block(qkv(h), cos, sin, self.keys[i][0], self.values[i][0], start, self.heads, tree)
-            h = add_rms_norm(x, out(attended), norm2.weight, norm2.variance_epsilon)
-            pending = down(swiglu(gate_up(h)))
+            attended = attention_block(layer.qkv(h), cos, sin, self.keys[i][0], self.values[i][0], start, self.heads,
+                                       tree, layer.qk_norm())
+            h = add_rms_norm(x, layer.out(attended), norm2.weight, norm2.variance_epsilon)
+            pending = layer.down(swiglu(layer.gate_up(h)))
             if i + 1 in hidden_layers:
                 x += pending
                 pending = None
@@ -286,11 +287,14 @@ class LeanDecoder:
         mask = None if n == 1 else torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)
         if tree is not None:
             mask[:, start:] = ancestry(tree).to(self.device)
-        for i, (norm1, qkv, out, norm2, gate_up, down, inner_size) in enumerate(layers):
-            h = F.rms_norm(x, (x.shape[-1],), norm1.weight, norm1.variance_epsilon)
-            q, k, v = qkv(h).split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
-            q = q.view(1, n, heads, dim).transpose(1, 2)
-            k = k.view(1, n, kv_heads, dim).transpose(1, 2)
+        for i, layer in enumerate(layers):
+            h = F.rms_norm(x, (x.shape[-1],), layer.norm1.weight, layer.norm1.variance_epsilon)
+            q, k, v = layer.qkv(h).split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+            q, k = q.view(1, n, heads, dim), k.view(1, n, kv_heads, dim)
+            if layer.q_norm is not None:
+                q_weight, k_weight, eps = layer.qk_norm()
+                q, k = F.rms_norm(q, (dim,), q_weight, eps), F.rms_norm(k, (dim,), k_weight, eps)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
             q = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
             k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
             keys, values = self.keys[i], self.values[i]
@@ -298,10 +302,10 @@ class LeanDecoder:
             values[:, :, start:end] = v.view(1, n, kv_heads, dim).transpose(1, 2)
             attended = F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=mask,
                                                       enable_gqa=heads != kv_heads)
-            x = x + out(attended.transpose(1, 2).reshape(1, n, heads * dim))
-            h = F.rms_norm(x, (x.shape[-1],), norm2.weight, norm2.variance_epsilon)
-            gate, up = gate_up(h).split([inner_size, inner_size], dim=-1)
-            x = x + down(F.silu(gate) * up)
+            x = x + layer.out(attended.transpose(1, 2).reshape(1, n, heads * dim))
+            h = F.rms_norm(x, (x.shape[-1],), layer.norm2.weight, layer.norm2.variance_epsilon)
+            gate, up = layer.gate_up(h).split([layer.inner, layer.inner], dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
             if i + 1 in hidden_layers:
                 hidden[i + 1] = x
         return x, hidden

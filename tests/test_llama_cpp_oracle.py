@@ -1,0 +1,145 @@
+"""specdraft's model of a GGUF file against llama.cpp's, on the same file (tests/llama_cpp_oracle.py):
+tiny random models of each mapped architecture, quantized by llama.cpp's own quantizer to
+every format a downloaded file holds, specdraft's logits (its decode path: the lean forward,
+one token a step after the prompt) compared with llama.cpp's along llama.cpp's greedy
+continuation.
+
+Tolerances, as the relative L2 distance of the logits over the continuation (measured:
+docs/kernels.md). Both engines quantize activations to int8 before each product, llama.cpp
+in blocks of 32 for the formats with 32-weight blocks and of 256 (Q8_K) for K-quants and
+IQ4_XS, specdraft in groups of 32 for all; any difference upstream flips some codes
+downstream, so the two agree to about the size of that rounding, not bit for bit:
+
+- the output head alone quantized (float32 elsewhere): the same products up to llama.cpp's
+  float16 activation scales, <= 0.001 for 32-weight formats;
+- a whole model in a 32-weight format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): <= 0.04;
+- in a K-quant or IQ4_XS, and llama.cpp's default mixes (Q3_K_M, Q4_K_M, Q5_K_M): <= 0.08;
+- float matrices: F32 <= 0.002, F16 <= 0.005; BF16 <= 0.03 (llama.cpp rounds activations
+  to bfloat16 there, specdraft keeps float32);
+and specdraft's logits are no further from the file's exact model (its weights in float64,
+activations unrounded) than llama.cpp's are, give or take 25%. A format read wrongly (a
+nibble order, a scale, a permuted row) is off by 0.3 or more.
+
+Greedy output of every policy on each architecture's file equals specdraft's own plain
+decoding of it, bit for bit."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+from llama_cpp_oracle import float_model, llama_cpp_logits, quantized, relative
+from test_float_blocks import lean_plain_greedy
+
+from specdraft.core.sampling import SamplingParams
+from specdraft.decoding.engine import EngineSettings, SpeculativeEngine
+from specdraft.drafters import DraftContext, NgramDrafter, PlainDecoding, SuffixDrafter
+from specdraft.drafters.layers import LayersDrafter
+from specdraft.drafters.options import SuffixOptions
+from specdraft.learning.policies import POLICIES, build_policy
+from specdraft.models.cached_lm import CachedLM
+from specdraft.models.gguf_loading import load_gguf_mapped, read_gguf
+from specdraft.models.kernels.native import kernel_problem
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed"),
+    pytest.mark.skipif(kernel_problem() is not None, reason=f"no CPU kernels here: {kernel_problem()}"),
+]
+
+ARCHITECTURES = ["llama", "qwen2", "qwen3", "phi3"]
+SHAPES = {"qwen3": {"head_dim": 128}}  # a head size other than hidden / heads, as real Qwen3 models have
+BLOCKS_OF_32 = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"]
+BLOCKS_OF_256 = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
+TOLERANCE = {**dict.fromkeys(BLOCKS_OF_32, 0.04), **dict.fromkeys(BLOCKS_OF_256, 0.08), "F32": 0.002,
+             "F16": 0.005, "BF16": 0.03, "Q3_K_M": 0.08, "Q4_K_M": 0.08, "Q5_K_M": 0.08}
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def float_models(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("oracle")
+    return {name: float_model(folder, name, **SHAPES.get(name, {})) for name in ARCHITECTURES}
+
+
+def specdraft_logits(path, tokens: list[int], prompt: int) -> torch.Tensor:
+    """specdraft's logits at every position of `tokens`: the prompt's `prompt` tokens in one
+    feed, then one token a step, on the lean forward (as generation runs)."""
+    _, model = load_gguf_mapped(path, "p.toml", "target")
+    lm = CachedLM(model, lean=True)
+    assert lm.lean is not None, "the lean forward does not run this model"
+    rows = [lm.feed(torch.tensor(tokens[:prompt]), keep=0)]
+    rows += [lm.feed(torch.tensor(tokens[i:i + 1])) for i in range(prompt, len(tokens))]
+    return torch.cat(rows)
+
+
+def compare(path, prompt: int = 9) -> tuple[float, torch.Tensor, torch.Tensor, list[int]]:
+    tokens, theirs = llama_cpp_logits(path)
+    mine = specdraft_logits(path, tokens, prompt)
+    return relative(mine, theirs), mine, theirs, tokens
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("format_name", ["F32", "F16", "BF16", *BLOCKS_OF_32, *BLOCKS_OF_256])
+def test_logits_agree_with_llama_cpp_on_the_same_file(float_models, architecture, format_name):
+    path = quantized(float_models[architecture], format_name)
+    distance, *_ = compare(path)
+    assert distance <= TOLERANCE[format_name], f"{architecture} {format_name}: {distance:.4f}"
+
+
+@pytest.mark.parametrize("format_name", ["F32", "Q4_0"])
+def test_llama_3_rope_scaling_is_the_files(tmp_path, format_name):
+    """Llama 3.1+ files carry their rope scaling as a factor per rotary frequency
+    (rope_freqs.weight); every frequency divided by its factor, as llama.cpp does."""
+    factors = np.linspace(1.0, 32.0, 32) ** 1.5  # (head size 64: 32 frequencies)
+    source = float_model(tmp_path, "llama", rope_factors=factors, seed=3)
+    distance, *_ = compare(quantized(source, format_name))
+    assert distance <= TOLERANCE[format_name], f"{format_name}: {distance:.4f}"
+
+
+@pytest.mark.parametrize("mix", ["Q3_K_M", "Q4_K_M", "Q5_K_M"])
+def test_llama_cpp_s_own_mixes_agree(float_models, mix):
+    path = quantized(float_models["llama"], mix, pure=False)
+    distance, *_ = compare(path)
+    assert distance <= TOLERANCE[mix], f"{mix}: {distance:.4f}"
+
+
+@pytest.mark.parametrize("format_name", [*BLOCKS_OF_32, "F16"])
+def test_the_output_head_alone_gives_llama_cpp_s_products(float_models, format_name):
+    path = quantized(float_models["qwen2"], format_name, output_only=True)
+    distance, *_ = compare(path)
+    assert distance <= 0.001, f"{format_name}: {distance:.5f}"
+
+
+@pytest.mark.parametrize("architecture, format_name", [("llama", "Q4_0"), ("qwen3", "Q8_0"), ("qwen2", "Q4_K"),
+                                                       ("qwen3", "IQ4_XS"), ("llama", "Q6_K")])
+def test_no_further_from_the_files_exact_model_than_llama_cpp(float_models, architecture, format_name):
+    path = quantized(float_models[architecture], format_name)
+    _, mine, theirs, tokens = compare(path)
+    exact, _ = read_gguf(path)  # transformers' float model of the same file: the weights exactly
+    with torch.no_grad():
+        truth = exact.double()(torch.tensor([tokens])).logits[0]
+    assert relative(mine, truth) <= 1.25 * relative(theirs, truth) + 0.002, \
+        f"specdraft {relative(mine, truth):.4f}, llama.cpp {relative(theirs, truth):.4f} from the exact model"
+
+
+@pytest.mark.parametrize("architecture, name", [("qwen3", name) for name in sorted(POLICIES)]
+                         + [("llama", "normalhedge"), ("qwen2", "normalhedge")])  # (llama, qwen2: every policy in
+def test_every_policy_equals_plain_decoding_of_the_file(float_models, architecture, name):  # test_file_quantization)
+    _, model = load_gguf_mapped(quantized(float_models[architecture], "Q4_K"), "p.toml", "target")
+    vocab = model.config.vocab_size
+    ctx = DraftContext(SamplingParams(), None, torch.device("cpu"), vocab)
+    target_lm = CachedLM(model, lean=True)
+    drafters = [NgramDrafter("lookup", ctx, 1, 3), SuffixDrafter("suffix", ctx, SuffixOptions()),
+                LayersDrafter("early", ctx, target_lm, 1), PlainDecoding(ctx)]
+    options = {"drafter": "early"} if name == "fixed" else {}
+    policy = build_policy(name, options, [d.name for d in drafters], seed=0, draft_tokens=5, horizon=32)
+    engine = SpeculativeEngine(target_lm, drafters, policy, EngineSettings(5, 32, SamplingParams()))
+    prompt = [72, 101, 108, 108, 111, 32, 72, 101, 108, 108, 111, 32]
+    records = list(engine.generate(prompt))
+    assert [t for r in records for t in r.tokens] == lean_plain_greedy(model, prompt, 32)
