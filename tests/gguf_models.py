@@ -53,16 +53,18 @@ def write_model(path: Path, architecture: str = "llama", type_name: str = "Q4_0"
                 layers: int = 2, heads: int = 4, kv_heads: int = 2, ffn: int = 512, tied: bool = True,
                 seed: int = 0, types: dict[str, str] | None = None, states_vocab_size: bool = False,
                 claims: dict[str, int] | None = None, nan_in: str | None = None, head_dim: int | None = None,
-                rope_factors: np.ndarray | None = None) -> Path:
+                rope_factors: np.ndarray | None = None, window: int = 8, rope_base: float = 10000.0,
+                layout: str | None = None) -> Path:
     """A tiny random model of `architecture` (llama, mistral; qwen2: with query/key/value
     biases; qwen3: a QK norm, and `head_dim` other than hidden / heads; phi3: fused query/key/
-    value and gate/up matrices) whose
+    value and gate/up matrices; gemma3: a QK norm, post-norms, GeGLU, sliding `window`s) whose
     matrices are in `type_name` (or `types[name]` for a tensor name such as "output");
     `tied`: no output.weight, the head is the embedding; `states_vocab_size`: the header
     holds `<architecture>.vocab_size` (real files mostly do; otherwise readers count tokens);
     `claims`: header numbers ("block_count", "head_count_kv", "embedding_length") that disagree with the
     tensors written; `nan_in`: a float32 vector's name whose values are all NaN; `rope_factors`:
-    Llama 3's `rope_freqs.weight`, a factor per rotary frequency."""
+    Llama 3's `rope_freqs.weight`, a factor per rotary frequency; `layout`: the architecture
+    whose tensors are written (default `architecture`: another makes a mislabelled file)."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -77,7 +79,9 @@ def write_model(path: Path, architecture: str = "llama", type_name: str = "Q4_0"
     writer.add_feed_forward_length(ffn)
     writer.add_head_count(heads)
     writer.add_head_count_kv(claims.get("head_count_kv", kv_heads))
-    writer.add_rope_freq_base(10000.0)
+    writer.add_rope_freq_base(rope_base)
+    if architecture == "gemma3":  # (llama.cpp: every sixth layer global, the others this window)
+        writer.add_sliding_window(window)
     writer.add_layer_norm_rms_eps(1e-6)
     if states_vocab_size:
         writer.add_vocab_size(len(vocab))
@@ -88,8 +92,9 @@ def write_model(path: Path, architecture: str = "llama", type_name: str = "Q4_0"
     writer.add_token_merges(MERGES)
     writer.add_bos_token_id(len(vocab) - 3)
     writer.add_eos_token_id(len(vocab) - 1)
+    layout = layout or architecture
     head_dim = head_dim or hidden // heads
-    if head_dim != hidden // heads:
+    if head_dim != hidden // heads or architecture == "gemma3":  # (Gemma 3's config defaults to 256)
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
 
@@ -110,22 +115,25 @@ def write_model(path: Path, architecture: str = "llama", type_name: str = "Q4_0"
         writer.add_tensor("rope_freqs.weight", np.asarray(rope_factors, dtype=np.float32))
     for i in range(layers):
         vector(f"blk.{i}.attn_norm.weight", hidden, 1.0)
-        if architecture == "phi3":  # queries, keys and values in one matrix; gate and up in another
+        if layout == "gemma3":
+            vector(f"blk.{i}.post_attention_norm.weight", hidden, 1.0)
+            vector(f"blk.{i}.post_ffw_norm.weight", hidden, 1.0)
+        if layout == "phi3":  # queries, keys and values in one matrix; gate and up in another
             matrix(f"blk.{i}.attn_qkv.weight", (heads + 2 * kv_heads) * head_dim, hidden)
         else:
             matrix(f"blk.{i}.attn_q.weight", heads * head_dim, hidden)
             matrix(f"blk.{i}.attn_k.weight", kv_heads * head_dim, hidden)
             matrix(f"blk.{i}.attn_v.weight", kv_heads * head_dim, hidden)
-        if architecture == "qwen3":
+        if layout in ("qwen3", "gemma3"):
             vector(f"blk.{i}.attn_q_norm.weight", head_dim, 1.0)
             vector(f"blk.{i}.attn_k_norm.weight", head_dim, 1.0)
-        if architecture == "qwen2":
+        if layout == "qwen2":
             vector(f"blk.{i}.attn_q.bias", heads * head_dim, 0.0)
             vector(f"blk.{i}.attn_k.bias", kv_heads * head_dim, 0.0)
             vector(f"blk.{i}.attn_v.bias", kv_heads * head_dim, 0.0)
         matrix(f"blk.{i}.attn_output.weight", hidden, heads * head_dim)
         vector(f"blk.{i}.ffn_norm.weight", hidden, 1.0)
-        if architecture == "phi3":
+        if layout == "phi3":
             matrix(f"blk.{i}.ffn_up.weight", 2 * ffn, hidden)
         else:
             matrix(f"blk.{i}.ffn_gate.weight", ffn, hidden)

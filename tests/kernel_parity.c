@@ -24,13 +24,13 @@ typedef int (*MatmulFn)(const float *, int, int, const void *, const void *, con
                         int);
 typedef int (*RowsFn)(const void *, const void *, const void *, int, int, int, int, int, const int64_t *, int, float *);
 typedef int (*AttentionFn)(const float *, const float *, const float *, int, int, int, int, int, int, float,
-                           const int *, float *, int);
+                           const int *, int, float *, int);
 typedef int (*BlockFn)(const float *, int, int, int, int, int, const float *, const float *, float, const float *,
-                       const float *, float *, float *, int, float, const int *, float *, int);
+                       const float *, float *, float *, int, float, const int *, int, float *, int);
 typedef int (*NormFn)(const float *, const float *, int, int, float, float *);
 typedef int (*SwigluFn)(const float *, int, int, float *);
 typedef int (*LayersFn)(float *, int, int, int, const Layer *, int, int, int, int, float *, float *, int,
-                        const float *, const float *, float, const int *, int);
+                        const float *, const float *, int, float, const int *, int);
 
 typedef struct {
     void *handle;
@@ -40,7 +40,7 @@ typedef struct {
     AttentionFn attention;
     BlockFn block;
     NormFn norm;
-    SwigluFn swiglu;
+    SwigluFn swiglu, geglu;
     LayersFn layers;
 } Build;
 
@@ -90,9 +90,10 @@ static int load(const char *path, Build *b) {
     b->block = (BlockFn)dlsym(b->handle, "attention_block");
     b->norm = (NormFn)dlsym(b->handle, "rms_norm_rows");
     b->swiglu = (SwigluFn)dlsym(b->handle, "swiglu_rows");
+    b->geglu = (SwigluFn)dlsym(b->handle, "geglu_rows");
     b->layers = (LayersFn)dlsym(b->handle, "decoder_layers");
     if (!isa || !supported || !b->matmul || !b->rows || !b->attention || !b->block || !b->norm || !b->swiglu
-        || !b->layers) {
+        || !b->geglu || !b->layers) {
         fprintf(stderr, "%s lacks a kernel function\n", path);
         return 0;
     }
@@ -232,6 +233,9 @@ static void norms(const Build *a, const Build *b) {
         snprintf(what, sizeof what, "swiglu_rows inner %d", inner);
         compare(what, a->swiglu(g, rows, inner, oa), b->swiglu(g, rows, inner, ob), oa, ob,
                 sizeof(float) * rows * inner);
+        snprintf(what, sizeof what, "geglu_rows inner %d", inner);
+        compare(what, a->geglu(g, rows, inner, oa), b->geglu(g, rows, inner, ob), oa, ob,
+                sizeof(float) * rows * inner);
         free(g); free(oa); free(ob);
     }
 }
@@ -251,7 +255,8 @@ static void attention(const Build *a, const Build *b) {
     for (int di = 0; di < 4; di++)
         for (int ni = 0; ni < 3; ni++)
             for (int si = 0; si < 3; si++)
-                for (int tree = 0; tree < 2; tree++) {
+                for (int tree = 0; tree < 2; tree++)
+                for (int window = 0; window <= 4; window += 4) { /* 0: none; 4: fewer than most rows see */
                     const int D = Ds[di], n = ns[ni], start = starts[si], capacity = start + n + 3;
                     const size_t kv = (size_t)KVH * capacity * D, out_n = (size_t)n * H * D;
                     float *q = malloc(sizeof(float) * out_n), *k = malloc(sizeof(float) * kv);
@@ -263,11 +268,11 @@ static void attention(const Build *a, const Build *b) {
                     int *parents = tree_parents(n, tree);
                     const float scale = 1.0f / sqrtf((float)D);
                     char what[96];
-                    snprintf(what, sizeof what, "causal_attention D %d n %d start %d %s", D, n, start,
-                             tree ? "tree" : "chain");
-                    compare(what, a->attention(q, k, v, n, start, H, KVH, D, capacity, scale, parents, oa, 2),
-                            b->attention(q, k, v, n, start, H, KVH, D, capacity, scale, parents, ob, 2), oa, ob,
-                            sizeof(float) * out_n);
+                    snprintf(what, sizeof what, "causal_attention D %d n %d start %d %s window %d", D, n, start,
+                             tree ? "tree" : "chain", window);
+                    compare(what, a->attention(q, k, v, n, start, H, KVH, D, capacity, scale, parents, window, oa, 2),
+                            b->attention(q, k, v, n, start, H, KVH, D, capacity, scale, parents, window, ob, 2), oa,
+                            ob, sizeof(float) * out_n);
                     free(q); free(k); free(v); free(oa); free(ob); free(parents);
                 }
 }
@@ -314,20 +319,31 @@ static void layers(const Build *a, const Build *b) {
     memcpy(vb, va, sizeof va);
     int parents[4] = {-1, 0, 0, 1};
     const float scale = 1.0f / sqrtf((float)D);
-    const int sa = a->layers(xa, n, hidden, start, &L, 1, H, KVH, D, ka, va, capacity, cos, sin, scale, parents, 2);
-    const int sb = b->layers(xb, n, hidden, start, &L, 1, H, KVH, D, kb, vb, capacity, cos, sin, scale, parents, 2);
+    const int sa = a->layers(xa, n, hidden, start, &L, 1, H, KVH, D, ka, va, capacity, cos, sin, 1, scale, parents, 2);
+    const int sb = b->layers(xb, n, hidden, start, &L, 1, H, KVH, D, kb, vb, capacity, cos, sin, 1, scale, parents, 2);
     compare("decoder_layers: residual stream", sa, sb, xa, xb, sizeof(float) * n * hidden);
     compare("decoder_layers: keys", sa, sb, ka, kb, sizeof(float) * kv);
+    /* Gemma 3's shape: post-norms, GeGLU, a sliding window, the second of two rotary tables */
+    float post1[64], post2[64], cos2[2 * 4 * 32], sin2[2 * 4 * 32];
+    fill_floats(post1, hidden, 0.5f, 1.5f);
+    fill_floats(post2, hidden, 0.5f, 1.5f);
+    fill_floats(cos2, 2 * (size_t)n * D, -1.0f, 1.0f);
+    fill_floats(sin2, 2 * (size_t)n * D, -1.0f, 1.0f);
+    L.post_norm1 = post1, L.post_norm2 = post2, L.activation = ACT_GEGLU_TANH, L.window = 3, L.rope = 1;
+    const int ga = a->layers(xa, n, hidden, start, &L, 1, H, KVH, D, ka, va, capacity, cos2, sin2, 2, scale, parents, 2);
+    const int gb = b->layers(xb, n, hidden, start, &L, 1, H, KVH, D, kb, vb, capacity, cos2, sin2, 2, scale, parents, 2);
+    compare("decoder_layers, Gemma 3's shape: residual stream", ga, gb, xa, xb, sizeof(float) * n * hidden);
+    L.post_norm1 = L.post_norm2 = NULL, L.activation = ACT_SWIGLU, L.window = 0, L.rope = 0;
     float qkv[4 * 128], oa[4 * 64], ob[4 * 64];
     fill_floats(qkv, (size_t)n * (H + 2 * KVH) * D, -1.0f, 1.0f);
     compare("attention_block",
-            a->block(qkv, n, start, H, KVH, D, NULL, NULL, 0.0f, cos, sin, ka, va, capacity, scale, NULL, oa, 2),
-            b->block(qkv, n, start, H, KVH, D, NULL, NULL, 0.0f, cos, sin, kb, vb, capacity, scale, NULL, ob, 2), oa, ob,
-            sizeof(float) * n * H * D);
+            a->block(qkv, n, start, H, KVH, D, NULL, NULL, 0.0f, cos, sin, ka, va, capacity, scale, NULL, 0, oa, 2),
+            b->block(qkv, n, start, H, KVH, D, NULL, NULL, 0.0f, cos, sin, kb, vb, capacity, scale, NULL, 0, ob, 2), oa,
+            ob, sizeof(float) * n * H * D);
     compare("attention_block with a QK norm",
-            a->block(qkv, n, start, H, KVH, D, qn, kn, 1e-6f, cos, sin, ka, va, capacity, scale, NULL, oa, 2),
-            b->block(qkv, n, start, H, KVH, D, qn, kn, 1e-6f, cos, sin, kb, vb, capacity, scale, NULL, ob, 2), oa, ob,
-            sizeof(float) * n * H * D);
+            a->block(qkv, n, start, H, KVH, D, qn, kn, 1e-6f, cos, sin, ka, va, capacity, scale, NULL, 2, oa, 2),
+            b->block(qkv, n, start, H, KVH, D, qn, kn, 1e-6f, cos, sin, kb, vb, capacity, scale, NULL, 2, ob, 2), oa,
+            ob, sizeof(float) * n * H * D);
     for (int i = 0; i < 8; i++) free(keep[i]);
 }
 

@@ -572,7 +572,7 @@ def test_metadata_of_another_architecture_over_llama_tensors_is_one_line(tmp_pat
     from specdraft.models.gguf_loading import load_gguf
 
     monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path / "cache"))
-    path = write_model(tmp_path / "p.gguf", architecture="phi3", tied=False)
+    path = write_model(tmp_path / "p.gguf", architecture="phi3", tied=False, layout="llama")
     with pytest.raises(ProfileError, match="transformers cannot build a model from p.gguf") as caught:
         load_gguf(path, torch.float32, {}, "p.toml", "target")
     assert caught.value.exit_code == 2 and "\n" not in str(caught.value)

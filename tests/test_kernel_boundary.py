@@ -116,8 +116,11 @@ def test_every_c_entry_checks_its_sizes_and_pointers():
     assert lib.block_rows(codes.data_ptr(), scales.data_ptr(), None, 0, 8, 16, 2, 1, ids.data_ptr(), 2,
                           y.data_ptr()) == -10  # row 20 of 16
     q = torch.randn(1, 2, 64)
-    assert lib.causal_attention(q.data_ptr(), q.data_ptr(), q.data_ptr(), 1, 0, 2, 1, 64, 1, 0.1, None, q.data_ptr(),
-                                0) == -3  # no threads
+    assert lib.causal_attention(q.data_ptr(), q.data_ptr(), q.data_ptr(), 1, 0, 2, 1, 64, 1, 0.1, None, 0,
+                                q.data_ptr(), 0) == -3  # no threads
+    assert lib.causal_attention(q.data_ptr(), q.data_ptr(), q.data_ptr(), 1, 0, 2, 1, 64, 1, 0.1, None, -1,
+                                q.data_ptr(), 1) == -3  # a negative window
+    assert lib.geglu_rows(x.data_ptr(), 0, 20, y.data_ptr()) == -3
     with pytest.raises(ValueError, match="block_matmul: an input width is not a multiple of 32"):
         check_status("block_matmul", -4)
     with pytest.raises(MemoryError, match="decoder_layers: the kernel could not allocate"):

@@ -104,12 +104,25 @@ def test_models_it_cannot_run_say_why():
     hooked = tiny_llama()
     hooked.model.layers[0].mlp.act_fn.register_forward_hook(lambda module, args, out: out + 1)
     assert "forward hooks" in lean_problem(hooked)
-    sliding = Qwen2ForCausalLM(Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                           use_sliding_window=True, sliding_window=8, max_window_layers=0))
-    assert "sliding-window" in lean_problem(sliding)
     with pytest.raises(ValueError, match="cannot run this model"):
         LeanDecoder(gpt2)
+
+
+@pytest.mark.parametrize("lean_core", ["kernels", "torch"])
+def test_sliding_window_layers_attend_their_last_positions_only(lean_core, monkeypatch):
+    """A sliding window (Qwen2's use_sliding_window here, Gemma 3's local layers) keeps each
+    row's last `sliding_window` positions, on the kernels and in torch, as transformers does."""
+    torch.manual_seed(0)
+    sliding = Qwen2ForCausalLM(Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                           use_sliding_window=True, sliding_window=5, max_window_layers=1)).eval()
+    assert lean_problem(sliding) is None
+    tokens = list(range(3, 23))  # four times the window
+    lm = CachedLM(sliding, lean=True)
+    if lean_core == "torch":
+        monkeypatch.setattr(lm.lean, "invariant", False)
+    got = torch.cat([lm.feed(torch.tensor(tokens[:6]), keep=0)] + [lm.feed(torch.tensor([t])) for t in tokens[6:]])
+    torch.testing.assert_close(got, _reference(sliding, tokens), rtol=1e-4, atol=1e-4)
 
 
 def test_the_lean_forward_hands_over_transformers_hidden_states():
@@ -184,4 +197,4 @@ def test_rotary_angles_come_from_the_models_own_module_at_every_position(scaling
         cos, sin = lean._rotary(x, at)
         want_cos, want_sin = model.model.rotary_emb(x, at.view(1, -1))
         assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
-    assert (lean._rope is None) == (scaling is not None and scaling["rope_type"] == "dynamic")
+    assert (not lean._rope) == (scaling is not None and scaling["rope_type"] == "dynamic")  # (no table kept)

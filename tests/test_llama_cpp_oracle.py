@@ -48,8 +48,11 @@ pytestmark = [
     pytest.mark.skipif(kernel_problem() is not None, reason=f"no CPU kernels here: {kernel_problem()}"),
 ]
 
-ARCHITECTURES = ["llama", "qwen2", "qwen3", "phi3"]
-SHAPES = {"qwen3": {"head_dim": 128}}  # a head size other than hidden / heads, as real Qwen3 models have
+ARCHITECTURES = ["llama", "qwen2", "qwen3", "phi3", "gemma3"]
+SHAPES = {"qwen3": {"head_dim": 128},  # a head size other than hidden / heads, as real Qwen3 models have
+          # six layers: five local ones with a sliding window shorter than the 33 positions compared, then a
+          # global one on a rotary base of its own; the head tied to the embedding, as Gemma's is
+          "gemma3": {"layers": 6, "window": 8, "rope_base": 1e6, "tied": True}}
 BLOCKS_OF_32 = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"]
 BLOCKS_OF_256 = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
 TOLERANCE = {**dict.fromkeys(BLOCKS_OF_32, 0.04), **dict.fromkeys(BLOCKS_OF_256, 0.08), "F32": 0.002,
@@ -117,7 +120,7 @@ def test_the_output_head_alone_gives_llama_cpp_s_products(float_models, format_n
 
 
 @pytest.mark.parametrize("architecture, format_name", [("llama", "Q4_0"), ("qwen3", "Q8_0"), ("qwen2", "Q4_K"),
-                                                       ("qwen3", "IQ4_XS"), ("llama", "Q6_K")])
+                                                       ("qwen3", "IQ4_XS"), ("llama", "Q6_K"), ("qwen2", "Q5_K")])
 def test_no_further_from_the_files_exact_model_than_llama_cpp(float_models, architecture, format_name):
     path = quantized(float_models[architecture], format_name)
     _, mine, theirs, tokens = compare(path)
@@ -128,8 +131,8 @@ def test_no_further_from_the_files_exact_model_than_llama_cpp(float_models, arch
         f"specdraft {relative(mine, truth):.4f}, llama.cpp {relative(theirs, truth):.4f} from the exact model"
 
 
-@pytest.mark.parametrize("architecture, name", [("qwen3", name) for name in sorted(POLICIES)]
-                         + [("llama", "normalhedge"), ("qwen2", "normalhedge")])  # (llama, qwen2: every policy in
+@pytest.mark.parametrize("architecture, name", [(a, name) for a in ("qwen3", "gemma3") for name in sorted(POLICIES)]
+                         + [(a, "normalhedge") for a in ("llama", "qwen2", "phi3")])  # (llama, qwen2: every policy in
 def test_every_policy_equals_plain_decoding_of_the_file(float_models, architecture, name):  # test_file_quantization)
     _, model = load_gguf_mapped(quantized(float_models[architecture], "Q4_K"), "p.toml", "target")
     vocab = model.config.vocab_size

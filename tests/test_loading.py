@@ -104,7 +104,7 @@ def gguf(tmp_path, monkeypatch, messages):
     lines had been written when each began)."""
     monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path / "cache"))
     # a real header (checked before anything loads), of an architecture not run on the kernels
-    file = write_model(tmp_path / "tiny.gguf", architecture="phi3", hidden=32, ffn=64, layers=1)
+    file = write_model(tmp_path / "tiny.gguf", architecture="stablelm", hidden=32, ffn=64, layers=1)
     conversions = []
     model_load = transformers.AutoModelForCausalLM.from_pretrained
     tokenizer_load = transformers.AutoTokenizer.from_pretrained

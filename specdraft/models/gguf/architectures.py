@@ -10,7 +10,7 @@ logits of each entry's files with llama.cpp's on the same file.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 # llama.cpp's names (blk.N.<name>.weight / .bias) -> the layer's module, for Llama-shaped layers
 LLAMA_MATRICES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -22,6 +22,9 @@ FUSED_MATRICES = {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_
                   "ffn_down": "mlp.down_proj"}
 QK_NORMS = {"attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight"}
 GLOBAL_VECTORS = {"output_norm.weight": "model.norm.weight"}
+GEMMA_NORMS = {"attn_norm.weight": "input_layernorm.weight", "post_attention_norm.weight": "post_attention_layernorm.weight",
+               "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+               "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,12 @@ class Architecture:
     rows_permuted: bool = False
     # "<architecture>.<key>" metadata -> the config attribute transformers' reader leaves unset
     config_keys: Mapping[str, str] = field(default_factory=dict)
+    # the file's norm weights are 1 + transformers' (Gemma's RMSNorm multiplies by 1 + weight)
+    norm_offset: float = 0.0
+    # the input embedding's rows come out times sqrt(hidden size) (Gemma)
+    scaled_embedding: bool = False
+    # what else the config needs from the file's numbers (config, field_of)
+    adjust: Callable[[Any, Callable[[str], Any]], None] | None = None
     # tensors that are no module's weight (rope_freqs.weight: Llama 3's rope scaling, read by
     # mapping.py as a factor per rotary frequency)
     ignored: tuple[str, ...] = ("rope_freqs.weight",)
@@ -45,10 +54,22 @@ class Architecture:
             value = field_of(key)
             if value is not None:
                 setattr(config, attribute, int(value))
+        if self.adjust is not None:
+            self.adjust(config, field_of)
         pad = getattr(config, "pad_token_id", None)
         if isinstance(pad, int) and not 0 <= pad < config.vocab_size:
             # a config class's default (Phi-3's 32000) that the file's vocabulary does not reach
             config.pad_token_id = None
+
+
+def gemma3_attention_scale(config: Any, field_of: Callable[[str], Any]) -> None:
+    """Gemma 3 scales attention scores by query_pre_attn_scalar ** -0.5, which the file does not
+    hold and transformers' reader leaves at its default (256): llama.cpp takes the head size,
+    and hidden / heads for the 62-layer 27B model, as the released configs have it."""
+    if field_of("block_count") == 62:
+        config.query_pre_attn_scalar = config.hidden_size // config.num_attention_heads
+    else:
+        config.query_pre_attn_scalar = int(field_of("attention.key_length") or config.head_dim)
 
 
 ARCHITECTURES = {
@@ -59,4 +80,9 @@ ARCHITECTURES = {
     "qwen3": Architecture("qwen3", layer_vectors={**LLAMA_VECTORS, **QK_NORMS},
                           config_keys={"attention.key_length": "head_dim"}),
     "phi3": Architecture("phi3", layer_matrices=FUSED_MATRICES),
+    # norms after attention and after the MLP besides the two before; local (sliding-window)
+    # and global layers, whose pattern and rotary bases transformers' config holds
+    "gemma3": Architecture("gemma3", layer_vectors={**QK_NORMS, **GEMMA_NORMS}, norm_offset=1.0,
+                           scaled_embedding=True, config_keys={"attention.key_length": "head_dim"},
+                           adjust=gemma3_attention_scale),
 }

@@ -29,7 +29,7 @@ from specdraft.models.kernels.block_linear import BLOCK, BlockLinear
 from specdraft.models.kernels.formats import GROUP
 from specdraft.models.gguf.architectures import ARCHITECTURES, GLOBAL_VECTORS
 from specdraft.models.gguf.file import GGUFError, GGUFFile, TensorInfo
-from specdraft.models.kernels.quantized_embedding import QuantizedEmbedding, TiedEmbedding
+from specdraft.models.kernels.quantized_embedding import QuantizedEmbedding, ScaledEmbedding, TiedEmbedding
 from specdraft.models.gguf.repack import TYPE_NUMBERS, repacked
 from specdraft.models.kernels.native import library
 
@@ -191,14 +191,16 @@ def _check_shapes(model: nn.Module, gguf: GGUFFile, places: list[Placement]) -> 
 
 def _fill(model: nn.Module, gguf: GGUFFile, places: list[Placement], tied: bool, progress: Progress | None) -> None:
     floats = {place.target: place for place in places if not place.matrix}
+    offset = ARCHITECTURES[gguf.architecture].norm_offset
+    offsets = {target: offset for target in floats if offset and target.endswith("norm.weight")}
     total, done = sum(place.tensor.nbytes for place in places), 0
     state: dict[str, torch.Tensor] = {}
     for place in places:
         info = place.tensor
         if place.matrix:
             _place_matrix(model, gguf, place, floats, tied, state)
-        else:
-            state[place.target] = torch.from_numpy(np.array(gguf.floats(info.name)))  # a copy: pages are released
+        else:  # a copy: pages are released
+            state[place.target] = torch.from_numpy(np.array(gguf.floats(info.name))) - offsets.get(place.target, 0.0)
         if not (place.target == "model.embed_tokens" and not tied):
             _release(gguf, info)  # its pages are in the layer now: the mapping need not hold them
         done += info.nbytes
@@ -206,6 +208,8 @@ def _fill(model: nn.Module, gguf: GGUFFile, places: list[Placement], tied: bool,
             progress(done, total)
     biases = {f"{path}.bias" for path, m in model.named_modules() if isinstance(m, BlockLinear)}
     model.load_state_dict({k: v for k, v in state.items() if k not in biases}, strict=False, assign=True)
+    if ARCHITECTURES[gguf.architecture].scaled_embedding and not hasattr(model.model.embed_tokens, "embed_scale"):
+        model.model.embed_tokens = ScaledEmbedding(model.model.embed_tokens, model.config.hidden_size ** 0.5)
 
 
 def _place_matrix(model: nn.Module, gguf: GGUFFile, place: Placement, floats: dict, tied: bool,

@@ -29,7 +29,7 @@ PROBLEMS = {
     -11: "a layer's projection widths do not fit its heads and hidden size",
     -12: "the tensor's type is not one the C repack reads",
     -13: "a value cannot be held exactly in float16 scales",
-    -14: "the sizes or scale form do not fit the tensor",
+    -14: "a size, form, activation, window or rotary table the call does not take",
 }
 
 
@@ -93,14 +93,14 @@ def declare(loaded: ctypes.CDLL) -> ctypes.CDLL:
         "block_rows": [pointer, pointer, pointer, integer, integer, integer, integer, integer, pointer, integer,
                        pointer],
         "causal_attention": [pointer, pointer, pointer, integer, integer, integer, integer, integer, integer, real,
-                             pointer, pointer, integer],
+                             pointer, integer, pointer, integer],
         "rms_norm_rows": [pointer, pointer, integer, integer, real, pointer],
         "add_rms_norm_rows": [pointer, pointer, pointer, integer, integer, real, pointer],
-        "swiglu_rows": [pointer, integer, integer, pointer],
+        "swiglu_rows": [pointer, integer, integer, pointer], "geglu_rows": [pointer, integer, integer, pointer],
         "decoder_layers": [pointer, integer, integer, integer, pointer, integer, integer, integer, integer, pointer,
-                           pointer, integer, pointer, pointer, real, pointer, integer],
+                           pointer, integer, pointer, pointer, integer, real, pointer, integer],
         "attention_block": [pointer, integer, integer, integer, integer, integer, pointer, pointer, real, pointer,
-                            pointer, pointer, pointer, integer, real, pointer, pointer, integer],
+                            pointer, pointer, pointer, integer, real, pointer, integer, pointer, integer],
         "repack_terms": [integer], "repack_bits": [integer],
         "repack_tensor": [pointer, ctypes.c_int64, integer, ctypes.c_int64, ctypes.c_int64, pointer, pointer,
                           pointer, pointer, integer, integer],

@@ -75,20 +75,25 @@ typedef struct {
 /* Rows first .. first + rows - 1 (at most ROW_TILE) of head h: out [n, H, D]. D is a
  * compile-time constant where the caller knows it (64, 128), so the loops unroll. */
 static FORCE void attend_tile(const float *q, const float *kh, const float *vh, int first, int rows, int h, int H,
-                              int D, int start, float scale, const int *parents, const Scratch *s, float *out) {
-    int length[ROW_TILE], most = 0;
+                              int D, int start, float scale, const int *parents, int window, const Scratch *s,
+                              float *out) {
+    int length[ROW_TILE], lo[ROW_TILE], most = 0;
     __m256 best[ROW_TILE];
     for (int r = 0; r < rows; r++) {
         length[r] = parents ? tree_slots(parents, start, first + r, s->slots + r * s->stride) : start + first + r + 1;
+        lo[r] = window_start(length[r], window); /* a row's keys: its slots lo .. length - 1 */
+        length[r] -= lo[r];
         most = length[r] > most ? length[r] : most;
         best[r] = _mm256_set1_ps(-INFINITY);
     }
-#define ROW_SLOTS(r) (parents ? s->slots + (r) * s->stride : NULL)
+#define ROW_SLOTS(r) (parents ? s->slots + (r) * s->stride + lo[r] : NULL)
+#define ROW_KEYS(r) (parents ? kh : kh + (size_t)lo[r] * D) /* (a chain's slot k is key k) */
+#define ROW_VALUES(r) (parents ? vh : vh + (size_t)lo[r] * D)
 #define QUERY(r) (q + ((size_t)(first + (r)) * H + h) * D)
     for (int j = 0; j < most; j += 8) /* every row of the tile against each key block in turn */
         for (int r = 0; r < rows; r++) {
             if (j >= length[r]) continue;
-            const __m256 mixed = scores8(QUERY(r), kh, ROW_SLOTS(r), j, length[r], D, scale);
+            const __m256 mixed = scores8(QUERY(r), ROW_KEYS(r), ROW_SLOTS(r), j, length[r], D, scale);
             _mm256_storeu_ps(s->weights + r * s->stride + j, mixed);
             best[r] = _mm256_max_ps(best[r], mixed);
         }
@@ -108,7 +113,8 @@ static FORCE void attend_tile(const float *q, const float *kh, const float *vh, 
         for (int r = 0; r < rows; r++) {
             if (j >= length[r]) continue;
             const int to = j + VALUE_SPAN < length[r] ? j + VALUE_SPAN : length[r];
-            add_values(s->weights + r * s->stride, vh, ROW_SLOTS(r), j, to, D, j == 0, s->sums + (size_t)r * D);
+            add_values(s->weights + r * s->stride, ROW_VALUES(r), ROW_SLOTS(r), j, to, D, j == 0,
+                       s->sums + (size_t)r * D);
         }
     for (int r = 0; r < rows; r++) {
         const __m256 norm = _mm256_set1_ps(inverse[r]);
@@ -116,6 +122,8 @@ static FORCE void attend_tile(const float *q, const float *kh, const float *vh, 
         for (int d = 0; d < D / 8; d++) _mm256_storeu_ps(o + 8 * d, _mm256_mul_ps(_mm256_loadu_ps(s->sums + r * D + 8 * d), norm));
     }
 #undef ROW_SLOTS
+#undef ROW_KEYS
+#undef ROW_VALUES
 #undef QUERY
 }
 
@@ -126,11 +134,13 @@ static FORCE void attend_tile(const float *q, const float *kh, const float *vh, 
  * out [n, H, D]. A chain (`parents` NULL): row i attends slots 0 .. start + i. A token tree
  * (`parents[i]` < i the row of i's parent, row 0 the root): row i attends the cached slots and
  * its own path from the root, in that order, so it sees exactly what it would see as row d
- * (its depth) of a chain holding that path. Work items are (head, tile of rows); a head's
+ * (its depth) of a chain holding that path. A sliding `window` (0: none) keeps each row's last
+ * `window` of these (window_start). Work items are (head, tile of rows); a head's
  * items go to one thread in turn, so heads sharing keys (grouped queries) find them in its
  * cache. Returns 0, or -1 when scratch memory cannot be had. */
 int causal_attention_impl(const float *q, const float *keys, const float *values, int n, int start, int H,
-                          int KVH, int D, int capacity, float scale, const int *parents, float *out, int threads) {
+                          int KVH, int D, int capacity, float scale, const int *parents, int window, float *out,
+                          int threads) {
     const int group = H / KVH, tiles = (n + ROW_TILE - 1) / ROW_TILE;
     const size_t stride = (size_t)start + n + 8;
     int failed = 0;
@@ -151,11 +161,11 @@ int causal_attention_impl(const float *q, const float *keys, const float *values
                 const float *vh = values + (size_t)(h / group) * capacity * D;
                 const int first = t * ROW_TILE, rows = n - first < ROW_TILE ? n - first : ROW_TILE;
                 if (D == 64)
-                    attend_tile(q, kh, vh, first, rows, h, H, 64, start, scale, parents, &s, out);
+                    attend_tile(q, kh, vh, first, rows, h, H, 64, start, scale, parents, window, &s, out);
                 else if (D == 128)
-                    attend_tile(q, kh, vh, first, rows, h, H, 128, start, scale, parents, &s, out);
+                    attend_tile(q, kh, vh, first, rows, h, H, 128, start, scale, parents, window, &s, out);
                 else
-                    attend_tile(q, kh, vh, first, rows, h, H, D, start, scale, parents, &s, out);
+                    attend_tile(q, kh, vh, first, rows, h, H, D, start, scale, parents, window, &s, out);
             }
         free(s.weights);
         free(s.slots);

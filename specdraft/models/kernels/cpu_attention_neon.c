@@ -61,6 +61,7 @@ static void attend_row(const float *q, const float *kh, const float *vh, const i
 
 /* cpu_attention.c's causal_attention_impl, the same arguments (D at most MAX_HEAD_DIM). */
 int causal_attention_impl(const float *q, const float *keys, const float *values, int n, int start, int H, int KVH,
-                          int D, int capacity, float scale, const int *parents, float *out, int threads) {
-    return attention_by_rows(attend_row, q, keys, values, n, start, H, KVH, D, capacity, scale, parents, out, threads);
+                          int D, int capacity, float scale, const int *parents, int window, float *out, int threads) {
+    return attention_by_rows(attend_row, q, keys, values, n, start, H, KVH, D, capacity, scale, parents, window, out,
+                             threads);
 }

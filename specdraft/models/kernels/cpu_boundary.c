@@ -28,8 +28,10 @@
  * became `form` (SCALES_FACTORED added); 5: 6-bit weights (bits 6, cpu_kernels_six.c); 6: one
  * library per instruction set (kernel_isa fixed, no switch), every exported function returns
  * a status, kernel_layout; 7: a layer's QK norm (Layer.q_norm, k_norm, qk_eps; attention_block's
- * q_norm, k_norm, qk_eps); a build without this function is 1. */
-int kernel_interface(void) { return 7; }
+ * q_norm, k_norm, qk_eps); 8: Gemma 3's layers (Layer.post_norm1, post_norm2, activation,
+ * window, rope; decoder_layers' rope_tables; the attentions' window; geglu_rows); a build
+ * without this function is 1. */
+int kernel_interface(void) { return 8; }
 
 /* This library's instruction set (ISA_SCALAR, ISA_AVX2, ISA_VNNI, ISA_NEON), fixed when it was compiled. */
 int kernel_isa(void) { return SPECDRAFT_ISA; }
@@ -74,7 +76,8 @@ int kernel_layout(int64_t *out, int capacity) {
         AT(Matrix, groups), AT(Matrix, bits), AT(Matrix, form),
         sizeof(Layer), AT(Layer, norm1), AT(Layer, norm2), AT(Layer, eps1), AT(Layer, eps2), AT(Layer, qkv),
         AT(Layer, gate_up), AT(Layer, out), AT(Layer, down), AT(Layer, qkv_parts), AT(Layer, gate_up_parts),
-        AT(Layer, q_norm), AT(Layer, k_norm), AT(Layer, qk_eps),
+        AT(Layer, q_norm), AT(Layer, k_norm), AT(Layer, qk_eps), AT(Layer, post_norm1), AT(Layer, post_norm2),
+        AT(Layer, activation), AT(Layer, window), AT(Layer, rope),
     };
     const int count = (int)(sizeof(layout) / sizeof(layout[0]));
     if (out) {
@@ -140,9 +143,11 @@ int block_rows(const void *codes, const void *scale, const void *offset, int for
 }
 
 /* What attention reads and writes: n rows at KV slots start.. of `capacity`, H query heads over
- * KVH key/value heads of size D, a token tree's parents earlier rows. */
-static int check_attention(int n, int start, int H, int KVH, int D, int capacity, const int *parents, int threads) {
-    if (n <= 0 || H <= 0 || KVH <= 0 || D <= 0 || capacity <= 0 || threads <= 0) return KERNEL_BAD_SIZE;
+ * KVH key/value heads of size D, a token tree's parents earlier rows, a window of 0 (none) or
+ * more positions. */
+static int check_attention(int n, int start, int H, int KVH, int D, int capacity, const int *parents, int window,
+                           int threads) {
+    if (n <= 0 || H <= 0 || KVH <= 0 || D <= 0 || capacity <= 0 || threads <= 0 || window < 0) return KERNEL_BAD_SIZE;
     if (H % KVH) return KERNEL_BAD_HEADS;
     if (D % HEAD_LANES || D > MAX_HEAD_DIM) return KERNEL_BAD_HEAD_DIM;
     if (start < 0 || (int64_t)start + n > capacity) return KERNEL_BAD_POSITION;
@@ -153,25 +158,26 @@ static int check_attention(int n, int start, int H, int KVH, int D, int capacity
 }
 
 /* Causal attention of q [n, H, D] over keys and values [KVH, capacity, D] into out [n, H, D]
- * (cpu_attention.c). */
+ * (cpu_attention.c), each row over its last `window` positions (0: all). */
 int causal_attention(const float *q, const float *keys, const float *values, int n, int start, int H, int KVH, int D,
-                     int capacity, float scale, const int *parents, float *out, int threads) {
+                     int capacity, float scale, const int *parents, int window, float *out, int threads) {
     if (!q || !keys || !values || !out) return KERNEL_NULL_POINTER;
-    const int status = check_attention(n, start, H, KVH, D, capacity, parents, threads);
+    const int status = check_attention(n, start, H, KVH, D, capacity, parents, window, threads);
     return status ? status
-                  : causal_attention_impl(q, keys, values, n, start, H, KVH, D, capacity, scale, parents, out, threads);
+                  : causal_attention_impl(q, keys, values, n, start, H, KVH, D, capacity, scale, parents, window, out,
+                                          threads);
 }
 
 /* The QK norm of queries and keys before their rotary positions (cpu_common.c), then the KV
  * write and attention of one block; q_norm, k_norm NULL: none. */
 int attention_block(const float *qkv, int n, int start, int H, int KVH, int D, const float *q_norm,
                     const float *k_norm, float qk_eps, const float *cos, const float *sin, float *keys, float *values,
-                    int capacity, float scale, const int *parents, float *out, int threads) {
+                    int capacity, float scale, const int *parents, int window, float *out, int threads) {
     if (!qkv || !cos || !sin || !keys || !values || !out) return KERNEL_NULL_POINTER;
-    const int status = check_attention(n, start, H, KVH, D, capacity, parents, threads);
+    const int status = check_attention(n, start, H, KVH, D, capacity, parents, window, threads);
     return status ? status
                   : attention_block_impl(qkv, n, start, H, KVH, D, q_norm, k_norm, qk_eps, cos, sin, keys, values,
-                                         capacity, scale, parents, out, threads);
+                                         capacity, scale, parents, window, out, threads);
 }
 
 /* RMSNorm of each row of x [rows, dim] into out (the build's rms_norm_impl). */
@@ -190,6 +196,14 @@ int add_rms_norm_rows(float *x, const float *delta, const float *weight, int row
     return KERNEL_OK;
 }
 
+/* gate_up [rows, 2 inner] -> out [rows, inner] = gelu(gate) * up, gelu's tanh form (cpu_common.c). */
+int geglu_rows(const float *gate_up, int rows, int inner, float *out) {
+    if (!gate_up || !out) return KERNEL_NULL_POINTER;
+    if (rows <= 0 || inner <= 0) return KERNEL_BAD_SIZE;
+    geglu_impl(gate_up, rows, inner, out);
+    return KERNEL_OK;
+}
+
 /* gate_up [rows, 2 inner] -> out [rows, inner] = silu(gate) * up (the build's swiglu_impl). */
 int swiglu_rows(const float *gate_up, int rows, int inner, float *out) {
     if (!gate_up || !out) return KERNEL_NULL_POINTER;
@@ -201,8 +215,11 @@ int swiglu_rows(const float *gate_up, int rows, int inner, float *out) {
 /* A layer of the table: its norms, and its projections' widths fitting the model's (the
  * query/key/value parts (H + 2 KVH) D wide over `hidden` inputs, the output projection back
  * to `hidden`, the gate/up parts an even width whose half the down projection reads). */
-static int check_layer(const Layer *L, int hidden, int H, int KVH, int D) {
+static int check_layer(const Layer *L, int hidden, int H, int KVH, int D, int rope_tables) {
     if (!L->norm1 || !L->norm2) return KERNEL_NULL_POINTER;
+    if ((L->activation != ACT_SWIGLU && L->activation != ACT_GEGLU_TANH) || L->window < 0 || L->rope < 0
+        || L->rope >= rope_tables)
+        return KERNEL_BAD_ARGUMENT;
     if (L->qkv_parts < 1 || L->qkv_parts > MAX_PARTS || L->gate_up_parts < 1 || L->gate_up_parts > MAX_PARTS)
         return KERNEL_BAD_SIZE;
     int qkv = 0, gate_up = 0, status = KERNEL_OK;
@@ -221,14 +238,15 @@ static int check_layer(const Layer *L, int hidden, int H, int KVH, int D) {
     return KERNEL_OK;
 }
 
-/* Layers 0 .. count - 1 of `layers` over the residual stream x [n, hidden] (cpu_decoder.c). */
+/* Layers 0 .. count - 1 of `layers` over the residual stream x [n, hidden] (cpu_decoder.c);
+ * cos, sin [rope_tables, n, D]. */
 int decoder_layers(float *x, int n, int hidden, int start, const Layer *layers, int count, int H, int KVH, int D,
-                   float *keys, float *values, int capacity, const float *cos, const float *sin, float scale,
-                   const int *parents, int threads) {
+                   float *keys, float *values, int capacity, const float *cos, const float *sin, int rope_tables,
+                   float scale, const int *parents, int threads) {
     if (!x || !layers || !keys || !values || !cos || !sin) return KERNEL_NULL_POINTER;
-    if (hidden <= 0 || count <= 0) return KERNEL_BAD_SIZE;
-    int status = check_attention(n, start, H, KVH, D, capacity, parents, threads);
-    for (int i = 0; i < count && !status; i++) status = check_layer(&layers[i], hidden, H, KVH, D);
+    if (hidden <= 0 || count <= 0 || rope_tables <= 0) return KERNEL_BAD_SIZE;
+    int status = check_attention(n, start, H, KVH, D, capacity, parents, 0, threads);
+    for (int i = 0; i < count && !status; i++) status = check_layer(&layers[i], hidden, H, KVH, D, rope_tables);
     return status ? status
                   : decoder_layers_impl(x, n, hidden, start, layers, count, H, KVH, D, keys, values, capacity, cos, sin,
                                         scale, parents, threads);

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_kernels_shared.h"
+#include "cpu_kernels_scalar.h"
 
 void free_activations(Activations *a) {
     free(a->qx); free(a->dx); free(a->sx); free(a->ax); free(a->sx16);
@@ -41,6 +41,23 @@ int prepare_activations(const float *x, int M, int K, int quantize, Activations 
         a->sx16[i] = total;
     }
     return 0;
+}
+
+/* gelu(gate) x up for gate_up [rows, 2 inner] -> out [rows, inner], gelu in its tanh form
+ * 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) (Gemma's MLP), tanh(y) as
+ * sign(y) (1 - e) / (1 + e) with e = exp(-2 |y|) from the scalar build's exp_nonpositive: plain
+ * C, one element at a time, so every build computes the same numbers. */
+void geglu_impl(const float *gate_up, int rows, int inner, float *out) {
+    for (int r = 0; r < rows; r++) {
+        const float *g = gate_up + (size_t)r * 2 * inner, *u = g + inner;
+        for (int i = 0; i < inner; i++) {
+            const float x = g[i], y = 0.7978845608028654f * (x + 0.044715f * (x * x * x));
+            const float e = exp_nonpositive(-2.0f * fabsf(y));
+            const float magnitude = (1.0f - e) / (1.0f + e);
+            const float tanh_y = y < 0.0f ? -magnitude : magnitude;
+            out[(size_t)r * inner + i] = 0.5f * x * (1.0f + tanh_y) * u[i];
+        }
+    }
 }
 
 /* x += delta, then out = RMSNorm(x) * weight, row by row (the residual stream's update and
@@ -158,7 +175,8 @@ static inline void normed_rope(const float *v, const float *norm, float eps, con
  * its own. */
 int attention_block_impl(const float *qkv, int n, int start, int H, int KVH, int D, const float *q_norm,
                          const float *k_norm, float qk_eps, const float *cos, const float *sin, float *keys,
-                         float *values, int capacity, float scale, const int *parents, float *out, int threads) {
+                         float *values, int capacity, float scale, const int *parents, int window, float *out,
+                         int threads) {
     const int width = (H + 2 * KVH) * D;
     float *q = (float *)malloc(sizeof(float) * (size_t)n * H * D);
     if (!q) return KERNEL_NO_MEMORY;
@@ -170,7 +188,8 @@ int attention_block_impl(const float *qkv, int n, int start, int H, int KVH, int
             memcpy(values + ((size_t)h * capacity + start + i) * D, row + (H + KVH + h) * D, sizeof(float) * D);
         }
     }
-    int status = causal_attention_impl(q, keys, values, n, start, H, KVH, D, capacity, scale, parents, out, threads);
+    int status = causal_attention_impl(q, keys, values, n, start, H, KVH, D, capacity, scale, parents, window, out,
+                                       threads);
     free(q);
     return status;
 }
@@ -178,7 +197,8 @@ int attention_block_impl(const float *qkv, int n, int start, int H, int KVH, int
 /* causal_attention_impl of a build that attends one row of one head at a time (the scalar and
  * NEON builds): `attend` for every head and row, in parallel, each with its own scratch. */
 int attention_by_rows(AttendRow attend, const float *q, const float *keys, const float *values, int n, int start, int H,
-                      int KVH, int D, int capacity, float scale, const int *parents, float *out, int threads) {
+                      int KVH, int D, int capacity, float scale, const int *parents, int window, float *out,
+                      int threads) {
     const int group = H / KVH;
     const size_t stride = (size_t)start + n + 8;
     int failed = 0;
@@ -196,9 +216,11 @@ int attention_by_rows(AttendRow attend, const float *q, const float *keys, const
             for (int i = 0; i < n; i++) {
                 if (!ready) continue;
                 const int length = parents ? tree_slots(parents, start, i, slots) : start + i + 1;
-                attend(q + ((size_t)i * H + h) * D, keys + (size_t)(h / group) * capacity * D,
-                       values + (size_t)(h / group) * capacity * D, slots, length, D, scale, weights,
-                       out + ((size_t)i * H + h) * D);
+                const int lo = window_start(length, window); /* (a chain's slot k is key k) */
+                const size_t skip = parents ? 0 : (size_t)lo * D;
+                attend(q + ((size_t)i * H + h) * D, keys + (size_t)(h / group) * capacity * D + skip,
+                       values + (size_t)(h / group) * capacity * D + skip, parents ? slots + lo : NULL, length - lo, D,
+                       scale, weights, out + ((size_t)i * H + h) * D);
             }
         free(weights);
         free(slots);

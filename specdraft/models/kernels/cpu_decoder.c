@@ -1,8 +1,9 @@
 /* A run of the lean target's decoder layers in one call (models/lean/decoder.py), so that a
  * decode step costs its arithmetic and not a hundred trips through Python: per layer the same
  * kernels, in the same order, on the same numbers as the layer-by-layer path (RMSNorm, the
- * fused query/key/value product, attention with the KV write, the output product, the residual
- * update fused with the next RMSNorm, the gate/up product, SwiGLU, the down product), so the
+ * fused query/key/value product, attention with the KV write (a QK norm and a sliding window
+ * where the layer has them), the output product (and its post-norm), the residual update fused
+ * with the next RMSNorm, the gate/up product, SwiGLU or GeGLU, the down product), so the
  * two paths give the same logits bit for bit and each row stays width-invariant. Plain C over
  * the build's kernels: every library (scalar, AVX2, VNNI) compiles it. Matrix and Layer, the
  * table Python fills, are in cpu_kernels_shared.h.
@@ -44,7 +45,8 @@ static int project(const float *x, int n, int K, const Matrix *parts, int count,
 
 /* Layers 0 .. count - 1 of `layers` over the residual stream x [n, hidden] (updated in place),
  * written at KV slots start .. start + n - 1; keys and values [count, KVH, capacity, D] from
- * the first of these layers on; cos, sin [n, D] at each row's position; `parents` NULL for a
+ * the first of these layers on; cos, sin [tables, n, D] at each row's position (a layer reads
+ * table L->rope); `parents` NULL for a
  * chain or a token tree's parent rows (attention_block). Returns 0, or KERNEL_NO_MEMORY when
  * scratch memory cannot be had. The arguments were checked (cpu_boundary.c). */
 int decoder_layers_impl(float *x, int n, int hidden, int start, const Layer *layers, int count, int H, int KVH,
@@ -60,7 +62,8 @@ int decoder_layers_impl(float *x, int n, int hidden, int start, const Layer *lay
     float *h = malloc(sizeof(float) * rows * hidden), *qkv = malloc(sizeof(float) * rows * qkv_width);
     float *attended = malloc(sizeof(float) * rows * H * D), *delta = malloc(sizeof(float) * rows * hidden);
     float *gate_up = malloc(sizeof(float) * rows * 2 * inner), *act = malloc(sizeof(float) * rows * inner);
-    int failed = !h || !qkv || !attended || !delta || !gate_up || !act; /* (every failure: no memory) */
+    float *post = malloc(sizeof(float) * rows * hidden); /* a post-norm's output (Gemma 3) */
+    int failed = !h || !qkv || !attended || !delta || !gate_up || !act || !post; /* (every failure: no memory) */
     int pending = 0; /* delta holds the last layer's MLP output, not yet added to x */
     for (int i = 0; i < count && !failed; i++) {
         const Layer *L = &layers[i];
@@ -69,21 +72,33 @@ int decoder_layers_impl(float *x, int n, int hidden, int start, const Layer *lay
             add_rms_norm_impl(x, delta, L->norm1, n, hidden, L->eps1, h);
         else
             rms_norm_impl(x, L->norm1, n, hidden, L->eps1, h);
+        const size_t table = (size_t)L->rope * n * D; /* this layer's rotary table */
         failed = project(h, n, hidden, L->qkv, L->qkv_parts, qkv, threads)
-                 || attention_block_impl(qkv, n, start, H, KVH, D, L->q_norm, L->k_norm, L->qk_eps, cos, sin,
-                                         keys + i * per_layer, values + i * per_layer,
-                                         capacity, scale, parents, attended, threads)
+                 || attention_block_impl(qkv, n, start, H, KVH, D, L->q_norm, L->k_norm, L->qk_eps, cos + table,
+                                         sin + table, keys + i * per_layer, values + i * per_layer, capacity, scale,
+                                         parents, L->window, attended, threads)
                  || project(attended, n, H * D, &L->out, 1, delta, threads);
         if (failed) break;
+        if (L->post_norm1) {
+            rms_norm_impl(delta, L->post_norm1, n, hidden, L->eps1, post);
+            memcpy(delta, post, sizeof(float) * rows * hidden);
+        }
         add_rms_norm_impl(x, delta, L->norm2, n, hidden, L->eps2, h);
         failed = project(h, n, hidden, L->gate_up, L->gate_up_parts, gate_up, threads);
         if (failed) break;
-        swiglu_impl(gate_up, n, width, act);
+        if (L->activation == ACT_GEGLU_TANH)
+            geglu_impl(gate_up, n, width, act);
+        else
+            swiglu_impl(gate_up, n, width, act);
         failed = project(act, n, width, &L->down, 1, delta, threads);
+        if (!failed && L->post_norm2) {
+            rms_norm_impl(delta, L->post_norm2, n, hidden, L->eps2, post);
+            memcpy(delta, post, sizeof(float) * rows * hidden);
+        }
         pending = !failed;
     }
     if (pending && !failed)
         for (size_t i = 0; i < rows * hidden; i++) x[i] += delta[i];
-    free(h); free(qkv); free(attended); free(delta); free(gate_up); free(act);
+    free(h); free(qkv); free(attended); free(delta); free(gate_up); free(act); free(post);
     return failed ? KERNEL_NO_MEMORY : KERNEL_OK;
 }

@@ -102,7 +102,7 @@ enum {
     KERNEL_BAD_SHAPE = -11,      /* widths that do not fit together (a layer's projections) */
     KERNEL_UNSUPPORTED_TYPE = -12, /* repack: a GGML type not repacked here */
     KERNEL_NOT_HALF = -13,       /* repack: a value float16 scales cannot hold exactly */
-    KERNEL_BAD_ARGUMENT = -14    /* repack: sizes or forms that do not fit the tensor */
+    KERNEL_BAD_ARGUMENT = -14    /* a value the call does not take (repack: sizes or forms; a layer: activation, window, rope table) */
 };
 
 /* One specialisation of a product per scale form (and, inside, per row count: `cases`). */
@@ -139,9 +139,18 @@ typedef struct {
     int N, groups, bits, form;
 } Matrix;
 
+/* The MLP's gated activation: silu(gate) x up (Llama), or gelu(gate) x up with gelu's tanh
+ * form (Gemma). */
+#define ACT_SWIGLU 0
+#define ACT_GEGLU_TANH 1
+
 /* One decoder layer of the lean forward (cpu_decoder.c). q_norm, k_norm: an RMSNorm over each
  * head's D values of the queries and keys before their rotary positions (Qwen3, Gemma 3), with
- * epsilon qk_eps; NULL where the architecture has none. */
+ * epsilon qk_eps; NULL where the architecture has none. post_norm1, post_norm2: an RMSNorm of
+ * the attention's and the MLP's output before each is added to the residual stream (Gemma 3;
+ * epsilon eps1, eps2 as the norms before them; NULL: none). window: the keys a row attends are
+ * its last `window` positions (a sliding window; 0: all). rope: which of the rotary tables the
+ * call is given this layer's positions come from (Gemma 3: local and global layers). */
 typedef struct {
     const float *norm1, *norm2;
     float eps1, eps2;
@@ -149,6 +158,8 @@ typedef struct {
     int qkv_parts, gate_up_parts;
     const float *q_norm, *k_norm;
     float qk_eps;
+    const float *post_norm1, *post_norm2;
+    int activation, window, rope;
 } Layer;
 
 /* Per build (cpu_kernels.c, cpu_kernels_scalar.c): one row's groups of 32 quantized, the block
@@ -159,7 +170,7 @@ void block_products(const Activations *a, int M, int K, const void *codes, const
 void rms_norm_impl(const float *x, const float *weight, int rows, int dim, float eps, float *out);
 void swiglu_impl(const float *gate_up, int rows, int inner, float *out);
 int causal_attention_impl(const float *q, const float *keys, const float *values, int n, int start, int H, int KVH,
-                          int D, int capacity, float scale, const int *parents, float *out, int threads);
+                          int D, int capacity, float scale, const int *parents, int window, float *out, int threads);
 /* Shared by every build (cpu_common.c, cpu_decoder.c): `quantize` 0 leaves the codes out
  * (every weight the activations meet is float). */
 int prepare_activations(const float *x, int M, int K, int quantize, Activations *a);
@@ -168,13 +179,16 @@ void six_codes(const uint8_t *group, int c, int32_t *code);  /* a 6-bit group's 
 void add_rms_norm_impl(float *x, const float *delta, const float *weight, int rows, int dim, float eps, float *out);
 int attention_block_impl(const float *qkv, int n, int start, int H, int KVH, int D, const float *q_norm,
                          const float *k_norm, float qk_eps, const float *cos, const float *sin, float *keys,
-                         float *values, int capacity, float scale, const int *parents, float *out, int threads);
+                         float *values, int capacity, float scale, const int *parents, int window, float *out,
+                         int threads);
+void geglu_impl(const float *gate_up, int rows, int inner, float *out);
 /* One row of one head: `slots` NULL (a chain: slot j is key j) or the row's key slots, `length`
  * keys, `weights` scratch of length rounded up to 8, out [D] (the scalar and NEON builds'). */
 typedef void (*AttendRow)(const float *q, const float *kh, const float *vh, const int *slots, int length, int D,
                           float scale, float *weights, float *out);
 int attention_by_rows(AttendRow attend, const float *q, const float *keys, const float *values, int n, int start, int H,
-                      int KVH, int D, int capacity, float scale, const int *parents, float *out, int threads);
+                      int KVH, int D, int capacity, float scale, const int *parents, int window, float *out,
+                      int threads);
 int block_rows_impl(const void *codes, const void *scale, const void *offset, int form, int bits, int N, int groups,
                     int terms, const int64_t *ids, int n, float *out);
 int decoder_layers_impl(float *x, int n, int hidden, int start, const Layer *layers, int count, int H, int KVH,
@@ -219,6 +233,13 @@ static inline float half_to_float(uint16_t h) {
     float f;
     memcpy(&f, &bits, 4);
     return f;
+}
+
+/* The first of a row's `length` key slots it attends under a sliding window of `window`
+ * positions (0: none). Slot k of a row's list (tree_slots', or a chain's 0 .. start + i) is at
+ * position k, the row itself last, so the window keeps the last `window` of them. */
+static inline int window_start(int length, int window) {
+    return window > 0 && length > window ? length - window : 0;
 }
 
 /* The key slots row i of a token tree attends, in order: the cached positions 0 .. start - 1,

@@ -170,11 +170,12 @@ def parent_rows(function: str, parents: torch.Tensor | None, n: int) -> int | No
 
 
 def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
-                     parents: torch.Tensor | None = None) -> torch.Tensor:
+                     parents: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
     """q [n, H, D] of a block at KV slots start.. over keys and values [KVH, capacity, D]
     (float32, contiguous, the block's own slots already written): [n, H, D], each row the same
     whatever n; `parents` (int32 [n], parents[0] = -1) makes the block a token tree whose rows
-    attend their own paths (cpu_attention.c)."""
+    attend their own paths; `window` (0: none): each row attends its last `window` positions
+    (cpu_attention.c)."""
     name = "causal_attention"
     if q.dim() != 3 or keys.dim() != 3:
         raise ValueError(f"{name}: q must be [n, H, D] and keys [KVH, capacity, D], not {tuple(q.shape)} and "
@@ -185,7 +186,7 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
                 address(name, "values", values, (kv_heads, capacity, dim))]
     out = torch.empty(n, heads, dim, dtype=torch.float32)
     check_status(name, library().causal_attention(*pointers, n, start, heads, kv_heads, dim, capacity, dim ** -0.5,
-                                                   parent_rows(name, parents, n), out.data_ptr(),
+                                                   parent_rows(name, parents, n), window, out.data_ptr(),
                                                    torch.get_num_threads()))
     return out
 
@@ -210,22 +211,33 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """[..., 2 I] -> [..., I]: silu(gate) * up (float32, contiguous)."""
+    return _gated("swiglu_rows", gate_up)
+
+
+def geglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """[..., 2 I] -> [..., I]: gelu(gate) * up, gelu's tanh form (float32, contiguous)."""
+    return _gated("geglu_rows", gate_up)
+
+
+def _gated(name: str, gate_up: torch.Tensor) -> torch.Tensor:
     width = gate_up.shape[-1] if gate_up.dim() else 0
     if width == 0 or width % 2:
-        raise ValueError(f"swiglu_rows: gate_up's last dimension {width} is not even and positive (gate, then up)")
-    pointer, inner = address("swiglu_rows", "gate_up", gate_up), width // 2
+        raise ValueError(f"{name}: gate_up's last dimension {width} is not even and positive (gate, then up)")
+    pointer, inner = address(name, "gate_up", gate_up), width // 2
     out = torch.empty(*gate_up.shape[:-1], inner, dtype=torch.float32)
-    check_status("swiglu_rows", library().swiglu_rows(pointer, gate_up.numel() // width, inner, out.data_ptr()))
+    check_status(name, getattr(library(), name)(pointer, gate_up.numel() // width, inner, out.data_ptr()))
     return out
 
 
 def attention_block(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
                     values: torch.Tensor, start: int, heads: int, parents: torch.Tensor | None = None,
-                    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
+                    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None, window: int = 0,
+                    scale: float | None = None) -> torch.Tensor:
     """The fused projection's output qkv [n, (H + 2 KVH) D] at positions start.. -> the
     attended values [n, H D]; normalizes each head's queries and keys by `qk_norm` (the
     weights [D] of each and the epsilon; None: not), rotates them by cos, sin [n, D] and writes
-    keys and values [KVH, capacity, D] at those positions (cpu_common.c, cpu_attention.c)."""
+    keys and values [KVH, capacity, D] at those positions (cpu_common.c, cpu_attention.c);
+    `window`: causal_attention's; `scale`: of the scores (None: D ** -0.5)."""
     name = "attention_block"
     if keys.dim() != 3:
         raise ValueError(f"{name}: keys must be [KVH, capacity, D], not {tuple(keys.shape)}")
@@ -238,6 +250,7 @@ def attention_block(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key
         [address(name, "q_norm", qk_norm[0], (dim,)), address(name, "k_norm", qk_norm[1], (dim,)), qk_norm[2]]
     out = torch.empty(n, heads * dim, dtype=torch.float32)
     check_status(name, library().attention_block(pointers[0], n, start, heads, kv_heads, dim, *norms, *pointers[1:],
-                                                 capacity, dim ** -0.5, parent_rows(name, parents, n),
-                                                 out.data_ptr(), torch.get_num_threads()))
+                                                 capacity, dim ** -0.5 if scale is None else scale,
+                                                 parent_rows(name, parents, n), window, out.data_ptr(),
+                                                 torch.get_num_threads()))
     return out

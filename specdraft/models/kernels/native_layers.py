@@ -41,11 +41,12 @@ def _matrix(layer: BlockLinear) -> _Matrix:
     return _Matrix(*layer.addresses, bias, layer.out_features, layer.groups, layer.bits, layer.scale_form)
 
 
-def _norm_weight(norm: nn.Module) -> torch.Tensor | None:
-    weight = getattr(norm, "weight", None)
-    ok = weight is not None and weight.dtype == torch.float32 and weight.is_contiguous() \
-        and weight.device.type == "cpu" and hasattr(norm, "variance_epsilon")
-    return weight if ok else None
+NORMS = ("norm1", "norm2", "q_norm", "k_norm", "post_norm1", "post_norm2")  # a layer's, named as Layer's fields
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # cpu_kernels_shared.h ACT_*
+
+
+def _fits(weight: torch.Tensor) -> bool:
+    return weight.dtype == torch.float32 and weight.is_contiguous() and weight.device.type == "cpu"
 
 
 class NativeLayers:
@@ -62,16 +63,15 @@ class NativeLayers:
         table = (_Layer * len(layers))()
         for entry, layer in zip(table, layers):
             groups = [_parts(layer.qkv), _parts(layer.gate_up), _parts(layer.out), _parts(layer.down)]
-            norms = [layer.norm1, layer.norm2] + ([] if layer.q_norm is None else [layer.q_norm, layer.k_norm])
-            weights = [_norm_weight(norm) for norm in norms]
-            if any(g is None for g in groups) or any(w is None for w in weights) \
+            norms = {name: getattr(layer, name) for name in NORMS if getattr(layer, name) is not None}
+            if any(g is None for g in groups) or not all(_fits(norm.weight) for norm in norms.values()) \
                     or len(groups[2]) != 1 or len(groups[3]) != 1:
                 return None
-            entry.norm1, entry.norm2 = weights[0].data_ptr(), weights[1].data_ptr()
-            entry.eps1, entry.eps2 = layer.norm1.variance_epsilon, layer.norm2.variance_epsilon
-            if layer.q_norm is not None:
-                entry.q_norm, entry.k_norm = weights[2].data_ptr(), weights[3].data_ptr()
-                entry.qk_eps = layer.q_norm.variance_epsilon
+            for name, norm in norms.items():
+                setattr(entry, name, norm.weight.data_ptr())
+            entry.eps1, entry.eps2 = layer.norm1.eps, layer.norm2.eps
+            entry.qk_eps = layer.q_norm.eps if layer.q_norm is not None else 0.0
+            entry.activation, entry.window, entry.rope = ACTIVATIONS[layer.activation], layer.window, layer.rope
             for slot, matrix in enumerate(groups[0]):
                 entry.qkv[slot] = _matrix(matrix)
             for slot, matrix in enumerate(groups[1]):
@@ -81,11 +81,13 @@ class NativeLayers:
         return cls(table)
 
     def run(self, x: torch.Tensor, start: int, first: int, count: int, heads: int, keys: torch.Tensor,
-            values: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, parents: torch.Tensor | None = None) -> None:
+            values: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, parents: torch.Tensor | None = None,
+            scale: float | None = None) -> None:
         """Layers first .. first + count - 1 over the residual stream x [n, H] (float32,
         contiguous, updated in place) at KV slots start..; keys and values [layers, 1, KVH,
-        capacity, D]; cos, sin [n, D] at each row's position; `parents` (int32 [n]) for a
-        token tree (native.causal_attention)."""
+        capacity, D]; cos, sin [n, D] at each row's position, or [tables, n, D] for models
+        whose layers read different rotary tables (a layer's `rope`); `parents` (int32 [n])
+        for a token tree (native.causal_attention); `scale` of the scores (None: D ** -0.5)."""
         name = "decoder_layers"
         if x.dim() != 2 or keys.dim() != 5 or not 0 <= first < first + count <= min(len(self.table), len(keys)):
             raise ValueError(f"{name}: x must be [n, H] and keys [layers, 1, KVH, capacity, D] holding layers "
@@ -94,9 +96,12 @@ class NativeLayers:
         n, hidden = x.shape
         _, _, kv_heads, capacity, dim = keys.shape
         address(name, "keys", keys), address(name, "values", values, keys.shape)  # (whole: C reads `count` layers)
-        rope = [address(name, "cos", cos, (n, dim)), address(name, "sin", sin, (n, dim))]
+        tables = cos.shape[0] if cos.dim() == 3 else 1
+        shape = (tables, n, dim) if cos.dim() == 3 else (n, dim)
+        rope = [address(name, "cos", cos, shape), address(name, "sin", sin, shape), tables]
         layer = ctypes.addressof(self.table) + first * ctypes.sizeof(_Layer)
         check_status(name, library().decoder_layers(address(name, "x", x), n, hidden, start, layer, count, heads,
                                                     kv_heads, dim, keys[first].data_ptr(), values[first].data_ptr(),
-                                                    capacity, *rope, dim ** -0.5, parent_rows(name, parents, n),
+                                                    capacity, *rope, dim ** -0.5 if scale is None else scale,
+                                                    parent_rows(name, parents, n),
                                                     torch.get_num_threads()))

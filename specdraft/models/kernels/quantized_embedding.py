@@ -56,3 +56,22 @@ class QuantizedEmbedding(nn.Module):
         """The whole table dequantized (a fresh tensor: for one-off readers such as a draft
         head's signature, not for a step)."""
         return self.rows(torch.arange(self.num_embeddings))
+
+
+class ScaledEmbedding(nn.Module):
+    """An embedding whose rows come out multiplied by a constant: Gemma's sqrt(hidden size),
+    as transformers' Gemma3TextScaledWordEmbedding applies it (a float32 scalar, after the
+    lookup). `weight` is the table itself, unscaled, as there."""
+
+    def __init__(self, inner: nn.Module, scale: float):
+        super().__init__()
+        self.inner = inner
+        self.num_embeddings, self.embedding_dim = inner.num_embeddings, inner.embedding_dim
+        self.register_buffer("embed_scale", torch.tensor(scale, dtype=torch.float32), persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.inner(ids) * self.embed_scale
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.inner.weight

@@ -27,13 +27,15 @@ class Layer(ctypes.Structure):
     _fields_ = [("norm1", ctypes.c_void_p), ("norm2", ctypes.c_void_p), ("eps1", ctypes.c_float),
                 ("eps2", ctypes.c_float), ("qkv", Matrix * MAX_PARTS), ("gate_up", Matrix * MAX_PARTS),
                 ("out", Matrix), ("down", Matrix), ("qkv_parts", ctypes.c_int), ("gate_up_parts", ctypes.c_int),
-                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("qk_eps", ctypes.c_float)]
+                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("qk_eps", ctypes.c_float),
+                ("post_norm1", ctypes.c_void_p), ("post_norm2", ctypes.c_void_p), ("activation", ctypes.c_int),
+                ("window", ctypes.c_int), ("rope", ctypes.c_int)]
 
 
 # The fields of each struct in the C declaration's order (cpu_kernels_shared.h)
 FIELDS = {"Matrix": ("codes", "scale", "offset", "bias", "N", "groups", "bits", "form"),
           "Layer": ("norm1", "norm2", "eps1", "eps2", "qkv", "gate_up", "out", "down", "qkv_parts", "gate_up_parts",
-                    "q_norm", "k_norm", "qk_eps")}
+                    "q_norm", "k_norm", "qk_eps", "post_norm1", "post_norm2", "activation", "window", "rope")}
 
 
 def layout() -> list[int]:

@@ -34,64 +34,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdraft.models.kernels.block_linear import BlockLinear
 from specdraft.models.kv_cache import move_path
 from specdraft.models.kernels.native_layers import NativeLayers
-from specdraft.models.kernels.native import add_rms_norm, attention_block, rms_norm, swiglu
-from specdraft.models.kernels.quantize import Int4Linear, Int8Linear
-from specdraft.models.lean.layers import LeanLayer, projections, qk_norm_problem
+from specdraft.models.kernels.native import add_rms_norm, attention_block, geglu, rms_norm, swiglu
+from specdraft.models.lean.layers import Norm
+from specdraft.models.lean.support import (ARCHITECTURES, inverse_frequencies, invariant_attention, lean_choice,
+                                           lean_layers, lean_problem, rope_kinds, stack_problem)
 from specdraft.models.lean.tree_rows import ancestry, tree_depths, tree_rows
+
+__all__ = ["ARCHITECTURES", "LeanDecoder", "lean_choice", "lean_problem", "stack_problem"]
 
 log = logging.getLogger("specdraft")
 
-ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM")
 INITIAL_CAPACITY = 512  # tokens; doubled when a context needs more
-
-
-def lean_problem(model: nn.Module) -> str | None:
-    """Why the lean forward cannot run `model`, or None when it can."""
-    name = type(model).__name__
-    if name not in ARCHITECTURES:
-        return f"{name} is not one of {', '.join(ARCHITECTURES)}"
-    config = model.config
-    sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ())
-    if sliding or (name == "MistralForCausalLM" and getattr(config, "sliding_window", None)):
-        return "it has sliding-window attention"
-    if getattr(config, "pretraining_tp", 1) > 1:
-        return "it splits its projections (pretraining_tp)"
-    if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
-        return "its rotary positions cover only part of each head (partial_rotary_factor)"
-    return stack_problem(getattr(model, "model", None), model)
-
-
-def stack_problem(inner: nn.Module | None, model: nn.Module | None = None) -> str | None:
-    """Why the lean forward cannot run the decoder stack `inner` (a LlamaModel-like body:
-    layers, rotary module, final norm) of `model` (itself, when it is a bare stack)."""
-    model = inner if model is None else model
-    layers = getattr(inner, "layers", None)
-    if layers is None or getattr(inner, "rotary_emb", None) is None:
-        return "its decoder has no layers or rotary module where Llama's has them"
-    if getattr(inner.config, "hidden_act", "silu") != "silu":
-        return f"its MLP activation is {inner.config.hidden_act}"
-    linear = (nn.Linear, Int4Linear, Int8Linear, BlockLinear)
-    for layer in layers:
-        qkv, gate_up = projections(layer)
-        parts = [*qkv, layer.self_attn.o_proj, *gate_up, layer.mlp.down_proj]
-        if not all(isinstance(p, linear) for p in parts):
-            return "some of its projections are not linear layers this forward knows"
-        problem = qk_norm_problem(layer)
-        if problem is not None:
-            return problem
-    if any(_changing_hooks(module) for module in model.modules()):
-        return "forward hooks change its tensors (they would be skipped)"
-    return None
-
-
-def _changing_hooks(module: nn.Module) -> list:
-    """The module's forward hooks, less transformers' own output capturing (installed for
-    good by a call with output_hidden_states, it records tensors and changes none)."""
-    hooks = list(module._forward_hooks.values()) + list(module._forward_pre_hooks.values())
-    return [hook for hook in hooks if "output_capturing_hook" not in getattr(hook, "__qualname__", "")]
 
 
 class LeanDecoder:
@@ -111,22 +66,25 @@ class LeanDecoder:
         # shares the concatenated weights.
         self.layers = getattr(model, "_specdraft_lean_layers", None)
         if self.layers is None:
-            self.layers = [LeanLayer.of(layer) for layer in self.inner.layers]
+            self.layers = lean_layers(self.inner)
             model._specdraft_lean_layers = self.layers
+        self.final_norm = Norm.of(self.inner.norm)
+        self.scale = float(getattr(self.inner.layers[0].self_attn, "scaling", self.head_dim ** -0.5))
+        self.rope_kinds = rope_kinds(self.inner)  # the rotary tables the layers read (Gemma 3: two)
         norm = self.inner.norm.weight  # (the embedding may be a quantized table without one)
         self.device, self.dtype = norm.device, norm.dtype
         # specdraft's kernels for everything but the products where they run: each row's
         # result is the same in a verify block of any width (torch's SDPA only promises that
         # up to rounding).
-        rotary = getattr(self.inner.rotary_emb, "inv_freq", None)
-        self.invariant = rotary is not None and 2 * rotary.numel() == self.head_dim \
-            and _invariant_attention(self.device, self.dtype, self.head_dim)
+        frequencies = [inverse_frequencies(self.inner, kind) for kind in self.rope_kinds]
+        self.invariant = all(f is not None and 2 * f.numel() == self.head_dim for f in frequencies) \
+            and invariant_attention(self.device, self.dtype, self.head_dim)
         # The buffer holds no length of its own: the caller (CachedLM) says where each feed
         # starts, so a rollback or a new prompt is only a smaller start next time.
         self.capacity = 0
         self.keys = self.values = torch.empty(0)
         self.whole_layers_in_c = True  # False: layer by layer from Python (the same numbers)
-        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin [1, positions, D]: `_rotary`
+        self._rope: dict = {}  # per rotary table, cos and sin [1, positions, D]: `_rotary`
 
     def _native_table(self) -> NativeLayers | None:
         """The C layer table of this model's lean layers (built once per model), or None."""
@@ -165,13 +123,13 @@ class LeanDecoder:
         n = ids.shape[-1]
         x, hidden = self.layers_over(self.inner.embed_tokens(ids.view(1, n)), start, hidden_layers, depth, parents)
         rows = x[:, -keep:] if keep else x
-        logits = self.model.lm_head(self._norm(rows.contiguous(), self.inner.norm))[0]
+        logits = self.model.lm_head(self._norm(rows.contiguous(), self.final_norm))[0]
         hidden = {layer: state[0] for layer, state in hidden.items()}
         final = len(self.layers)
         if final in hidden:  # (only a forward through every layer hands the last one over)
             # transformers' last hidden state is the stack's output after its final norm (what
             # a draft head is trained on), not the residual stream after the last layer
-            hidden[final] = self._norm(hidden[final].contiguous(), self.inner.norm)
+            hidden[final] = self._norm(hidden[final].contiguous(), self.final_norm)
         return logits, hidden
 
     @torch.inference_mode()
@@ -179,12 +137,12 @@ class LeanDecoder:
         """The stack's output (after its final norm) for input embeddings `x` [1, n, H] fed
         after the first `start` cached positions: [1, n, H]."""
         x = self.layers_over(x, start)[0]
-        return self._norm(x.contiguous(), self.inner.norm)
+        return self._norm(x.contiguous(), self.final_norm)
 
-    def _norm(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    def _norm(self, x: torch.Tensor, norm: Norm) -> torch.Tensor:
         if self.invariant:
-            return rms_norm(x, norm.weight, norm.variance_epsilon)
-        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+            return rms_norm(x, norm.weight, norm.eps)
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.eps)
 
     def pack(self) -> None:
         """Run this forward's float products on oneDNN's packed layout (the fused
@@ -208,27 +166,32 @@ class LeanDecoder:
         self._reserve(end, start)
         tree = None if parents is None else tree_rows(parents, n)
         offsets = torch.arange(n) if tree is None else tree_depths(tree)
-        cos, sin = self._rotary(x, start + offsets)  # [1, n, D]
+        tables = [self._rotary(x, start + offsets, kind) for kind in self.rope_kinds]  # cos, sin [1, n, D]
+        cos, sin = torch.cat([c for c, _ in tables]), torch.cat([s for _, s in tables])  # [tables, n, D]
         layers = self.layers[:depth]
         if self.invariant:
-            return self._native_layers(x, start, cos[0].contiguous(), sin[0].contiguous(), layers, hidden_layers,
-                                       tree)
+            return self._native_layers(x, start, cos.contiguous(), sin.contiguous(), layers, hidden_layers, tree)
         return self._torch_layers(x, start, cos, sin, layers, hidden_layers, tree)
 
-    def _rotary(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rotary module's cos and sin ([1, n, D] each) at `positions` [n] (a host tensor),
-        read from a table of every position up to twice the furthest asked (the module's own
-        values: a position's angles are its own products, whatever else is computed beside
-        them), so a one-token step does not run the module; a rope that rescales with the
-        length (dynamic, longrope) runs it every time."""
+    def _rotary(self, x: torch.Tensor, positions: torch.Tensor, kind: str | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary module's cos and sin ([1, n, D] each) at `positions` [n] (a host tensor;
+        `kind`: the table of a module with several, Gemma 3's), read from a table of every
+        position up to twice the furthest asked (the module's own values: a position's angles
+        are its own products, whatever else is computed beside them), so a one-token step does
+        not run the module; a rope that rescales with the length (dynamic, longrope) runs it
+        every time."""
         rotary, end = self.inner.rotary_emb, int(positions.max()) + 1
-        kind = getattr(rotary, "rope_type", "")
-        if "dynamic" in kind or kind == "longrope":
-            return rotary(x, positions.to(self.device).view(1, -1))
-        if self._rope is None or end > self._rope[0].shape[1] or self._rope[0].dtype != x.dtype:
-            self._rope = rotary(x, torch.arange(max(INITIAL_CAPACITY, 2 * end), device=self.device).view(1, -1))
+        args = () if kind is None else (kind,)
+        rope_type = getattr(rotary, "rope_type", "")
+        if "dynamic" in rope_type or rope_type == "longrope":
+            return rotary(x, positions.to(self.device).view(1, -1), *args)
+        table = self._rope.get(kind)
+        if table is None or end > table[0].shape[1] or table[0].dtype != x.dtype:
+            table = self._rope[kind] = rotary(x, torch.arange(max(INITIAL_CAPACITY, 2 * end),
+                                                              device=self.device).view(1, -1), *args)
         at = positions.to(self.device)
-        return self._rope[0][:, at], self._rope[1][:, at]
+        return table[0][:, at], table[1][:, at]
 
     @torch.inference_mode()
     def keep_path(self, start: int, rows: Sequence[int]) -> None:
@@ -242,7 +205,8 @@ class LeanDecoder:
                        ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """`layers_over` on specdraft's kernels, a handful of calls per layer: each row's
         arithmetic is its own, so a verify row equals the one-token step bit for bit. The
-        residual stream is updated in place, each update fused with the next norm."""
+        residual stream is updated in place, each update fused with the next norm. cos, sin:
+        [tables, n, D]."""
         hidden = {0: x} if 0 in hidden_layers else {}
         x = x[0].contiguous().clone()  # [n, H]: the residual stream, owned here
         table = self._native_table() if self.whole_layers_in_c else None
@@ -250,7 +214,8 @@ class LeanDecoder:
             first = 0
             for end in sorted({layer for layer in hidden_layers if 0 < layer <= len(layers)} | {len(layers)}):
                 if end > first:
-                    table.run(x, start, first, end - first, self.heads, self.keys, self.values, cos, sin, tree)
+                    table.run(x, start, first, end - first, self.heads, self.keys, self.values, cos, sin, tree,
+                              self.scale)
                 if end in hidden_layers:
                     hidden[end] = x.clone()[None]
                 first = end
@@ -258,12 +223,18 @@ class LeanDecoder:
         pending = None  # the last MLP's output, not yet added to x
         for i, layer in enumerate(layers):
             norm1, norm2 = layer.norm1, layer.norm2
-            h = rms_norm(x, norm1.weight, norm1.variance_epsilon) if pending is None else \
-                add_rms_norm(x, pending, norm1.weight, norm1.variance_epsilon)
-            attended = attention_block(layer.qkv(h), cos, sin, self.keys[i][0], self.values[i][0], start, self.heads,
-                                       tree, layer.qk_norm())
-            h = add_rms_norm(x, layer.out(attended), norm2.weight, norm2.variance_epsilon)
-            pending = layer.down(swiglu(layer.gate_up(h)))
+            h = rms_norm(x, norm1.weight, norm1.eps) if pending is None else \
+                add_rms_norm(x, pending, norm1.weight, norm1.eps)
+            attended = attention_block(layer.qkv(h), cos[layer.rope], sin[layer.rope], self.keys[i][0],
+                                       self.values[i][0], start, self.heads, tree, layer.qk_norm(), layer.window,
+                                       self.scale)
+            delta = layer.out(attended)
+            if layer.post_norm1 is not None:
+                delta = rms_norm(delta, layer.post_norm1.weight, norm1.eps)
+            h = add_rms_norm(x, delta, norm2.weight, norm2.eps)
+            pending = layer.down((geglu if layer.activation == "gelu_tanh" else swiglu)(layer.gate_up(h)))
+            if layer.post_norm2 is not None:
+                pending = rms_norm(pending, layer.post_norm2.weight, norm2.eps)
             if i + 1 in hidden_layers:
                 x += pending
                 pending = None
@@ -275,59 +246,60 @@ class LeanDecoder:
     def _torch_layers(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor, layers: list,
                       hidden_layers: Sequence[int], tree: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """`layers_over` in torch ops, SDPA attention (a drafter's forward)."""
+        """`layers_over` in torch ops, SDPA attention (a drafter's forward). cos, sin:
+        [tables, n, D]."""
         n = x.shape[1]
         end = start + n
         hidden = {0: x} if 0 in hidden_layers else {}
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, n, D]
         half = dim // 2
-        # One new token attends to everything cached: no mask. A block attends causally, a
-        # tree's row its own path.
-        mask = None if n == 1 else torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)
-        if tree is not None:
-            mask[:, start:] = ancestry(tree).to(self.device)
+        masks = self._masks(start, n, tree)
         for i, layer in enumerate(layers):
-            h = F.rms_norm(x, (x.shape[-1],), layer.norm1.weight, layer.norm1.variance_epsilon)
+            h = F.rms_norm(x, (x.shape[-1],), layer.norm1.weight, layer.norm1.eps)
             q, k, v = layer.qkv(h).split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
             q, k = q.view(1, n, heads, dim), k.view(1, n, kv_heads, dim)
             if layer.q_norm is not None:
                 q_weight, k_weight, eps = layer.qk_norm()
                 q, k = F.rms_norm(q, (dim,), q_weight, eps), F.rms_norm(k, (dim,), k_weight, eps)
             q, k = q.transpose(1, 2), k.transpose(1, 2)
-            q = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
-            k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
+            c, s = cos[layer.rope][None, None], sin[layer.rope][None, None]  # [1, 1, n, D]
+            q = q * c + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * s
+            k = k * c + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * s
             keys, values = self.keys[i], self.values[i]
             keys[:, :, start:end] = k
             values[:, :, start:end] = v.view(1, n, kv_heads, dim).transpose(1, 2)
-            attended = F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=mask,
+            attended = F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end],
+                                                      attn_mask=masks.get(layer.window), scale=self.scale,
                                                       enable_gqa=heads != kv_heads)
-            x = x + layer.out(attended.transpose(1, 2).reshape(1, n, heads * dim))
-            h = F.rms_norm(x, (x.shape[-1],), layer.norm2.weight, layer.norm2.variance_epsilon)
+            delta = layer.out(attended.transpose(1, 2).reshape(1, n, heads * dim))
+            if layer.post_norm1 is not None:
+                delta = F.rms_norm(delta, (delta.shape[-1],), layer.post_norm1.weight, layer.norm1.eps)
+            x = x + delta
+            h = F.rms_norm(x, (x.shape[-1],), layer.norm2.weight, layer.norm2.eps)
             gate, up = layer.gate_up(h).split([layer.inner, layer.inner], dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            act = F.gelu(gate, approximate="tanh") if layer.activation == "gelu_tanh" else F.silu(gate)
+            delta = layer.down(act * up)
+            if layer.post_norm2 is not None:
+                delta = F.rms_norm(delta, (delta.shape[-1],), layer.post_norm2.weight, layer.norm2.eps)
+            x = x + delta
             if i + 1 in hidden_layers:
                 hidden[i + 1] = x
         return x, hidden
 
-
-def _invariant_attention(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
-    if device.type != "cpu" or dtype != torch.float32 or head_dim % 8 or head_dim > 256:
-        return False
-    from specdraft.models.kernels.native import kernel_problem
-
-    return kernel_problem() is None
-
-
-def lean_choice(core: str, model: nn.Module, device: torch.device, stack: bool = False) -> bool:
-    """Whether a drafter's model runs the lean forward under `[decode] drafter_core`: "auto"
-    on a CPU when the model allows it, "lean" wherever it does (a model it cannot run says
-    why in the log and runs through transformers), "transformers" never. `stack`: `model`
-    is a bare decoder stack fed embeddings (a draft head's layer)."""
-    if core == "transformers" or (core == "auto" and device.type != "cpu"):
-        return False
-    problem = stack_problem(model) if stack else lean_problem(model)
-    if problem is not None:
-        name = "a draft head" if stack else type(model).__name__
-        (log.warning if core == "lean" else log.debug)("%s runs through transformers: %s", name, problem)
-    return problem is None
+    def _masks(self, start: int, n: int, tree: torch.Tensor | None) -> dict:
+        """{window: the attention mask [n, start + n] of a layer with that sliding window (0:
+        none)}: one new token attends to everything cached (no mask); a block attends
+        causally, a tree's row its own path; a window keeps a row's keys less than `window`
+        positions back."""
+        end = start + n
+        mask = None if n == 1 else torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)
+        if tree is not None:
+            mask[:, start:] = ancestry(tree).to(self.device)
+        masks = {0: mask}
+        depths = torch.arange(n) if tree is None else tree_depths(tree)
+        rows = (start + depths).to(self.device)[:, None]  # each row's position
+        keys = torch.cat([torch.arange(start), start + depths]).to(self.device)[None, :]  # each key slot's position
+        for window in {layer.window for layer in self.layers if layer.window}:
+            near = rows - keys < window
+            masks[window] = near if mask is None else mask & near
+        return masks
