@@ -5,7 +5,11 @@ judging drafts: the text such a model writes means nothing).
     python tools/make_shape_gguf.py --shape 8b --format q4_k_m /work/models/shape-8b-q4_k_m.gguf
 
 Shapes are Llama 3's (1b: Llama-3.2-1B, 3b: Llama-3.2-3B, 8b: Llama-3.1-8B; the vocabulary
-128,256 tokens, the 1B and 3B tying their head to the embedding as the real ones do).
+128,256 tokens, the 1B and 3B tying their head to the embedding as the real ones do), and
+the other mapped architectures' at a real size: qwen3-1.7b (Qwen3-1.7B: QK norms, head size
+128), gemma3-1b (Gemma-3-1B: post-norms, a 512-position window on five layers in six, head
+size 256, a 262,144-token vocabulary) and phi3-mini (Phi-3-mini: fused query/key/value and
+gate/up matrices).
 Formats: q4_0 and q8_0 (every matrix in that format), q4_k_m (as llama.cpp's Q4_K_M mix:
 Q4_K everywhere, Q6_K for the output and for attn_v and ffn_down in half the layers). Codes
 are random bytes; every float16 scale is small and finite, so activations stay finite. The
@@ -27,8 +31,15 @@ SHAPES = {  # hidden, layers, heads, kv heads, ffn, vocab, tied
     "1b": (2048, 16, 32, 8, 8192, 128256, True),
     "3b": (3072, 28, 24, 8, 8192, 128256, True),
     "8b": (4096, 32, 32, 8, 14336, 128256, False),
+    "qwen3-1.7b": (2048, 28, 16, 8, 6144, 151936, True),
+    "gemma3-1b": (1152, 26, 4, 1, 6912, 262144, True),
+    "phi3-mini": (3072, 32, 32, 32, 8192, 49152, False),  # (the demo tokenizer's 49,152, not 32,064)
 }
-BLOCKS = {"Q4_0": (32, 18, (0,)), "Q8_0": (32, 34, (0,)), "Q4_K": (256, 144, (0, 2)), "Q6_K": (256, 210, (208,))}
+ARCHITECTURE = {"qwen3-1.7b": "qwen3", "gemma3-1b": "gemma3", "phi3-mini": "phi3"}  # the rest: llama
+HEAD_DIM = {"qwen3-1.7b": 128, "gemma3-1b": 256}  # (the others: hidden / heads)
+BLOCKS = {"Q4_0": (32, 18, (0,)), "Q5_0": (32, 22, (0,)), "Q8_0": (32, 34, (0,)), "Q4_K": (256, 144, (0, 2)),
+          "Q6_K": (256, 210, (208,))}
+FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}  # llama.cpp's choice where a row is not whole 256-weight blocks
 
 
 def demo_gguf() -> Path:
@@ -56,19 +67,39 @@ def random_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator
     return raw.reshape(rows, -1)
 
 
-def matrices(shape: tuple, mix: str) -> list[tuple[str, int, int, str]]:
-    """(name, rows, cols, type) of every matrix, in llama.cpp's order."""
-    hidden, layers, heads, kv_heads, ffn, vocab, tied = shape
-    head_dim = hidden // heads
-    found = [("token_embd.weight", vocab, hidden, tensor_types("token_embd", 0, layers, mix))]
+def matrices(name: str, mix: str) -> list[tuple[str, int, int, str]]:
+    """(name, rows, cols, type) of every matrix of shape `name`, in llama.cpp's order."""
+    hidden, layers, heads, kv_heads, ffn, vocab, tied = SHAPES[name]
+    head_dim, architecture = HEAD_DIM.get(name, hidden // heads), ARCHITECTURE.get(name, "llama")
+    q, kv = heads * head_dim, kv_heads * head_dim
+    if architecture == "phi3":
+        parts = (("attn_qkv", q + 2 * kv, hidden), ("attn_output", hidden, q), ("ffn_up", 2 * ffn, hidden),
+                 ("ffn_down", hidden, ffn))
+    else:
+        parts = (("attn_q", q, hidden), ("attn_k", kv, hidden), ("attn_v", kv, hidden), ("attn_output", hidden, q),
+                 ("ffn_gate", ffn, hidden), ("ffn_up", ffn, hidden), ("ffn_down", hidden, ffn))
+    embedding = tensor_types("token_embd", 0, layers, mix)
+    found = [("token_embd.weight", vocab, hidden, FALLBACK.get(embedding, embedding) if hidden % 256 else embedding)]
     for i in range(layers):
-        for name, rows, cols in (("attn_q", hidden, hidden), ("attn_k", kv_heads * head_dim, hidden),
-                                 ("attn_v", kv_heads * head_dim, hidden), ("attn_output", hidden, hidden),
-                                 ("ffn_gate", ffn, hidden), ("ffn_up", ffn, hidden), ("ffn_down", hidden, ffn)):
-            found.append((f"blk.{i}.{name}.weight", rows, cols, tensor_types(name, i, layers, mix)))
+        for part, rows, cols in parts:
+            kind = tensor_types(part, i, layers, mix)
+            found.append((f"blk.{i}.{part}.weight", rows, cols, FALLBACK.get(kind, kind) if cols % 256 else kind))
     if not tied:
-        found.append(("output.weight", vocab, hidden, tensor_types("output", 0, layers, mix)))
+        head = tensor_types("output", 0, layers, mix)
+        found.append(("output.weight", vocab, hidden, FALLBACK.get(head, head) if hidden % 256 else head))
     return found
+
+
+def vectors(name: str) -> list[tuple[str, int]]:
+    """(name, size) of every norm weight of shape `name` (all ones in the file)."""
+    hidden, layers = SHAPES[name][:2]
+    architecture, head_dim = ARCHITECTURE.get(name, "llama"), HEAD_DIM.get(name, hidden // SHAPES[name][2])
+    per_layer = [("attn_norm", hidden), ("ffn_norm", hidden)]
+    if architecture in ("qwen3", "gemma3"):
+        per_layer += [("attn_q_norm", head_dim), ("attn_k_norm", head_dim)]
+    if architecture == "gemma3":
+        per_layer += [("post_attention_norm", hidden), ("post_ffw_norm", hidden)]
+    return [(f"blk.{i}.{n}.weight", size) for i in range(layers) for n, size in per_layer] + [("output_norm.weight", hidden)]
 
 
 def main() -> None:
@@ -81,11 +112,13 @@ def main() -> None:
 
     import gguf
 
-    shape = SHAPES[args.shape]
-    hidden, layers, heads, kv_heads, ffn, vocab, tied = shape
+    hidden, layers, heads, kv_heads, ffn, vocab, tied = SHAPES[args.shape]
+    architecture = ARCHITECTURE.get(args.shape, "llama")
+    head_dim = HEAD_DIM.get(args.shape, hidden // heads)
     source = gguf.GGUFReader(str(demo_gguf()))
-    writer = gguf.GGUFWriter(str(args.out), "llama")
-    writer.add_name(f"random {args.shape} {args.format}")
+    writer = gguf.GGUFWriter(str(args.out), architecture)
+    # (llama.cpp looks up Phi-3's own special tokens in a model whose name says phi3)
+    writer.add_name(f"random {args.shape} {args.format}".replace("phi3", "fused-projection"))
     writer.add_block_count(layers)
     writer.add_context_length(8192)
     writer.add_embedding_length(hidden)
@@ -94,26 +127,30 @@ def main() -> None:
     writer.add_head_count_kv(kv_heads)
     writer.add_rope_freq_base(500000.0)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_dimension_count(hidden // heads)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    if architecture == "gemma3":
+        writer.add_sliding_window(512)
     writer.add_vocab_size(vocab)
     _copy_tokenizer(source, writer, vocab)
-    planned = matrices(shape, args.format)
-    norms = [f"blk.{i}.{n}.weight" for i in range(layers) for n in ("attn_norm", "ffn_norm")] + ["output_norm.weight"]
+    planned = matrices(args.shape, args.format)
+    norms = vectors(args.shape)
     for name, rows, cols, type_name in planned:
         per_block, size, _ = BLOCKS[type_name]
         qtype = gguf.GGMLQuantizationType[type_name]
         writer.add_tensor_info(name, [rows, cols // per_block * size], np.dtype(np.uint8), rows * cols // per_block * size,
                                raw_dtype=qtype)
-    for name in norms:
-        writer.add_tensor_info(name, [hidden], np.dtype(np.float32), hidden * 4)
+    for name, size in norms:
+        writer.add_tensor_info(name, [size], np.dtype(np.float32), size * 4)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     rng = np.random.default_rng(args.seed)
     for name, rows, cols, type_name in planned:
         writer.write_tensor_data(random_blocks(type_name, rows, cols, rng))
-    for name in norms:
-        writer.write_tensor_data(np.ones(hidden, dtype=np.float32))
+    for name, size in norms:
+        writer.write_tensor_data(np.ones(size, dtype=np.float32))
     writer.close()
     print(f"{args.out}: {args.out.stat().st_size / 1e9:.2f} GB, {len(planned)} matrices", file=sys.stderr)
 
