@@ -198,3 +198,30 @@ def test_rotary_angles_come_from_the_models_own_module_at_every_position(scaling
         want_cos, want_sin = model.model.rotary_emb(x, at.view(1, -1))
         assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
     assert (not lean._rope) == (scaling is not None and scaling["rope_type"] == "dynamic")  # (no table kept)
+
+
+@pytest.mark.parametrize("lean_core", ["kernels", "torch"])
+def test_gemma3_layers_give_transformers_logits(lean_core, monkeypatch):
+    """Gemma 3's layers (post-norms, GeGLU, QK norm, 1 + w norms, the scaled embedding, local
+    layers with a sliding window and their own rotary base, the attention scale from
+    query_pre_attn_scalar) on the lean forward, against transformers' own forward."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=5,
+                              layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                              query_pre_attn_scalar=24, max_position_embeddings=128)
+    model = Gemma3ForCausalLM(config).eval()
+    with torch.no_grad():  # norms away from their zero start, so 1 + w matters
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.normal_(0.0, 0.3)
+    assert lean_problem(model) is None
+    tokens = list(range(3, 23))  # four times the window
+    lm = CachedLM(model, lean=True)
+    assert [layer.window for layer in lm.lean.layers] == [5, 5, 0] and len(lm.lean.rope_kinds) == 2
+    if lean_core == "torch":
+        monkeypatch.setattr(lm.lean, "invariant", False)
+    got = torch.cat([lm.feed(torch.tensor(tokens[:6]), keep=0)] + [lm.feed(torch.tensor([t])) for t in tokens[6:]])
+    torch.testing.assert_close(got, _reference(model, tokens), rtol=1e-4, atol=1e-4)
