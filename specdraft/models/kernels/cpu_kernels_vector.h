@@ -15,16 +15,18 @@
 /* A weight's codes stream through once per forward, far more bytes than the caches hold and
  * none of them read again soon, so each group of a 4-bit product asks for the group
  * PREFETCH_AHEAD bytes further on (in the same stream: a thread walks its blocks in order), so
- * that it arrives in time for the multiply; non-temporally, since nothing reads it again this
- * forward (whole runs were faster with that hint than with an ordinary prefetch). The 8-bit
- * products do not: with the same prefetch, whole runs whose output head is 8-bit were slower
- * than without it. Prefetching never faults, so reading past a weight's end is harmless. Both
+ * that it arrives in time for the multiply. An ordinary prefetch (T0), not a non-temporal one:
+ * the non-temporal hint was a little faster on one AMD EPYC, but made the 4-bit products
+ * several times slower on an Intel Xeon, where the lines it brought were gone before the
+ * multiply (docs/history/2026-12-07-gemma3-on-the-kernels.md). The 8-bit products do not
+ * prefetch: with the same prefetch, whole runs whose output head is 8-bit were slower than
+ * without it. Prefetching never faults, so reading past a weight's end is harmless. Both
  * macros may be set with -D to try other values. */
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 2048
 #endif
 #ifndef PREFETCH_HINT
-#define PREFETCH_HINT _MM_HINT_NTA
+#define PREFETCH_HINT _MM_HINT_T0
 #endif
 
 static inline __attribute__((always_inline)) void prefetch_codes(const void *group, int lines) {
