@@ -29,7 +29,8 @@ from specdraft.models.cached_lm import CachedLM
 from specdraft.models.kernels import block_linear
 from specdraft.models.kernels.block_linear import runs_on_file_quantization
 from specdraft.models.file_quantization import weight_bytes
-from specdraft.models.lean.decoder import LeanDecoder, lean_problem
+from specdraft.models.lean.decoder import LeanDecoder
+from specdraft.models.lean.support import lean_problem
 from specdraft.models.loading import load_model
 from specdraft.models.kernels.packed_linear import pack_linears, packing_problem
 

@@ -27,7 +27,7 @@ from specdraft.models.kernels.block_linear import runs_on_file_quantization
 from specdraft.models.cached_lm import CachedLM
 from specdraft.models.loading import LoadedModel, eos_token_ids, load_model
 from specdraft.models.kv_cache import core_choice
-from specdraft.models.lean.decoder import lean_problem
+from specdraft.models.lean.support import lean_problem
 from specdraft.models.kernels.packed_linear import pack_linears, packing_choice
 from specdraft.models.width_costs import width_costs
 

@@ -13,7 +13,8 @@ from specdraft.core.sampling import SamplingParams
 from specdraft.drafters import DraftContext, ModelDrafter
 from specdraft.learning.policies.simple import RandomPolicy
 from specdraft.models.cached_lm import CachedLM
-from specdraft.models.lean.decoder import LeanDecoder, lean_choice, lean_problem
+from specdraft.models.lean.decoder import LeanDecoder
+from specdraft.models.lean.support import lean_choice, lean_problem
 from specdraft.models.kernels.quantize import quantize_linears
 from tiny import VOCAB, plain_greedy, tiny_llama
 

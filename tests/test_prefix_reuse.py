@@ -65,7 +65,7 @@ def test_a_prompt_that_diverges_keeps_only_the_common_prefix(target):
 
 
 def test_the_lean_forward_reuses_its_buffer_exactly(target):
-    from specdraft.models.lean.decoder import lean_problem
+    from specdraft.models.lean.support import lean_problem
 
     if lean_problem(target) is not None:
         pytest.skip(lean_problem(target))

@@ -122,7 +122,7 @@ class PoolContext:
         captured CUDA graph nor the lean forward would see: transformers' forward it is."""
         from specdraft.models.cached_lm import CachedLM
         from specdraft.models.kv_cache import core_choice
-        from specdraft.models.lean.decoder import lean_choice
+        from specdraft.models.lean.support import lean_choice
 
         device = next(model.parameters()).device
         static, graphs = core_choice(self.kv_cache, self.cuda_graphs and not hooked, device)

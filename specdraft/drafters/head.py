@@ -32,7 +32,8 @@ from specdraft.errors import ProfileError
 from specdraft.learning.confidence import StopRule
 from specdraft.models.kernels.block_linear import BlockLinear, to_int8_blocks
 from specdraft.models.kernels.formats import GROUP
-from specdraft.models.lean.decoder import LeanDecoder, lean_choice
+from specdraft.models.lean.decoder import LeanDecoder
+from specdraft.models.lean.support import lean_choice
 from specdraft.models.kernels.packed_linear import PackedLinear, is_packed, pack_linears, packing_problem
 
 

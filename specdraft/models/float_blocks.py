@@ -12,7 +12,7 @@ llama.cpp does with a BF16 file), the same in a one-token step and in a verify o
 with the weights' memory of bfloat16. The input embedding stays a bfloat16 table looked up
 as float32 rows, or, tied to the head, reads the head's rows.
 
-Only where the lean forward runs the model (lean_decoder.lean_problem) and the kernels build
+Only where the lean forward runs the model (lean/support.py's lean_problem) and the kernels build
 (native.kernel_problem); elsewhere the model stays on torch's kernels with a warning.
 """
 
@@ -47,7 +47,7 @@ class FloatRowsEmbedding(nn.Module):
 
 def block_kernel_problem(model: nn.Module) -> str | None:
     """Why `model` cannot run on the block kernels with float weights, or None when it can."""
-    from specdraft.models.lean.decoder import lean_problem
+    from specdraft.models.lean.support import lean_problem
     from specdraft.models.kernels.native import kernel_problem
 
     if next(model.parameters()).device.type != "cpu":

@@ -191,16 +191,17 @@ def _check_shapes(model: nn.Module, gguf: GGUFFile, places: list[Placement]) -> 
 
 def _fill(model: nn.Module, gguf: GGUFFile, places: list[Placement], tied: bool, progress: Progress | None) -> None:
     floats = {place.target: place for place in places if not place.matrix}
-    offset = ARCHITECTURES[gguf.architecture].norm_offset
-    offsets = {target: offset for target in floats if offset and target.endswith("norm.weight")}
+    norm_offset = ARCHITECTURES[gguf.architecture].norm_offset
     total, done = sum(place.tensor.nbytes for place in places), 0
     state: dict[str, torch.Tensor] = {}
     for place in places:
         info = place.tensor
         if place.matrix:
             _place_matrix(model, gguf, place, floats, tied, state)
-        else:  # a copy: pages are released
-            state[place.target] = torch.from_numpy(np.array(gguf.floats(info.name))) - offsets.get(place.target, 0.0)
+        else:
+            state[place.target] = torch.from_numpy(np.array(gguf.floats(info.name)))  # a copy: pages are released
+            if norm_offset and place.target.endswith("norm.weight"):
+                state[place.target] -= norm_offset
         if not (place.target == "model.embed_tokens" and not tied):
             _release(gguf, info)  # its pages are in the layer now: the mapping need not hold them
         done += info.nbytes

@@ -43,6 +43,15 @@ static int project(const float *x, int n, int K, const Matrix *parts, int count,
     return KERNEL_OK;
 }
 
+/* *delta [n, hidden] RMS-normalized by `weight` (a post-norm): written into *spare, and the
+ * two buffers swapped, so *delta holds the result and nothing is copied. */
+static void normed_in_place(float **delta, float **spare, const float *weight, int n, int hidden, float eps) {
+    rms_norm_impl(*delta, weight, n, hidden, eps, *spare);
+    float *normed = *spare;
+    *spare = *delta;
+    *delta = normed;
+}
+
 /* Layers 0 .. count - 1 of `layers` over the residual stream x [n, hidden] (updated in place),
  * written at KV slots start .. start + n - 1; keys and values [count, KVH, capacity, D] from
  * the first of these layers on; cos, sin [tables, n, D] at each row's position (a layer reads
@@ -79,10 +88,7 @@ int decoder_layers_impl(float *x, int n, int hidden, int start, const Layer *lay
                                          parents, L->window, attended, threads)
                  || project(attended, n, H * D, &L->out, 1, delta, threads);
         if (failed) break;
-        if (L->post_norm1) {
-            rms_norm_impl(delta, L->post_norm1, n, hidden, L->eps1, post);
-            memcpy(delta, post, sizeof(float) * rows * hidden);
-        }
+        if (L->post_norm1) normed_in_place(&delta, &post, L->post_norm1, n, hidden, L->eps1);
         add_rms_norm_impl(x, delta, L->norm2, n, hidden, L->eps2, h);
         failed = project(h, n, hidden, L->gate_up, L->gate_up_parts, gate_up, threads);
         if (failed) break;
@@ -91,10 +97,7 @@ int decoder_layers_impl(float *x, int n, int hidden, int start, const Layer *lay
         else
             swiglu_impl(gate_up, n, width, act);
         failed = project(act, n, width, &L->down, 1, delta, threads);
-        if (!failed && L->post_norm2) {
-            rms_norm_impl(delta, L->post_norm2, n, hidden, L->eps2, post);
-            memcpy(delta, post, sizeof(float) * rows * hidden);
-        }
+        if (!failed && L->post_norm2) normed_in_place(&delta, &post, L->post_norm2, n, hidden, L->eps2);
         pending = !failed;
     }
     if (pending && !failed)

@@ -205,8 +205,8 @@ static void block6(const uint8_t *codes, const uint8_t *scales, int G, const Act
 
 /* Float weights (bits 16: bfloat16 widened exactly; 32: float32): per column one fused
  * multiply-add per k in order. */
-static void block_float(const void *w, int bits, int K, const float *x, int m0, int rows, int b, float *y, int ldy,
-                        int N) {
+static void block_float(const void *w, int bits, int K, const float *x, int m0, int rows, int b, int N, float *y,
+                        int ldy) {
     const size_t base = (size_t)b * K * BLOCK;
     float32x4_t acc[NEON_ROWS][4];
     for (int r = 0; r < NEON_ROWS; r++)
@@ -236,7 +236,7 @@ void block_products(const Activations *a, int M, int K, const void *codes, const
         for (int m0 = 0; m0 < M; m0 += NEON_ROWS) {
             const int rows = M - m0 < NEON_ROWS ? M - m0 : NEON_ROWS;
             if (FLOAT_WEIGHTS(bits))
-                block_float(codes, bits, K, a->x, m0, rows, b, y, ldy, N);
+                block_float(codes, bits, K, a->x, m0, rows, b, N, y, ldy);
             else if (bits == 6)
                 block6((const uint8_t *)codes, (const uint8_t *)scale, K / GROUP, a, m0, rows, b, N, y, ldy);
             else if (bits == 8)

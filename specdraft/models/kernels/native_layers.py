@@ -64,8 +64,11 @@ class NativeLayers:
         for entry, layer in zip(table, layers):
             groups = [_parts(layer.qkv), _parts(layer.gate_up), _parts(layer.out), _parts(layer.down)]
             norms = {name: getattr(layer, name) for name in NORMS if getattr(layer, name) is not None}
+            # (a side's post-norm shares the epsilon of the norm before it: the C layer holds one per side)
+            one_eps = all(post is None or post.eps == pre.eps
+                          for pre, post in ((layer.norm1, layer.post_norm1), (layer.norm2, layer.post_norm2)))
             if any(g is None for g in groups) or not all(_fits(norm.weight) for norm in norms.values()) \
-                    or len(groups[2]) != 1 or len(groups[3]) != 1:
+                    or len(groups[2]) != 1 or len(groups[3]) != 1 or not one_eps:
                 return None
             for name, norm in norms.items():
                 setattr(entry, name, norm.weight.data_ptr())

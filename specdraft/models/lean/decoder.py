@@ -38,11 +38,9 @@ from specdraft.models.kv_cache import move_path
 from specdraft.models.kernels.native_layers import NativeLayers
 from specdraft.models.kernels.native import add_rms_norm, attention_block, geglu, rms_norm, swiglu
 from specdraft.models.lean.layers import Norm
-from specdraft.models.lean.support import (ARCHITECTURES, inverse_frequencies, invariant_attention, lean_choice,
-                                           lean_layers, lean_problem, rope_kinds, stack_problem)
+from specdraft.models.lean.support import (inverse_frequencies, invariant_attention, lean_layers, lean_problem,
+                                           rope_kinds, stack_problem)
 from specdraft.models.lean.tree_rows import ancestry, tree_depths, tree_rows
-
-__all__ = ["ARCHITECTURES", "LeanDecoder", "lean_choice", "lean_problem", "stack_problem"]
 
 log = logging.getLogger("specdraft")
 
@@ -167,7 +165,7 @@ class LeanDecoder:
         tree = None if parents is None else tree_rows(parents, n)
         offsets = torch.arange(n) if tree is None else tree_depths(tree)
         tables = [self._rotary(x, start + offsets, kind) for kind in self.rope_kinds]  # cos, sin [1, n, D]
-        cos, sin = torch.cat([c for c, _ in tables]), torch.cat([s for _, s in tables])  # [tables, n, D]
+        cos, sin = (parts[0] if len(parts) == 1 else torch.cat(parts) for parts in zip(*tables))  # [tables, n, D]
         layers = self.layers[:depth]
         if self.invariant:
             return self._native_layers(x, start, cos.contiguous(), sin.contiguous(), layers, hidden_layers, tree)
@@ -230,11 +228,11 @@ class LeanDecoder:
                                        self.scale)
             delta = layer.out(attended)
             if layer.post_norm1 is not None:
-                delta = rms_norm(delta, layer.post_norm1.weight, norm1.eps)
+                delta = rms_norm(delta, layer.post_norm1.weight, layer.post_norm1.eps)
             h = add_rms_norm(x, delta, norm2.weight, norm2.eps)
             pending = layer.down((geglu if layer.activation == "gelu_tanh" else swiglu)(layer.gate_up(h)))
             if layer.post_norm2 is not None:
-                pending = rms_norm(pending, layer.post_norm2.weight, norm2.eps)
+                pending = rms_norm(pending, layer.post_norm2.weight, layer.post_norm2.eps)
             if i + 1 in hidden_layers:
                 x += pending
                 pending = None
@@ -273,14 +271,14 @@ class LeanDecoder:
                                                       enable_gqa=heads != kv_heads)
             delta = layer.out(attended.transpose(1, 2).reshape(1, n, heads * dim))
             if layer.post_norm1 is not None:
-                delta = F.rms_norm(delta, (delta.shape[-1],), layer.post_norm1.weight, layer.norm1.eps)
+                delta = F.rms_norm(delta, (delta.shape[-1],), layer.post_norm1.weight, layer.post_norm1.eps)
             x = x + delta
             h = F.rms_norm(x, (x.shape[-1],), layer.norm2.weight, layer.norm2.eps)
             gate, up = layer.gate_up(h).split([layer.inner, layer.inner], dim=-1)
             act = F.gelu(gate, approximate="tanh") if layer.activation == "gelu_tanh" else F.silu(gate)
             delta = layer.down(act * up)
             if layer.post_norm2 is not None:
-                delta = F.rms_norm(delta, (delta.shape[-1],), layer.post_norm2.weight, layer.norm2.eps)
+                delta = F.rms_norm(delta, (delta.shape[-1],), layer.post_norm2.weight, layer.post_norm2.eps)
             x = x + delta
             if i + 1 in hidden_layers:
                 hidden[i + 1] = x
@@ -296,10 +294,12 @@ class LeanDecoder:
         if tree is not None:
             mask[:, start:] = ancestry(tree).to(self.device)
         masks = {0: mask}
-        depths = torch.arange(n) if tree is None else tree_depths(tree)
-        rows = (start + depths).to(self.device)[:, None]  # each row's position
-        keys = torch.cat([torch.arange(start), start + depths]).to(self.device)[None, :]  # each key slot's position
-        for window in {layer.window for layer in self.layers if layer.window}:
-            near = rows - keys < window
-            masks[window] = near if mask is None else mask & near
+        windows = {layer.window for layer in self.layers if layer.window}
+        if windows:
+            depths = torch.arange(n) if tree is None else tree_depths(tree)
+            rows = (start + depths).to(self.device)[:, None]  # each row's position
+            keys = torch.cat([torch.arange(start), start + depths]).to(self.device)[None, :]  # each key slot's
+            for window in windows:
+                near = rows - keys < window
+                masks[window] = near if mask is None else mask & near
         return masks

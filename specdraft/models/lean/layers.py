@@ -79,17 +79,17 @@ class LeanLayer:
         them where they are one matrix already (Phi-3's qkv_proj, gate_up_proj)."""
         attn, mlp = layer.self_attn, layer.mlp
         qkv, gate_up = projections(layer)
-        gemma = hasattr(layer, "pre_feedforward_layernorm")  # (its norm before the MLP, and two after)
-        optional = {name: Norm.of(getattr(holder, attribute)) if getattr(holder, attribute, None) is not None
-                    else None for name, holder, attribute in
-                    (("q_norm", attn, "q_norm"), ("k_norm", attn, "k_norm"),
-                     ("post_norm1", layer, "post_attention_layernorm" if gemma else ""),
-                     ("post_norm2", layer, "post_feedforward_layernorm"))}
+        # Gemma's post_attention_layernorm follows attention; its pre_feedforward_layernorm is
+        # what Llama calls post_attention_layernorm, the norm before the MLP
+        gemma = hasattr(layer, "pre_feedforward_layernorm")
         norm2 = layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm
         return cls(Norm.of(layer.input_layernorm), fuse(qkv) if len(qkv) > 1 else qkv[0], attn.o_proj,
                    Norm.of(norm2), fuse(gate_up) if len(gate_up) > 1 else gate_up[0], mlp.down_proj,
-                   gate_up[0].out_features // (2 if len(gate_up) == 1 else 1), activation=activation, window=window,
-                   rope=rope, **optional)
+                   gate_up[0].out_features // (2 if len(gate_up) == 1 else 1),
+                   q_norm=_optional(attn, "q_norm"), k_norm=_optional(attn, "k_norm"),
+                   post_norm1=_optional(layer, "post_attention_layernorm") if gemma else None,
+                   post_norm2=_optional(layer, "post_feedforward_layernorm"), activation=activation, window=window,
+                   rope=rope)
 
     def qk_norm(self) -> tuple[torch.Tensor, torch.Tensor, float] | None:
         """The QK norm's weights [D] and epsilon, as the kernels take them (None: none)."""
@@ -101,6 +101,11 @@ class LeanLayer:
         """The same layer with each of its products replaced by wrap(product)."""
         return dataclasses.replace(self, qkv=wrap(self.qkv), out=wrap(self.out), gate_up=wrap(self.gate_up),
                                    down=wrap(self.down))
+
+
+def _optional(holder: nn.Module, name: str) -> Norm | None:
+    module = getattr(holder, name, None)
+    return None if module is None else Norm.of(module)
 
 
 def projections(layer: nn.Module) -> tuple[list[nn.Module], list[nn.Module]]:
