@@ -54,7 +54,7 @@ def write_model(path: Path, architecture: str = "llama", type_name: str = "Q4_0"
                 seed: int = 0, types: dict[str, str] | None = None, states_vocab_size: bool = False,
                 claims: dict[str, int] | None = None, nan_in: str | None = None, head_dim: int | None = None,
                 rope_factors: np.ndarray | None = None, window: int = 8, rope_base: float = 10000.0,
-                layout: str | None = None) -> Path:
+                layout: str | None = None, experts: tuple[int, int] = (8, 2), head_scale: float = 1.0) -> Path:
     """A tiny random model of `architecture` (llama, mistral; qwen2: with query/key/value
     biases; qwen3: a QK norm, and `head_dim` other than hidden / heads; phi3: fused query/key/
     value and gate/up matrices; gemma3: a QK norm, post-norms, GeGLU, sliding `window`s) whose
@@ -64,7 +64,11 @@ def write_model(path: Path, architecture: str = "llama", type_name: str = "Q4_0"
     `claims`: header numbers ("block_count", "head_count_kv", "embedding_length") that disagree with the
     tensors written; `nan_in`: a float32 vector's name whose values are all NaN; `rope_factors`:
     Llama 3's `rope_freqs.weight`, a factor per rotary frequency; `layout`: the architecture
-    whose tensors are written (default `architecture`: another makes a mislabelled file)."""
+    whose tensors are written (default `architecture`: another makes a mislabelled file);
+    `experts`: a qwen3moe model's experts per layer and experts each token runs (each expert's
+    MLP `ffn` wide; the router a float32 matrix, as llama.cpp keeps it); `head_scale`: a float
+    output head's weights multiplied by it (a sharper next-token distribution than a random
+    model's, whose near-ties make top-1 comparisons coin flips)."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -82,6 +86,10 @@ def write_model(path: Path, architecture: str = "llama", type_name: str = "Q4_0"
     writer.add_rope_freq_base(rope_base)
     if architecture == "gemma3":  # (llama.cpp: every sixth layer global, the others this window)
         writer.add_sliding_window(window)
+    if architecture == "qwen3moe":
+        writer.add_expert_count(experts[0])
+        writer.add_expert_used_count(experts[1])
+        writer.add_expert_feed_forward_length(ffn)
     writer.add_layer_norm_rms_eps(1e-6)
     if states_vocab_size:
         writer.add_vocab_size(len(vocab))
@@ -101,10 +109,20 @@ def write_model(path: Path, architecture: str = "llama", type_name: str = "Q4_0"
     def matrix(name: str, rows: int, cols: int) -> None:
         kind = (types or {}).get(name.split(".")[-2] if name.startswith("blk") else name.split(".")[0], type_name)
         if kind in ("F32", "F16"):
-            values = (rng.standard_normal((rows, cols)) * 0.08).astype(np.float32 if kind == "F32" else np.float16)
+            scale = 0.08 * (head_scale if name == "output.weight" else 1.0)
+            values = (rng.standard_normal((rows, cols)) * scale).astype(np.float32 if kind == "F32" else np.float16)
             writer.add_tensor(name, values)
             return
         writer.add_tensor(name, weights_blocks(kind, rows, cols, rng), raw_dtype=gguf.GGMLQuantizationType[kind])
+
+    def stacked(name: str, rows: int, cols: int) -> None:  # [experts, rows, cols], expert outermost
+        kind = (types or {}).get(name.split(".")[-2], type_name)
+        if kind in ("F32", "F16"):
+            values = rng.standard_normal((experts[0], rows, cols)) * 0.08
+            writer.add_tensor(name, values.astype(np.float32 if kind == "F32" else np.float16))
+            return
+        raw = np.stack([weights_blocks(kind, rows, cols, rng) for _ in range(experts[0])])
+        writer.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType[kind])
 
     def vector(name: str, size: int, around: float) -> None:
         values = (around + rng.standard_normal(size) * 0.05).astype(np.float32)
@@ -124,7 +142,7 @@ def write_model(path: Path, architecture: str = "llama", type_name: str = "Q4_0"
             matrix(f"blk.{i}.attn_q.weight", heads * head_dim, hidden)
             matrix(f"blk.{i}.attn_k.weight", kv_heads * head_dim, hidden)
             matrix(f"blk.{i}.attn_v.weight", kv_heads * head_dim, hidden)
-        if layout in ("qwen3", "gemma3"):
+        if layout in ("qwen3", "gemma3", "qwen3moe"):
             vector(f"blk.{i}.attn_q_norm.weight", head_dim, 1.0)
             vector(f"blk.{i}.attn_k_norm.weight", head_dim, 1.0)
         if layout == "qwen2":
@@ -135,6 +153,13 @@ def write_model(path: Path, architecture: str = "llama", type_name: str = "Q4_0"
         vector(f"blk.{i}.ffn_norm.weight", hidden, 1.0)
         if layout == "phi3":
             matrix(f"blk.{i}.ffn_up.weight", 2 * ffn, hidden)
+        elif layout == "qwen3moe":  # a router, then each kind of expert matrix stacked
+            writer.add_tensor(f"blk.{i}.ffn_gate_inp.weight",
+                              (rng.standard_normal((experts[0], hidden)) * 0.5).astype(np.float32))
+            stacked(f"blk.{i}.ffn_gate_exps.weight", ffn, hidden)
+            stacked(f"blk.{i}.ffn_up_exps.weight", ffn, hidden)
+            stacked(f"blk.{i}.ffn_down_exps.weight", hidden, ffn)
+            continue
         else:
             matrix(f"blk.{i}.ffn_gate.weight", ffn, hidden)
             matrix(f"blk.{i}.ffn_up.weight", ffn, hidden)

@@ -347,6 +347,51 @@ static void layers(const Build *a, const Build *b) {
     for (int i = 0; i < 8; i++) free(keep[i]);
 }
 
+/* A decoder layer whose MLP is a mixture of experts (Qwen3-MoE's shape: 6 experts, 2 a row, a float32
+ * router, each expert's gate and up as two parts), over a token tree, on both builds. */
+static void mixture(const Build *a, const Build *b) {
+    enum { hidden = 64, H = 2, KVH = 1, D = 32, inner = 32, n = 5, start = 2, capacity = 12, E = 6 };
+    void *keep[6 + 6 * E];
+    float norm1[hidden], norm2[hidden], router[E * hidden];
+    fill_floats(norm1, hidden, 0.5f, 1.5f);
+    fill_floats(norm2, hidden, 0.5f, 1.5f);
+    fill_floats(router, E * hidden, -1.0f, 1.0f);
+    Matrix gate_up[2 * E], down[E];
+    for (int e = 0; e < E; e++) {
+        gate_up[2 * e] = random_matrix(inner, hidden, keep + 6 + 6 * e);
+        gate_up[2 * e + 1] = random_matrix(inner, hidden, keep + 8 + 6 * e);
+        down[e] = random_matrix(hidden, inner, keep + 10 + 6 * e);
+    }
+    /* the router in the float32 block layout: block b holds, for each k, its 16 columns side by side */
+    float routed[BLOCK * hidden];
+    memset(routed, 0, sizeof routed);
+    for (int c = 0; c < E; c++)
+        for (int k = 0; k < hidden; k++) routed[k * BLOCK + c] = router[c * hidden + k];
+    const Experts experts = {{routed, NULL, NULL, NULL, E, 0, 32, 0}, gate_up, down, E, 2, 2, 1};
+    Layer L;
+    memset(&L, 0, sizeof L);
+    L.norm1 = norm1, L.norm2 = norm2, L.eps1 = L.eps2 = 1e-5f, L.qkv_parts = 1, L.experts = &experts;
+    L.qkv[0] = random_matrix((H + 2 * KVH) * D, hidden, keep);
+    L.out = random_matrix(hidden, H * D, keep + 2);
+    float xa[n * hidden], xb[n * hidden], cos[n * D], sin[n * D], ka[capacity * D], kb[capacity * D];
+    float va[capacity * D], vb[capacity * D];
+    fill_floats(xa, (size_t)n * hidden, -1.0f, 1.0f);
+    memcpy(xb, xa, sizeof xa);
+    fill_floats(cos, (size_t)n * D, -1.0f, 1.0f);
+    fill_floats(sin, (size_t)n * D, -1.0f, 1.0f);
+    fill_floats(ka, capacity * D, -1.0f, 1.0f);
+    fill_floats(va, capacity * D, -1.0f, 1.0f);
+    memcpy(kb, ka, sizeof ka);
+    memcpy(vb, va, sizeof va);
+    int parents[n] = {-1, 0, 0, 1, 2};
+    const float scale = 1.0f / sqrtf((float)D);
+    const int sa = a->layers(xa, n, hidden, start, &L, 1, H, KVH, D, ka, va, capacity, cos, sin, 1, scale, parents, 2);
+    const int sb = b->layers(xb, n, hidden, start, &L, 1, H, KVH, D, kb, vb, capacity, cos, sin, 1, scale, parents, 2);
+    compare("decoder_layers, a mixture of experts: residual stream", sa, sb, xa, xb, sizeof(float) * n * hidden);
+    keep[4] = keep[5] = NULL;
+    for (int i = 0; i < 6 + 6 * E; i++) free(keep[i]);
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: %s REFERENCE.so CANDIDATE.so\n", argv[0]);
@@ -358,6 +403,7 @@ int main(int argc, char **argv) {
     norms(&a, &b);
     attention(&a, &b);
     layers(&a, &b);
+    mixture(&a, &b);
     printf("isa %d against isa %d: %d cases, %d differ\n", b.isa, a.isa, cases, failures);
     return failures ? 1 : 0;
 }

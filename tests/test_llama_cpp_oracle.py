@@ -16,6 +16,10 @@ downstream, so the two agree to about the size of that rounding, not bit for bit
 - in a K-quant or IQ4_XS, and llama.cpp's default mixes (Q3_K_M, Q4_K_M, Q5_K_M): <= 0.08;
 - float matrices: F32 <= 0.002, F16 <= 0.005; BF16 <= 0.03 (llama.cpp rounds activations
   to bfloat16 there, specdraft keeps float32);
+- a mixture of experts (qwen3moe) in a quantized format: <= 0.15. A token whose best experts
+  nearly tie takes a different one in each engine, and that layer's output differs by a
+  whole expert's; both engines are then as far from the file's exact model (measured:
+  docs/kernels.md), so the bound is the routing's, not either engine's;
 and specdraft's logits are no further from the file's exact model (its weights in float64,
 activations unrounded) than llama.cpp's are, give or take 25%. A format read wrongly (a
 nibble order, a scale, a permuted row) is off by 0.3 or more.
@@ -48,7 +52,7 @@ pytestmark = [
     pytest.mark.skipif(kernel_problem() is not None, reason=f"no CPU kernels here: {kernel_problem()}"),
 ]
 
-ARCHITECTURES = ["llama", "qwen2", "qwen3", "phi3", "gemma3"]
+ARCHITECTURES = ["llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3moe"]
 SHAPES = {"qwen3": {"head_dim": 128},  # a head size other than hidden / heads, as real Qwen3 models have
           # six layers: five local ones with a sliding window shorter than the 33 positions compared, then a
           # global one on a rotary base of its own; the head tied to the embedding, as Gemma's is
@@ -57,6 +61,13 @@ BLOCKS_OF_32 = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"]
 BLOCKS_OF_256 = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
 TOLERANCE = {**dict.fromkeys(BLOCKS_OF_32, 0.04), **dict.fromkeys(BLOCKS_OF_256, 0.08), "F32": 0.002,
              "F16": 0.005, "BF16": 0.03, "Q3_K_M": 0.08, "Q4_K_M": 0.08, "Q5_K_M": 0.08}
+MIXTURE_TOLERANCE = 0.15  # a quantized mixture of experts (module docstring)
+
+
+def tolerance(architecture: str, format_name: str) -> float:
+    if architecture == "qwen3moe" and format_name not in ("F32", "F16", "BF16"):
+        return MIXTURE_TOLERANCE
+    return TOLERANCE[format_name]
 
 
 @pytest.fixture(autouse=True)
@@ -92,7 +103,21 @@ def compare(path, prompt: int = 9) -> tuple[float, torch.Tensor, torch.Tensor, l
 def test_logits_agree_with_llama_cpp_on_the_same_file(float_models, architecture, format_name):
     path = quantized(float_models[architecture], format_name)
     distance, *_ = compare(path)
-    assert distance <= TOLERANCE[format_name], f"{architecture} {format_name}: {distance:.4f}"
+    assert distance <= tolerance(architecture, format_name), f"{architecture} {format_name}: {distance:.4f}"
+
+
+def test_the_next_token_is_llama_cpp_s_at_most_positions(float_models):
+    """Top-1 agreement with llama.cpp over every architecture in four common formats (792
+    positions): measured 95.8%, where each engine agrees with the file's exact model at
+    95.2% (a random model's logits have many near-ties, and each engine rounds activations
+    its own way); a format read wrongly agrees at chance."""
+    same = total = 0
+    for architecture in ARCHITECTURES:
+        for format_name in ("Q4_0", "Q4_K", "Q6_K", "Q8_0"):
+            _, mine, theirs, _ = compare(quantized(float_models[architecture], format_name))
+            same += int((mine.argmax(-1) == theirs.argmax(-1)).sum())
+            total += len(theirs)
+    assert same / total >= 0.93, f"{same} of {total}"
 
 
 @pytest.mark.parametrize("format_name", ["F32", "Q4_0"])
@@ -120,18 +145,22 @@ def test_the_output_head_alone_gives_llama_cpp_s_products(float_models, format_n
 
 
 @pytest.mark.parametrize("architecture, format_name", [("llama", "Q4_0"), ("qwen3", "Q8_0"), ("qwen2", "Q4_K"),
-                                                       ("qwen3", "IQ4_XS"), ("llama", "Q6_K"), ("qwen2", "Q5_K")])
+                                                       ("qwen3", "IQ4_XS"), ("llama", "Q6_K"), ("qwen2", "Q5_K"),
+                                                       ("qwen3moe", "Q4_K"), ("qwen3moe", "Q8_0")])
 def test_no_further_from_the_files_exact_model_than_llama_cpp(float_models, architecture, format_name):
     path = quantized(float_models[architecture], format_name)
     _, mine, theirs, tokens = compare(path)
     exact, _ = read_gguf(path)  # transformers' float model of the same file: the weights exactly
+    if architecture == "qwen3moe":
+        exact.set_experts_implementation("eager")  # (its grouped products take no float64)
     with torch.no_grad():
         truth = exact.double()(torch.tensor([tokens])).logits[0]
     assert relative(mine, truth) <= 1.25 * relative(theirs, truth) + 0.002, \
         f"specdraft {relative(mine, truth):.4f}, llama.cpp {relative(theirs, truth):.4f} from the exact model"
 
 
-@pytest.mark.parametrize("architecture, name", [(a, name) for a in ("qwen3", "gemma3") for name in sorted(POLICIES)]
+@pytest.mark.parametrize("architecture, name", [(a, name) for a in ("qwen3", "gemma3", "qwen3moe")
+                                                for name in sorted(POLICIES)]
                          + [(a, "normalhedge") for a in ("llama", "qwen2", "phi3")])  # (llama, qwen2: every policy in
 def test_every_policy_equals_plain_decoding_of_the_file(float_models, architecture, name):  # test_file_quantization)
     _, model = load_gguf_mapped(quantized(float_models[architecture], "Q4_K"), "p.toml", "target")

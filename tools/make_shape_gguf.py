@@ -9,7 +9,9 @@ Shapes are Llama 3's (1b: Llama-3.2-1B, 3b: Llama-3.2-3B, 8b: Llama-3.1-8B; the 
 the other mapped architectures' at a real size: qwen3-1.7b (Qwen3-1.7B: QK norms, head size
 128), gemma3-1b (Gemma-3-1B: post-norms, a 512-position window on five layers in six, head
 size 256, a 262,144-token vocabulary) and phi3-mini (Phi-3-mini: fused query/key/value and
-gate/up matrices).
+gate/up matrices), and qwen3-30b-a3b (Qwen3-30B-A3B: a mixture of 128 experts, 8 a token, in
+every layer; 17 GB at q4_k_m, so `--layers N` writes its first N layers only, enough to time a
+step's and a verify's cost per layer).
 Formats: q4_0 and q8_0 (every matrix in that format), q4_k_m (as llama.cpp's Q4_K_M mix:
 Q4_K everywhere, Q6_K for the output and for attn_v and ffn_down in half the layers). Codes
 are random bytes; every float16 scale is small and finite, so activations stay finite. The
@@ -34,9 +36,11 @@ SHAPES = {  # hidden, layers, heads, kv heads, ffn, vocab, tied
     "qwen3-1.7b": (2048, 28, 16, 8, 6144, 151936, True),
     "gemma3-1b": (1152, 26, 4, 1, 6912, 262144, True),
     "phi3-mini": (3072, 32, 32, 32, 8192, 49152, False),  # (the demo tokenizer's 49,152, not 32,064)
+    "qwen3-30b-a3b": (2048, 48, 32, 4, 768, 151936, False),  # (ffn: each expert's)
 }
-ARCHITECTURE = {"qwen3-1.7b": "qwen3", "gemma3-1b": "gemma3", "phi3-mini": "phi3"}  # the rest: llama
-HEAD_DIM = {"qwen3-1.7b": 128, "gemma3-1b": 256}  # (the others: hidden / heads)
+ARCHITECTURE = {"qwen3-1.7b": "qwen3", "gemma3-1b": "gemma3", "phi3-mini": "phi3", "qwen3-30b-a3b": "qwen3moe"}
+HEAD_DIM = {"qwen3-1.7b": 128, "gemma3-1b": 256, "qwen3-30b-a3b": 128}  # (the others: hidden / heads)
+EXPERTS = {"qwen3-30b-a3b": (128, 8)}  # experts in each layer, experts a token runs
 BLOCKS = {"Q4_0": (32, 18, (0,)), "Q5_0": (32, 22, (0,)), "Q8_0": (32, 34, (0,)), "Q4_K": (256, 144, (0, 2)),
           "Q6_K": (256, 210, (208,))}
 FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}  # llama.cpp's choice where a row is not whole 256-weight blocks
@@ -55,7 +59,7 @@ def tensor_types(name: str, layer: int, layers: int, mix: str) -> str:
     if name == "output":
         return "Q6_K"
     more_bits = layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
-    return "Q6_K" if name in ("attn_v", "ffn_down") and more_bits else "Q4_K"
+    return "Q6_K" if name in ("attn_v", "ffn_down", "ffn_down_exps") and more_bits else "Q4_K"
 
 
 def random_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -67,12 +71,18 @@ def random_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator
     return raw.reshape(rows, -1)
 
 
-def matrices(name: str, mix: str) -> list[tuple[str, int, int, str]]:
-    """(name, rows, cols, type) of every matrix of shape `name`, in llama.cpp's order."""
-    hidden, layers, heads, kv_heads, ffn, vocab, tied = SHAPES[name]
+def matrices(name: str, mix: str, layers: int) -> list[tuple[str, int, int, str]]:
+    """(name, rows, cols, type) of every matrix of shape `name` (an expert tensor's rows: all its
+    experts'), in llama.cpp's order."""
+    hidden, _, heads, kv_heads, ffn, vocab, tied = SHAPES[name]
     head_dim, architecture = HEAD_DIM.get(name, hidden // heads), ARCHITECTURE.get(name, "llama")
     q, kv = heads * head_dim, kv_heads * head_dim
-    if architecture == "phi3":
+    if architecture == "qwen3moe":
+        count = EXPERTS[name][0]
+        parts = (("attn_q", q, hidden), ("attn_k", kv, hidden), ("attn_v", kv, hidden), ("attn_output", hidden, q),
+                 ("ffn_gate_exps", count * ffn, hidden), ("ffn_up_exps", count * ffn, hidden),
+                 ("ffn_down_exps", count * hidden, ffn))
+    elif architecture == "phi3":
         parts = (("attn_qkv", q + 2 * kv, hidden), ("attn_output", hidden, q), ("ffn_up", 2 * ffn, hidden),
                  ("ffn_down", hidden, ffn))
     else:
@@ -90,12 +100,15 @@ def matrices(name: str, mix: str) -> list[tuple[str, int, int, str]]:
     return found
 
 
-def vectors(name: str) -> list[tuple[str, int]]:
-    """(name, size) of every norm weight of shape `name` (all ones in the file)."""
-    hidden, layers = SHAPES[name][:2]
+def vectors(name: str, layers: int) -> list[tuple[str, int]]:
+    """(name, size) of every norm weight of shape `name` (all ones in the file; a router's
+    weights [experts, hidden] are random, written by `main`)."""
+    hidden = SHAPES[name][0]
     architecture, head_dim = ARCHITECTURE.get(name, "llama"), HEAD_DIM.get(name, hidden // SHAPES[name][2])
     per_layer = [("attn_norm", hidden), ("ffn_norm", hidden)]
-    if architecture in ("qwen3", "gemma3"):
+    if architecture == "qwen3moe":
+        per_layer += [("ffn_gate_inp", EXPERTS[name][0] * hidden)]
+    if architecture in ("qwen3", "gemma3", "qwen3moe"):
         per_layer += [("attn_q_norm", head_dim), ("attn_k_norm", head_dim)]
     if architecture == "gemma3":
         per_layer += [("post_attention_norm", hidden), ("post_ffw_norm", hidden)]
@@ -108,11 +121,13 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), required=True)
     parser.add_argument("--format", choices=("q4_0", "q8_0", "q4_k_m"), required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layers", type=int, help="write only the first N layers (default: the shape's)")
     args = parser.parse_args()
 
     import gguf
 
     hidden, layers, heads, kv_heads, ffn, vocab, tied = SHAPES[args.shape]
+    layers = args.layers or layers
     architecture = ARCHITECTURE.get(args.shape, "llama")
     head_dim = HEAD_DIM.get(args.shape, hidden // heads)
     source = gguf.GGUFReader(str(demo_gguf()))
@@ -132,25 +147,34 @@ def main() -> None:
     writer.add_value_length(head_dim)
     if architecture == "gemma3":
         writer.add_sliding_window(512)
+    if args.shape in EXPERTS:
+        writer.add_expert_count(EXPERTS[args.shape][0])
+        writer.add_expert_used_count(EXPERTS[args.shape][1])
+        writer.add_expert_feed_forward_length(ffn)
     writer.add_vocab_size(vocab)
     _copy_tokenizer(source, writer, vocab)
-    planned = matrices(args.shape, args.format)
-    norms = vectors(args.shape)
+    planned = matrices(args.shape, args.format, layers)
+    norms = vectors(args.shape, layers)
+    count = EXPERTS.get(args.shape, (1, 1))[0]
     for name, rows, cols, type_name in planned:
         per_block, size, _ = BLOCKS[type_name]
         qtype = gguf.GGMLQuantizationType[type_name]
-        writer.add_tensor_info(name, [rows, cols // per_block * size], np.dtype(np.uint8), rows * cols // per_block * size,
-                               raw_dtype=qtype)
+        shape = [count, rows // count] if "_exps" in name else [rows]  # (an expert tensor: expert outermost)
+        writer.add_tensor_info(name, [*shape, cols // per_block * size], np.dtype(np.uint8),
+                               rows * cols // per_block * size, raw_dtype=qtype)
     for name, size in norms:
-        writer.add_tensor_info(name, [size], np.dtype(np.float32), size * 4)
+        shape = [count, size // count] if "ffn_gate_inp" in name else [size]
+        writer.add_tensor_info(name, shape, np.dtype(np.float32), size * 4)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     rng = np.random.default_rng(args.seed)
     for name, rows, cols, type_name in planned:
         writer.write_tensor_data(random_blocks(type_name, rows, cols, rng))
-    for name, size in norms:
-        writer.write_tensor_data(np.ones(size, dtype=np.float32))
+    for name, size in norms:  # (a router's weights random: tokens spread over the experts)
+        router = "ffn_gate_inp" in name
+        writer.write_tensor_data((rng.standard_normal(size) * 0.05).astype(np.float32) if router
+                                 else np.ones(size, dtype=np.float32))
     writer.close()
     print(f"{args.out}: {args.out.stat().st_size / 1e9:.2f} GB, {len(planned)} matrices", file=sys.stderr)
 

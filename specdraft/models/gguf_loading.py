@@ -153,10 +153,15 @@ def _failed_entry(gguf: Path, folder: Path, attempt: int, exc: Exception, file: 
 
 def read_gguf(gguf: Path, dtype: str = "float32") -> tuple[Any, Any]:
     """(model, tokenizer) dequantized from a GGUF file into `dtype`; transformers' tqdm bar is silenced
-    unless progress bars are wanted, since our own line already says what is happening."""
+    unless progress bars are wanted, since our own line already says what is happening. The
+    config is transformers' reading of the file with what its reader leaves out set from the
+    file (gguf/architectures.py: Gemma 3's attention scale, Qwen3-MoE's expert width)."""
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
+
+    from specdraft.models.gguf.architectures import ARCHITECTURES
+    from specdraft.models.gguf.file import GGUFFile
 
     patch = contextlib.nullcontext()
     original = getattr(gguf_utils, "tqdm", None)
@@ -164,5 +169,13 @@ def read_gguf(gguf: Path, dtype: str = "float32") -> tuple[Any, Any]:
         patch = patched(gguf_utils, "tqdm", lambda *a, **k: original(*a, **{**k, "disable": True}))
     with patch, hub_offline(True):
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        parsed = GGUFFile(gguf)
+        try:
+            if parsed.architecture in ARCHITECTURES:
+                ARCHITECTURES[parsed.architecture].configure(config, parsed.field)
+        finally:
+            parsed.close()
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, config=config,
+                                                     dtype=getattr(torch, dtype))
     return model, tokenizer

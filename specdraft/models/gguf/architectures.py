@@ -22,6 +22,11 @@ FUSED_MATRICES = {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_
                   "ffn_down": "mlp.down_proj"}
 QK_NORMS = {"attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight"}
 GLOBAL_VECTORS = {"output_norm.weight": "model.norm.weight"}
+# A mixture of experts (Qwen3-MoE): the router's float weights [experts, hidden], and each
+# expert's gate, up and down matrices stacked in one 3D tensor per kind (expert outermost)
+MOE_VECTORS = {"ffn_gate_inp.weight": "mlp.gate.weight"}
+MOE_EXPERTS = {"ffn_gate_exps": "gate", "ffn_up_exps": "up", "ffn_down_exps": "down"}
+ATTENTION_MATRICES = {name: path for name, path in LLAMA_MATRICES.items() if name.startswith("attn")}
 GEMMA_NORMS = {"attn_norm.weight": "input_layernorm.weight", "post_attention_norm.weight": "post_attention_layernorm.weight",
                "ffn_norm.weight": "pre_feedforward_layernorm.weight",
                "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
@@ -46,6 +51,9 @@ class Architecture:
     # tensors that are no module's weight (rope_freqs.weight: Llama 3's rope scaling, read by
     # mapping.py as a factor per rotary frequency)
     ignored: tuple[str, ...] = ("rope_freqs.weight",)
+    # a layer's stacked expert tensors -> which of an expert's matrices each holds (mapping.py
+    # splits them into the experts of the layer's `mlp.experts`)
+    expert_matrices: Mapping[str, str] = field(default_factory=dict)
 
     def configure(self, config: Any, field_of: Any) -> None:
         """Set on `config` what transformers' reader left out (`field_of(key)`: the file's
@@ -72,6 +80,14 @@ def gemma3_attention_scale(config: Any, field_of: Callable[[str], Any]) -> None:
         config.query_pre_attn_scalar = int(field_of("attention.key_length") or config.head_dim)
 
 
+def qwen3moe_routing(config: Any, field_of: Callable[[str], Any]) -> None:
+    """llama.cpp renormalizes a Qwen3-MoE token's chosen experts' weights to sum to 1 (the
+    released models' norm_topk_prob); transformers' config class defaults to not doing so.
+    Every layer is a mixture (the file holds no dense MLP)."""
+    config.norm_topk_prob = True
+    config.decoder_sparse_step, config.mlp_only_layers = 1, []
+
+
 ARCHITECTURES = {
     "llama": Architecture("llama", rows_permuted=True),
     "mistral": Architecture("mistral"),
@@ -85,4 +101,10 @@ ARCHITECTURES = {
     "gemma3": Architecture("gemma3", layer_vectors={**QK_NORMS, **GEMMA_NORMS}, norm_offset=1.0,
                            scaled_embedding=True, config_keys={"attention.key_length": "head_dim"},
                            adjust=gemma3_attention_scale),
+    # Qwen3's attention (QK norm), a mixture of experts in every layer's MLP
+    "qwen3moe": Architecture("qwen3moe", layer_matrices=ATTENTION_MATRICES,
+                             layer_vectors={**LLAMA_VECTORS, **QK_NORMS, **MOE_VECTORS}, expert_matrices=MOE_EXPERTS,
+                             config_keys={"attention.key_length": "head_dim",
+                                          "expert_feed_forward_length": "moe_intermediate_size"},
+                             adjust=qwen3moe_routing),
 }

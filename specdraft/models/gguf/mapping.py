@@ -26,6 +26,8 @@ from torch import nn
 
 from specdraft.errors import SpecdraftError
 from specdraft.models.kernels.block_linear import BLOCK, BlockLinear
+from specdraft.models.kernels.experts import Experts
+from specdraft.models.kernels.fused_linear import Concatenated
 from specdraft.models.kernels.formats import GROUP
 from specdraft.models.gguf.architectures import ARCHITECTURES, GLOBAL_VECTORS
 from specdraft.models.gguf.file import GGUFError, GGUFFile, TensorInfo
@@ -47,6 +49,7 @@ class Placement:
     tensor: TensorInfo
     target: str
     matrix: bool
+    expert: str | None = None  # a stacked expert tensor: which matrix of each expert (target: the experts)
 
 
 def placements(gguf: GGUFFile) -> list[Placement]:
@@ -62,6 +65,9 @@ def placements(gguf: GGUFFile) -> list[Placement]:
             found.append(Placement(info, "lm_head", True))
         elif name in GLOBAL_VECTORS:
             found.append(Placement(info, GLOBAL_VECTORS[name], False))
+        elif layer and layer.group(2) in architecture.expert_matrices and layer.group(3) == "weight":
+            found.append(Placement(info, f"model.layers.{layer.group(1)}.mlp.experts", True,
+                                   architecture.expert_matrices[layer.group(2)]))
         elif layer and layer.group(2) in architecture.layer_matrices:
             path = f"model.layers.{layer.group(1)}.{architecture.layer_matrices[layer.group(2)]}"
             weight = layer.group(3) == "weight"
@@ -81,6 +87,7 @@ def resident_bytes(places: list[Placement], tied: bool) -> int:
     for place in places:
         info = place.tensor
         rows, cols = info.rows_cols
+        rows *= int(np.prod(info.shape[2:]))  # (a stacked expert tensor: every expert's rows)
         if not place.matrix or info.type_name in _FLOATS:
             total += rows * cols * 4
         elif place.target == "model.embed_tokens" and not tied:
@@ -177,11 +184,12 @@ def _check_shapes(model: nn.Module, gguf: GGUFFile, places: list[Placement]) -> 
     for place in places:
         info = place.tensor
         try:
-            expected = tuple((model.get_submodule(place.target).weight if place.matrix
-                              else model.get_parameter(place.target)).shape)
+            expected = _expected_expert_shape(model, place) if place.expert else \
+                tuple((model.get_submodule(place.target).weight if place.matrix
+                       else model.get_parameter(place.target)).shape)
         except AttributeError:
             continue  # a tensor the model has no parameter for is reported as missing or left out
-        found = info.rows_cols if place.matrix else tuple(reversed(info.shape))
+        found = tuple(reversed(info.shape)) if place.expert or not place.matrix else info.rows_cols
         if len(expected) == 1:
             found = (int(np.prod(info.shape)),)
         if tuple(found) != expected:
@@ -189,14 +197,26 @@ def _check_shapes(model: nn.Module, gguf: GGUFFile, places: list[Placement]) -> 
                             f"header's sizes make it {'x'.join(map(str, expected))}")
 
 
+def _expected_expert_shape(model: nn.Module, place: Placement) -> tuple[int, ...]:
+    """The shape [experts, rows, columns] transformers' experts module gives a stacked tensor."""
+    experts = model.get_submodule(place.target)
+    if place.expert == "down":
+        return tuple(experts.down_proj.shape)
+    count, gate_up, hidden = experts.gate_up_proj.shape
+    return count, gate_up // 2, hidden
+
+
 def _fill(model: nn.Module, gguf: GGUFFile, places: list[Placement], tied: bool, progress: Progress | None) -> None:
     floats = {place.target: place for place in places if not place.matrix}
     norm_offset = ARCHITECTURES[gguf.architecture].norm_offset
     total, done = sum(place.tensor.nbytes for place in places), 0
     state: dict[str, torch.Tensor] = {}
+    experts: dict[str, dict[str, list[nn.Module]]] = {}  # experts module path -> {gate/up/down: per expert}
     for place in places:
         info = place.tensor
-        if place.matrix:
+        if place.expert:
+            experts.setdefault(place.target, {})[place.expert] = _expert_matrices(gguf, info)
+        elif place.matrix:
             _place_matrix(model, gguf, place, floats, tied, state)
         else:
             state[place.target] = torch.from_numpy(np.array(gguf.floats(info.name)))  # a copy: pages are released
@@ -207,6 +227,12 @@ def _fill(model: nn.Module, gguf: GGUFFile, places: list[Placement], tied: bool,
         done += info.nbytes
         if progress is not None:
             progress(done, total)
+    for path, kinds in experts.items():
+        if set(kinds) != {"gate", "up", "down"}:
+            raise GGUFError(f"{gguf.path.name}: the experts of {path} lack {', '.join({'gate', 'up', 'down'} - set(kinds))}")
+        # (side by side, not fused: a copy per expert would fragment the heap a large model loads into)
+        gate_up = [Concatenated([gate, up]) for gate, up in zip(kinds["gate"], kinds["up"])]
+        model.set_submodule(path, Experts(gate_up, kinds["down"]))
     biases = {f"{path}.bias" for path, m in model.named_modules() if isinstance(m, BlockLinear)}
     model.load_state_dict({k: v for k, v in state.items() if k not in biases}, strict=False, assign=True)
     if ARCHITECTURES[gguf.architecture].scaled_embedding and not hasattr(model.model.embed_tokens, "embed_scale"):
@@ -239,6 +265,19 @@ def _place_matrix(model: nn.Module, gguf: GGUFFile, place: Placement, floats: di
         model.set_submodule(path, TiedEmbedding(layer))
     else:
         model.set_submodule(path, layer)
+
+
+def _expert_matrices(gguf: GGUFFile, info: TensorInfo) -> list[nn.Module]:
+    """A stacked expert tensor [experts, rows, columns] as one matrix per expert, each repacked
+    from its own bytes (an expert's rows are contiguous in the file)."""
+    count, (rows, cols) = int(np.prod(info.shape[2:])), info.rows_cols
+    if info.type_name in _FLOATS:  # (float experts: the kernels' float32 layout, so the C table runs them)
+        return [BlockLinear.from_float(torch.from_numpy(np.ascontiguousarray(weight)))
+                for weight in gguf.floats(info.name)]
+    per_expert, data = info.nbytes // count, gguf.data(info.name)
+    return [repacked(TensorInfo(f"{info.name}[{e}]", info.type_name, (cols, rows), info.offset + e * per_expert,
+                                per_expert), data[e * per_expert:(e + 1) * per_expert])
+            for e in range(count)]
 
 
 def _embedding(gguf: GGUFFile, info: TensorInfo, dim: int) -> nn.Module:

@@ -101,6 +101,7 @@ def declare(loaded: ctypes.CDLL) -> ctypes.CDLL:
                            pointer, integer, pointer, pointer, integer, real, pointer, integer],
         "attention_block": [pointer, integer, integer, integer, integer, integer, pointer, pointer, real, pointer,
                             pointer, pointer, pointer, integer, real, pointer, integer, pointer, integer],
+        "expert_mlp": [pointer, integer, integer, pointer, integer, pointer, integer],
         "repack_terms": [integer], "repack_bits": [integer],
         "repack_tensor": [pointer, ctypes.c_int64, integer, ctypes.c_int64, ctypes.c_int64, pointer, pointer,
                           pointer, pointer, integer, integer],

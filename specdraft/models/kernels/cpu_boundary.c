@@ -29,9 +29,9 @@
  * library per instruction set (kernel_isa fixed, no switch), every exported function returns
  * a status, kernel_layout; 7: a layer's QK norm (Layer.q_norm, k_norm, qk_eps; attention_block's
  * q_norm, k_norm, qk_eps); 8: Gemma 3's layers (Layer.post_norm1, post_norm2, activation,
- * window, rope; decoder_layers' rope_tables; the attentions' window; geglu_rows); a build
- * without this function is 1. */
-int kernel_interface(void) { return 8; }
+ * window, rope; decoder_layers' rope_tables; the attentions' window; geglu_rows); 9: mixtures
+ * of experts (Experts, Layer.experts, expert_mlp); a build without this function is 1. */
+int kernel_interface(void) { return 9; }
 
 /* This library's instruction set (ISA_SCALAR, ISA_AVX2, ISA_VNNI, ISA_NEON), fixed when it was compiled. */
 int kernel_isa(void) { return SPECDRAFT_ISA; }
@@ -77,7 +77,9 @@ int kernel_layout(int64_t *out, int capacity) {
         sizeof(Layer), AT(Layer, norm1), AT(Layer, norm2), AT(Layer, eps1), AT(Layer, eps2), AT(Layer, qkv),
         AT(Layer, gate_up), AT(Layer, out), AT(Layer, down), AT(Layer, qkv_parts), AT(Layer, gate_up_parts),
         AT(Layer, q_norm), AT(Layer, k_norm), AT(Layer, qk_eps), AT(Layer, post_norm1), AT(Layer, post_norm2),
-        AT(Layer, activation), AT(Layer, window), AT(Layer, rope),
+        AT(Layer, activation), AT(Layer, window), AT(Layer, rope), AT(Layer, experts),
+        sizeof(Experts), AT(Experts, router), AT(Experts, gate_up), AT(Experts, down), AT(Experts, count),
+        AT(Experts, used), AT(Experts, parts), AT(Experts, normalize),
     };
     const int count = (int)(sizeof(layout) / sizeof(layout[0]));
     if (out) {
@@ -212,6 +214,39 @@ int swiglu_rows(const float *gate_up, int rows, int inner, float *out) {
     return KERNEL_OK;
 }
 
+/* A mixture of experts met by rows of width `hidden`: a router with a score per expert, and
+ * every expert's gate/up parts an even width (the same for all) whose half its down matrix
+ * reads, back to `hidden`. */
+static int check_experts(const Experts *E, int hidden) {
+    if (!E->gate_up || !E->down) return KERNEL_NULL_POINTER;
+    if (E->count < 1 || E->used < 1 || E->used > E->count || E->parts < 1 || E->parts > MAX_PARTS)
+        return KERNEL_BAD_SIZE;
+    int status = check_matrix(&E->router, hidden), width = -1;
+    if (!status && E->router.N != E->count) return KERNEL_BAD_SHAPE;
+    for (int e = 0; e < E->count && !status; e++) {
+        int gate_up = 0;
+        for (int p = 0; p < E->parts && !status; p++) {
+            status = check_matrix(&E->gate_up[(size_t)e * E->parts + p], hidden);
+            gate_up += E->gate_up[(size_t)e * E->parts + p].N;
+        }
+        if (!status) status = check_matrix(&E->down[e], gate_up / 2);
+        if (!status && (gate_up % 2 || (width >= 0 && gate_up != width) || E->down[e].N != hidden))
+            return KERNEL_BAD_SHAPE;
+        width = gate_up;
+    }
+    return status;
+}
+
+/* out [n, hidden] = the mixture of experts `experts` over rows h [n, hidden] with the MLP
+ * activation `activation` (ACT_*; cpu_experts.c). */
+int expert_mlp(const float *h, int n, int hidden, const Experts *experts, int activation, float *out, int threads) {
+    if (!h || !experts || !out) return KERNEL_NULL_POINTER;
+    if (n <= 0 || hidden <= 0 || threads <= 0) return KERNEL_BAD_SIZE;
+    if (activation != ACT_SWIGLU && activation != ACT_GEGLU_TANH) return KERNEL_BAD_ARGUMENT;
+    const int status = check_experts(experts, hidden);
+    return status ? status : expert_mlp_impl(h, n, hidden, experts, activation, out, threads);
+}
+
 /* A layer of the table: its norms, and its projections' widths fitting the model's (the
  * query/key/value parts (H + 2 KVH) D wide over `hidden` inputs, the output projection back
  * to `hidden`, the gate/up parts an even width whose half the down projection reads). */
@@ -220,21 +255,24 @@ static int check_layer(const Layer *L, int hidden, int H, int KVH, int D, int ro
     if ((L->activation != ACT_SWIGLU && L->activation != ACT_GEGLU_TANH) || L->window < 0 || L->rope < 0
         || L->rope >= rope_tables)
         return KERNEL_BAD_ARGUMENT;
-    if (L->qkv_parts < 1 || L->qkv_parts > MAX_PARTS || L->gate_up_parts < 1 || L->gate_up_parts > MAX_PARTS)
+    const int dense = !L->experts;
+    if (L->qkv_parts < 1 || L->qkv_parts > MAX_PARTS
+        || (dense && (L->gate_up_parts < 1 || L->gate_up_parts > MAX_PARTS)))
         return KERNEL_BAD_SIZE;
     int qkv = 0, gate_up = 0, status = KERNEL_OK;
     for (int p = 0; p < L->qkv_parts && !status; p++) {
         status = check_matrix(&L->qkv[p], hidden);
         qkv += L->qkv[p].N;
     }
-    for (int p = 0; p < L->gate_up_parts && !status; p++) {
+    for (int p = 0; p < L->gate_up_parts && dense && !status; p++) {
         status = check_matrix(&L->gate_up[p], hidden);
         gate_up += L->gate_up[p].N;
     }
     if (!status) status = check_matrix(&L->out, H * D);
-    if (!status) status = check_matrix(&L->down, gate_up / 2);
+    if (!status) status = dense ? check_matrix(&L->down, gate_up / 2) : check_experts(L->experts, hidden);
     if (status) return status;
-    if (qkv != (H + 2 * KVH) * D || L->out.N != hidden || gate_up % 2 || L->down.N != hidden) return KERNEL_BAD_SHAPE;
+    if (qkv != (H + 2 * KVH) * D || L->out.N != hidden || (dense && (gate_up % 2 || L->down.N != hidden)))
+        return KERNEL_BAD_SHAPE;
     return KERNEL_OK;
 }
 

@@ -16,13 +16,14 @@
 /* The MLP's inner width of a layer: half its gate/up projection's columns. */
 static int inner_width(const Layer *L) {
     int width = 0;
+    if (L->experts) return 0; /* (expert_mlp_impl has scratch of its own) */
     for (int p = 0; p < L->gate_up_parts; p++) width += L->gate_up[p].N;
     return width / 2;
 }
 
 /* y [n, sum of the parts' N] = x [n, K] times the parts side by side, plus their biases; the
  * activations are quantized once for all parts. Returns 0, or KERNEL_NO_MEMORY. */
-static int project(const float *x, int n, int K, const Matrix *parts, int count, float *y, int threads) {
+int project_impl(const float *x, int n, int K, const Matrix *parts, int count, float *y, int threads) {
     int width = 0;
     for (int p = 0; p < count; p++) width += parts[p].N;
     int quantize = 0;
@@ -41,6 +42,14 @@ static int project(const float *x, int n, int K, const Matrix *parts, int count,
     }
     free_activations(&a);
     return KERNEL_OK;
+}
+
+/* The MLP's gated activation: gate_up [rows, 2 inner] into out [rows, inner]. */
+void gated_impl(const float *gate_up, int rows, int inner, int activation, float *out) {
+    if (activation == ACT_GEGLU_TANH)
+        geglu_impl(gate_up, rows, inner, out);
+    else
+        swiglu_impl(gate_up, rows, inner, out);
 }
 
 /* *delta [n, hidden] RMS-normalized by `weight` (a post-norm): written into *spare, and the
@@ -63,7 +72,7 @@ int decoder_layers_impl(float *x, int n, int hidden, int start, const Layer *lay
                         float scale, const int *parents, int threads) {
     const size_t rows = (size_t)n, per_layer = (size_t)KVH * capacity * D;
     const int qkv_width = (H + 2 * KVH) * D;
-    int inner = 0; /* the widest MLP among these layers: the scratch holds any of them */
+    int inner = 1; /* the widest dense MLP among these layers: the scratch holds any of them */
     for (int i = 0; i < count; i++) {
         const int width = inner_width(&layers[i]);
         inner = width > inner ? width : inner;
@@ -82,21 +91,22 @@ int decoder_layers_impl(float *x, int n, int hidden, int start, const Layer *lay
         else
             rms_norm_impl(x, L->norm1, n, hidden, L->eps1, h);
         const size_t table = (size_t)L->rope * n * D; /* this layer's rotary table */
-        failed = project(h, n, hidden, L->qkv, L->qkv_parts, qkv, threads)
+        failed = project_impl(h, n, hidden, L->qkv, L->qkv_parts, qkv, threads)
                  || attention_block_impl(qkv, n, start, H, KVH, D, L->q_norm, L->k_norm, L->qk_eps, cos + table,
                                          sin + table, keys + i * per_layer, values + i * per_layer, capacity, scale,
                                          parents, L->window, attended, threads)
-                 || project(attended, n, H * D, &L->out, 1, delta, threads);
+                 || project_impl(attended, n, H * D, &L->out, 1, delta, threads);
         if (failed) break;
         if (L->post_norm1) normed_in_place(&delta, &post, L->post_norm1, n, hidden, L->eps1);
         add_rms_norm_impl(x, delta, L->norm2, n, hidden, L->eps2, h);
-        failed = project(h, n, hidden, L->gate_up, L->gate_up_parts, gate_up, threads);
-        if (failed) break;
-        if (L->activation == ACT_GEGLU_TANH)
-            geglu_impl(gate_up, n, width, act);
-        else
-            swiglu_impl(gate_up, n, width, act);
-        failed = project(act, n, width, &L->down, 1, delta, threads);
+        if (L->experts) {
+            failed = expert_mlp_impl(h, n, hidden, L->experts, L->activation, delta, threads);
+        } else {
+            failed = project_impl(h, n, hidden, L->gate_up, L->gate_up_parts, gate_up, threads);
+            if (failed) break;
+            gated_impl(gate_up, n, width, L->activation, act);
+            failed = project_impl(act, n, width, &L->down, 1, delta, threads);
+        }
         if (!failed && L->post_norm2) normed_in_place(&delta, &post, L->post_norm2, n, hidden, L->eps2);
         pending = !failed;
     }

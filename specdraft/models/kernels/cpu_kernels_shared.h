@@ -144,13 +144,25 @@ typedef struct {
 #define ACT_SWIGLU 0
 #define ACT_GEGLU_TANH 1
 
+/* The experts of a mixture-of-experts MLP (Qwen3-MoE; cpu_experts.c): a row's scores over the
+ * `count` experts are its product with `router`; the `used` highest (ties: the lower expert)
+ * are its experts, weighted by their softmax probabilities, renormalized to sum to 1 where
+ * `normalize`. Expert e is a gated MLP: its gate and up matrices side by side in gate_up[e *
+ * parts .. e * parts + parts - 1], then down[e]. */
+typedef struct {
+    Matrix router;
+    const Matrix *gate_up, *down;
+    int count, used, parts, normalize;
+} Experts;
+
 /* One decoder layer of the lean forward (cpu_decoder.c). q_norm, k_norm: an RMSNorm over each
  * head's D values of the queries and keys before their rotary positions (Qwen3, Gemma 3), with
  * epsilon qk_eps; NULL where the architecture has none. post_norm1, post_norm2: an RMSNorm of
  * the attention's and the MLP's output before each is added to the residual stream (Gemma 3;
  * epsilon eps1, eps2 as the norms before them; NULL: none). window: the keys a row attends are
  * its last `window` positions (a sliding window; 0: all). rope: which of the rotary tables the
- * call is given this layer's positions come from (Gemma 3: local and global layers). */
+ * call is given this layer's positions come from (Gemma 3: local and global layers). experts:
+ * the MLP is a mixture of experts (gate_up and down unused), NULL: a dense MLP. */
 typedef struct {
     const float *norm1, *norm2;
     float eps1, eps2;
@@ -160,6 +172,7 @@ typedef struct {
     float qk_eps;
     const float *post_norm1, *post_norm2;
     int activation, window, rope;
+    const Experts *experts;
 } Layer;
 
 /* Per build (cpu_kernels.c, cpu_kernels_scalar.c): one row's groups of 32 quantized, the block
@@ -171,7 +184,7 @@ void rms_norm_impl(const float *x, const float *weight, int rows, int dim, float
 void swiglu_impl(const float *gate_up, int rows, int inner, float *out);
 int causal_attention_impl(const float *q, const float *keys, const float *values, int n, int start, int H, int KVH,
                           int D, int capacity, float scale, const int *parents, int window, float *out, int threads);
-/* Shared by every build (cpu_common.c, cpu_decoder.c): `quantize` 0 leaves the codes out
+/* Shared by every build (cpu_common.c, cpu_decoder.c, cpu_experts.c): `quantize` 0 leaves the codes out
  * (every weight the activations meet is float). */
 int prepare_activations(const float *x, int M, int K, int quantize, Activations *a);
 void free_activations(Activations *a);
@@ -182,6 +195,10 @@ int attention_block_impl(const float *qkv, int n, int start, int H, int KVH, int
                          float *values, int capacity, float scale, const int *parents, int window, float *out,
                          int threads);
 void geglu_impl(const float *gate_up, int rows, int inner, float *out);
+int project_impl(const float *x, int n, int K, const Matrix *parts, int count, float *y, int threads);
+void gated_impl(const float *gate_up, int rows, int inner, int activation, float *out);
+int expert_mlp_impl(const float *h, int n, int hidden, const Experts *experts, int activation, float *out,
+                    int threads);
 /* One row of one head: `slots` NULL (a chain: slot j is key j) or the row's key slots, `length`
  * keys, `weights` scratch of length rounded up to 8, out [D] (the scalar and NEON builds'). */
 typedef void (*AttendRow)(const float *q, const float *kh, const float *vh, const int *slots, int length, int D,

@@ -25,7 +25,7 @@ import torch
 ISAS = ("scalar", "avx2", "vnni", "neon")  # index: the build's SPECDRAFT_ISA (cpu_kernels_shared.h)
 ISA_CHOICES = ("auto", *ISAS)  # SPECDRAFT_KERNEL_ISA
 FASTEST_FIRST = ("neon", "vnni", "avx2", "scalar")
-COMMON = ("cpu_common.c", "cpu_decoder.c", "cpu_repack.c", "cpu_boundary.c")  # plain C, in every library
+COMMON = ("cpu_common.c", "cpu_decoder.c", "cpu_experts.c", "cpu_repack.c", "cpu_boundary.c")  # plain C, in every library
 VECTOR = ("cpu_kernels.c", "cpu_kernels_six.c", "cpu_attention.c")
 ISA_SOURCES = {"scalar": ("cpu_kernels_scalar.c", "cpu_attention_scalar.c"), "avx2": VECTOR,
                "vnni": (*VECTOR, "cpu_kernels_vnni.c"), "neon": ("cpu_kernels_neon.c", "cpu_attention_neon.c")}

@@ -19,9 +19,10 @@ training, scoring along a trajectory) is unchanged and gives the same logits up 
 rounding. Only drafts come from this forward, and the target verifies every drafted token,
 so output stays exactly what plain decoding gives.
 
-Supported: decoder-only models whose layers are Llama's shape (Llama, Qwen2, Mistral
-without sliding windows, Qwen3 with its QK norm, Phi-3 with its fused projections): RMSNorm, rotary positions from the model's
-own rotary module, gated SiLU MLP (one layer: lean/layers.py). `lean_problem` says why another model is not; it then runs through
+Supported: decoder-only models whose layers are Llama's shape (Llama, Qwen2, Mistral,
+Qwen3 with its QK norm, Phi-3 with its fused projections, Gemma 3, Qwen3-MoE's mixture of
+experts): RMSNorm, rotary positions from the model's own rotary module, gated MLP (one layer:
+lean/layers.py). `lean_problem` says why another model is not; it then runs through
 transformers as before. On CUDA, static caches with CUDA graphs remove the same overhead.
 """
 
@@ -230,7 +231,7 @@ class LeanDecoder:
             if layer.post_norm1 is not None:
                 delta = rms_norm(delta, layer.post_norm1.weight, layer.post_norm1.eps)
             h = add_rms_norm(x, delta, norm2.weight, norm2.eps)
-            pending = layer.down((geglu if layer.activation == "gelu_tanh" else swiglu)(layer.gate_up(h)))
+            pending = layer.mlp(h, geglu if layer.activation == "gelu_tanh" else swiglu)
             if layer.post_norm2 is not None:
                 pending = rms_norm(pending, layer.post_norm2.weight, layer.post_norm2.eps)
             if i + 1 in hidden_layers:
@@ -274,9 +275,12 @@ class LeanDecoder:
                 delta = F.rms_norm(delta, (delta.shape[-1],), layer.post_norm1.weight, layer.post_norm1.eps)
             x = x + delta
             h = F.rms_norm(x, (x.shape[-1],), layer.norm2.weight, layer.norm2.eps)
-            gate, up = layer.gate_up(h).split([layer.inner, layer.inner], dim=-1)
-            act = F.gelu(gate, approximate="tanh") if layer.activation == "gelu_tanh" else F.silu(gate)
-            delta = layer.down(act * up)
+            if layer.experts is not None:
+                delta = layer.experts.forward(h)
+            else:
+                gate, up = layer.gate_up(h).split([layer.inner, layer.inner], dim=-1)
+                act = F.gelu(gate, approximate="tanh") if layer.activation == "gelu_tanh" else F.silu(gate)
+                delta = layer.down(act * up)
             if layer.post_norm2 is not None:
                 delta = F.rms_norm(delta, (delta.shape[-1],), layer.post_norm2.weight, layer.post_norm2.eps)
             x = x + delta

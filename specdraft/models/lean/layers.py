@@ -10,7 +10,8 @@ new part is one field:
   added to the residual stream;
 - the MLP's activation: SiLU, or GELU in its tanh form (Gemma);
 - a sliding window (Gemma 3's local layers) and which rotary table the layer reads (Gemma 3's
-  local and global layers have their own bases).
+  local and global layers have their own bases);
+- a mixture of experts in place of the dense MLP (Qwen3-MoE: lean/mixture.py).
 
 Gemma's RMSNorm multiplies by 1 + weight (its weights are stored as offsets from 1): `Norm`
 holds what the kernels multiply by, computed once as transformers computes it.
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 
 from specdraft.models.kernels.fused_linear import fuse
+from specdraft.models.lean.mixture import Mixture, is_mixture
 
 GEMMA_NORMS = ("GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm")  # x / rms(x) * (1 + weight)
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
@@ -61,9 +63,9 @@ class LeanLayer:
     qkv: nn.Module  # queries, keys and values in one product
     out: nn.Module
     norm2: Norm  # before the MLP
-    gate_up: nn.Module  # the gate and up projections in one product
-    down: nn.Module
-    inner: int  # the MLP's width (the gate's outputs)
+    gate_up: nn.Module | None  # the gate and up projections in one product (None: experts)
+    down: nn.Module | None
+    inner: int  # the MLP's width (the gate's outputs; an expert's)
     q_norm: Norm | None = None  # over each head's D query values (None: none)
     k_norm: Norm | None = None
     post_norm1: Norm | None = None  # of the attention's output (None: none)
@@ -71,6 +73,7 @@ class LeanLayer:
     activation: str = "silu"  # or "gelu_tanh"
     window: int = 0  # the positions a row attends back to, itself included (0: all)
     rope: int = 0  # which of the model's rotary tables (decoder.py `rope_kinds`)
+    experts: Mixture | None = None  # the MLP is this mixture of experts (None: dense)
 
     @classmethod
     def of(cls, layer: nn.Module, activation: str = "silu", window: int = 0, rope: int = 0) -> "LeanLayer":
@@ -83,9 +86,12 @@ class LeanLayer:
         # what Llama calls post_attention_layernorm, the norm before the MLP
         gemma = hasattr(layer, "pre_feedforward_layernorm")
         norm2 = layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm
+        experts = Mixture.of(mlp, activation) if is_mixture(mlp) else None
+        dense = (None, None, experts.experts.intermediate_dim) if experts else \
+            (fuse(gate_up) if len(gate_up) > 1 else gate_up[0], mlp.down_proj,
+             gate_up[0].out_features // (2 if len(gate_up) == 1 else 1))
         return cls(Norm.of(layer.input_layernorm), fuse(qkv) if len(qkv) > 1 else qkv[0], attn.o_proj,
-                   Norm.of(norm2), fuse(gate_up) if len(gate_up) > 1 else gate_up[0], mlp.down_proj,
-                   gate_up[0].out_features // (2 if len(gate_up) == 1 else 1),
+                   Norm.of(norm2), *dense, experts=experts,
                    q_norm=_optional(attn, "q_norm"), k_norm=_optional(attn, "k_norm"),
                    post_norm1=_optional(layer, "post_attention_layernorm") if gemma else None,
                    post_norm2=_optional(layer, "post_feedforward_layernorm"), activation=activation, window=window,
@@ -99,8 +105,17 @@ class LeanLayer:
 
     def with_products(self, wrap: Callable[[nn.Module], nn.Module]) -> "LeanLayer":
         """The same layer with each of its products replaced by wrap(product)."""
+        if self.experts is not None:  # (the experts keep their own products)
+            return dataclasses.replace(self, qkv=wrap(self.qkv), out=wrap(self.out))
         return dataclasses.replace(self, qkv=wrap(self.qkv), out=wrap(self.out), gate_up=wrap(self.gate_up),
                                    down=wrap(self.down))
+
+    def mlp(self, h: torch.Tensor, gated: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The MLP's output for normed rows h: its experts' (on the kernels where they are), or
+        down(gated(gate_up(h)))."""
+        if self.experts is not None:
+            return self.experts.native(h)
+        return self.down(gated(self.gate_up(h)))
 
 
 def _optional(holder: nn.Module, name: str) -> Norm | None:
@@ -110,9 +125,11 @@ def _optional(holder: nn.Module, name: str) -> Norm | None:
 
 def projections(layer: nn.Module) -> tuple[list[nn.Module], list[nn.Module]]:
     """A layer's query/key/value matrices and its gate/up matrices, each one fused matrix
-    (Phi-3) or the separate ones in order."""
+    (Phi-3) or the separate ones in order (none for a mixture of experts)."""
     attn, mlp = layer.self_attn, layer.mlp
     qkv = [attn.qkv_proj] if hasattr(attn, "qkv_proj") else [attn.q_proj, attn.k_proj, attn.v_proj]
+    if is_mixture(mlp):
+        return qkv, []
     gate_up = [mlp.gate_up_proj] if hasattr(mlp, "gate_up_proj") else [mlp.gate_proj, mlp.up_proj]
     return qkv, gate_up
 

@@ -13,12 +13,14 @@ from torch import nn
 
 from specdraft.models.kernels.block_linear import BlockLinear
 from specdraft.models.kernels.quantize import Int4Linear, Int8Linear
+from specdraft.models.kernels.experts import Experts
 from specdraft.models.lean.layers import ACTIVATIONS, LeanLayer, layer_norm_problem, norm_problem, projections
+from specdraft.models.lean.mixture import is_mixture
 
 log = logging.getLogger("specdraft")
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
-                 "Gemma3ForCausalLM")
+                 "Gemma3ForCausalLM", "Qwen3MoeForCausalLM")
 
 
 def lean_problem(model: nn.Module) -> str | None:
@@ -66,14 +68,30 @@ def stack_problem(inner: nn.Module | None, model: nn.Module | None = None) -> st
     linear = (nn.Linear, Int4Linear, Int8Linear, BlockLinear)
     for layer in layers:
         qkv, gate_up = projections(layer)
-        parts = [*qkv, layer.self_attn.o_proj, *gate_up, layer.mlp.down_proj]
+        mixture = is_mixture(layer.mlp)
+        parts = [*qkv, layer.self_attn.o_proj, *gate_up, *([] if mixture else [layer.mlp.down_proj])]
         if not all(isinstance(p, linear) for p in parts):
             return "some of its projections are not linear layers this forward knows"
+        if mixture and experts_problem(layer.mlp) is not None:
+            return experts_problem(layer.mlp)
         problem = layer_norm_problem(layer)
         if problem is not None:
             return problem
     if any(_changing_hooks(module) for module in model.modules()):
         return "forward hooks change its tensors (they would be skipped)"
+    return None
+
+
+def experts_problem(mlp: nn.Module) -> str | None:
+    """Why the lean forward cannot run a mixture-of-experts MLP, or None: its router scores
+    experts with a float weight, and its experts are specdraft's (a GGUF file's) or
+    transformers' 3D parameters (Qwen3MoeExperts)."""
+    gate, experts = mlp.gate, mlp.experts
+    if getattr(gate, "weight", None) is None or not gate.weight.is_floating_point() \
+            or getattr(gate, "norm_topk_prob", None) is None:
+        return "its mixture of experts' router is not a weight over the experts with top-k routing"
+    if not isinstance(experts, Experts) and getattr(getattr(experts, "gate_up_proj", None), "dim", lambda: 0)() != 3:
+        return f"its experts ({type(experts).__name__}) are not held as one gate/up and one down matrix each"
     return None
 
 
