@@ -23,6 +23,7 @@ from specdraft.errors import ProfileError
 from specdraft.models.gguf import cache as gguf_cache
 from specdraft.models.devices import dtype_name
 from specdraft.models.gguf.cache import METADATA
+from specdraft.models.gguf.metadata import read_config_and_tokenizer
 from specdraft.models.hub import first_line, from_pretrained, hub_offline, patched
 
 log = logging.getLogger("specdraft")
@@ -72,33 +73,46 @@ def load_gguf(gguf: Path, dtype: torch.dtype, kwargs: dict, file: str, key: str)
 
 def load_gguf_mapped(gguf: Path, file: str, key: str) -> tuple[Any, Any]:
     """(tokenizer, model) on the file's own quantization, built from the mapped file
-    (gguf/mapping.py). The cache keeps only what is slow to derive and small: the config and
-    the tokenizer transformers builds from the file's metadata (seconds for a large
-    vocabulary); an entry of an older specdraft holding the repacked weights is removed."""
+    (gguf/mapping.py). The weights are repacked on a thread of their own from the moment the
+    header is read, while the config and tokenizer are read. The cache keeps only what is
+    slow to derive and small: the config and the tokenizer transformers builds from the
+    file's metadata (seconds for a large vocabulary); an entry of an older specdraft holding
+    the repacked weights is removed."""
     from specdraft.models.gguf.file import GGUFError
-    from specdraft.models.gguf.mapping import mapped_model
-    from specdraft.models.gguf.metadata import read_config_and_tokenizer
+    from specdraft.models.gguf.mapping import mapped_model, weights_ahead
 
     mapped = checked_gguf(gguf, file, key)
-    gguf_cache.remove_weight_entries(gguf)
+    try:
+        ahead = weights_ahead(mapped, LOAD_PROGRESS.get())
+    except GGUFError as exc:
+        raise ProfileError(file, key, str(exc)) from None
+    try:
+        gguf_cache.remove_weight_entries(gguf)
+        config, tokenizer = _config_and_tokenizer(gguf, mapped, file, key)
+        try:
+            return tokenizer, mapped_model(mapped, config, ahead)
+        except GGUFError as exc:
+            raise ProfileError(file, key, str(exc)) from None
+    finally:
+        ahead.cancel()  # (joined already when the model was built; else stopped, so nothing reads the mapping)
+
+
+def _config_and_tokenizer(gguf: Path, mapped: Any, file: str, key: str) -> tuple[Any, Any]:
+    """The config and tokenizer of `gguf`: from its metadata cache entry (written first when
+    needed), rebuilt once when the entry fails to load; from the file when nothing can be
+    cached."""
     for attempt in (1, 2):
         folder = gguf_cache.converted_gguf(gguf, file, key, lambda path, _: read_metadata(path, mapped), METADATA,
                                            lambda model, source, staging: None)
         try:
             if folder is None:
                 with hub_offline(True):
-                    config, tokenizer = read_config_and_tokenizer(gguf, mapped)
-            else:
-                config, tokenizer = _metadata(folder)
+                    return read_config_and_tokenizer(gguf, mapped)
+            return _metadata(folder)
         except Exception as exc:
             if folder is None:
                 raise ProfileError(file, key, f"cannot read GGUF file {gguf}: {first_line(exc)}") from None
             _failed_entry(gguf, folder, attempt, exc, file, key)
-            continue
-        try:
-            return tokenizer, mapped_model(mapped, config, LOAD_PROGRESS.get())
-        except GGUFError as exc:
-            raise ProfileError(file, key, str(exc)) from None
     raise AssertionError("unreachable")
 
 
@@ -124,8 +138,6 @@ def read_metadata(gguf: Path, parsed: Any = None) -> tuple[Any, Any]:
     """(an object with the config and generation config, tokenizer) from the file's metadata
     alone (`parsed`: its GGUFFile, when already read): what a metadata entry saves."""
     from transformers import GenerationConfig
-
-    from specdraft.models.gguf.metadata import read_config_and_tokenizer
 
     with hub_offline(True):
         config, tokenizer = read_config_and_tokenizer(gguf, parsed)

@@ -1,55 +1,39 @@
-"""A GGUF model built from its mapped file, as llama.cpp loads one: every quantized matrix is
-repacked into the block products' layout as it is read (repack.py, in C), an untied
-embedding is looked up from the file's own blocks in the mapping (nothing copied), and only
-norms and biases are copied, as float32. Nothing goes through a float32 copy of the model, so
-loading needs about the model's own memory, and a model that cannot fit is refused before
-anything large is allocated (`check_memory`).
+"""A GGUF model built from its mapped file, as llama.cpp loads one: which file tensor goes
+where (its architecture's entry in architectures.py), whether the weights fit in memory
+(`check_memory`, before anything large is allocated), and the model assembled from them.
 
-The module tree is transformers' (built empty from the config), so the lean forward, the
-caches and every drafter see the same model they always did. Which file tensor fills which
-module is its architecture's entry in architectures.py.
+The weights themselves are built by weights.py (every quantized matrix repacked by C as it is
+read, an untied embedding looked up in the mapping, only norms and biases copied as float32;
+no float32 copy of the model, so loading needs about the model's own memory), on a thread
+started as soon as the header is read (`weights_ahead`). The module tree is transformers'
+(built empty from the config), so the lean forward, the caches and every drafter see the same
+model they always did.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import mmap
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from specdraft.errors import SpecdraftError
-from specdraft.models.kernels.block_linear import BLOCK, BlockLinear
-from specdraft.models.kernels.experts import Experts
-from specdraft.models.kernels.fused_linear import Concatenated
-from specdraft.models.kernels.formats import GROUP
 from specdraft.models.gguf.architectures import ARCHITECTURES, GLOBAL_VECTORS
-from specdraft.models.gguf.file import GGUFError, GGUFFile, TensorInfo
-from specdraft.models.kernels.quantized_embedding import QuantizedEmbedding, ScaledEmbedding, TiedEmbedding
-from specdraft.models.gguf.repack import TYPE_NUMBERS, repacked
+from specdraft.models.gguf.file import GGUFError, GGUFFile
+from specdraft.models.gguf.repack import TYPE_NUMBERS
+from specdraft.models.gguf.weights import FLOATS, MODULES_BUILT, Placement, Progress, WeightsAhead
+from specdraft.models.kernels.block_linear import BLOCK
+from specdraft.models.kernels.formats import GROUP
 from specdraft.models.kernels.native import library
+from specdraft.models.kernels.quantized_embedding import ScaledEmbedding
 
 log = logging.getLogger("specdraft")
-
-_FLOATS = ("F32", "F16", "BF16")
-
-Progress = Callable[[int, int], None]  # (bytes done, bytes in all)
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where one file tensor goes: a matrix (module path), or a float tensor (parameter name)."""
-
-    tensor: TensorInfo
-    target: str
-    matrix: bool
-    expert: str | None = None  # a stacked expert tensor: which matrix of each expert (target: the experts)
 
 
 def placements(gguf: GGUFFile) -> list[Placement]:
@@ -88,7 +72,7 @@ def resident_bytes(places: list[Placement], tied: bool) -> int:
         info = place.tensor
         rows, cols = info.rows_cols
         rows *= int(np.prod(info.shape[2:]))  # (a stacked expert tensor: every expert's rows)
-        if not place.matrix or info.type_name in _FLOATS:
+        if not place.matrix or info.type_name in FLOATS:
             total += rows * cols * 4
         elif place.target == "model.embed_tokens" and not tied:
             continue
@@ -137,24 +121,38 @@ def check_memory(name: str, needed: int) -> None:
                              f"smaller quantization of the model")
 
 
-def mapped_model(gguf: GGUFFile, config: Any, progress: Progress | None = None) -> nn.Module:
-    """The model of `gguf` on its file's own quantization, built from the mapping."""
-    from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
+def weights_ahead(gguf: GGUFFile, progress: Progress | None = None) -> WeightsAhead:
+    """The model's weights of `gguf`, built on a thread of their own from now on (weights.py),
+    once its architecture is known to be mapped and its weights known to fit in memory."""
     if gguf.architecture not in ARCHITECTURES:
         raise GGUFError(f"{gguf.path.name}: architecture {gguf.architecture} is not mapped "
                         f"({', '.join(ARCHITECTURES)} are)")
     places = placements(gguf)
-    ARCHITECTURES[gguf.architecture].configure(config, gguf.field)
     tied = "output.weight" not in gguf.tensors
     check_memory(gguf.path.name, resident_bytes(places, tied))
+    return WeightsAhead(gguf, places, tied, progress)
+
+
+def mapped_model(gguf: GGUFFile, config: Any, ahead: WeightsAhead) -> nn.Module:
+    """The model of `gguf` on its file's own quantization: transformers' module tree for
+    `config`, built empty, checked against the file's tensors, then given `ahead`'s weights."""
+    from accelerate import init_empty_weights
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoModelForCausalLM, GenerationConfig
+
+    ARCHITECTURES[gguf.architecture].configure(config, gguf.field)
     config.tie_word_embeddings = False  # two modules: transformers must not tie them again
-    with init_empty_weights(include_buffers=False):
+    with contextlib.suppress(KeyError):  # its modeling module imported before the lock is taken
+        MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    with MODULES_BUILT, init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config = GenerationConfig.from_model_config(config)
-    _check_shapes(model, gguf, places)
-    _fill(model, gguf, places, tied, progress)
+    _check_shapes(model, gguf, placements(gguf))
+    weights = ahead.result()
+    for path, module in weights.modules.items():
+        model.set_submodule(path, module)
+    model.load_state_dict(weights.state, strict=False, assign=True)
+    if ARCHITECTURES[gguf.architecture].scaled_embedding and not hasattr(model.model.embed_tokens, "embed_scale"):
+        model.model.embed_tokens = ScaledEmbedding(model.model.embed_tokens, model.config.hidden_size ** 0.5)
     _scale_rotary_frequencies(model, gguf)
     missing = [name for name, p in list(model.named_parameters()) + list(model.named_buffers()) if p.is_meta]
     if missing:
@@ -204,119 +202,3 @@ def _expected_expert_shape(model: nn.Module, place: Placement) -> tuple[int, ...
         return tuple(experts.down_proj.shape)
     count, gate_up, hidden = experts.gate_up_proj.shape
     return count, gate_up // 2, hidden
-
-
-def _fill(model: nn.Module, gguf: GGUFFile, places: list[Placement], tied: bool, progress: Progress | None) -> None:
-    floats = {place.target: place for place in places if not place.matrix}
-    norm_offset = ARCHITECTURES[gguf.architecture].norm_offset
-    total, done = sum(place.tensor.nbytes for place in places), 0
-    state: dict[str, torch.Tensor] = {}
-    experts: dict[str, dict[str, list[nn.Module]]] = {}  # experts module path -> {gate/up/down: per expert}
-    for place in places:
-        info = place.tensor
-        if place.expert:
-            experts.setdefault(place.target, {})[place.expert] = _expert_matrices(gguf, info)
-        elif place.matrix:
-            _place_matrix(model, gguf, place, floats, tied, state)
-        else:
-            state[place.target] = torch.from_numpy(np.array(gguf.floats(info.name)))  # a copy: pages are released
-            if norm_offset and place.target.endswith("norm.weight"):
-                state[place.target] -= norm_offset
-        if not (place.target == "model.embed_tokens" and not tied):
-            _release(gguf, info)  # its pages are in the layer now: the mapping need not hold them
-        done += info.nbytes
-        if progress is not None:
-            progress(done, total)
-    for path, kinds in experts.items():
-        if set(kinds) != {"gate", "up", "down"}:
-            raise GGUFError(f"{gguf.path.name}: the experts of {path} lack {', '.join({'gate', 'up', 'down'} - set(kinds))}")
-        # (side by side, not fused: a copy per expert would fragment the heap a large model loads into)
-        gate_up = [Concatenated([gate, up]) for gate, up in zip(kinds["gate"], kinds["up"])]
-        model.set_submodule(path, Experts(gate_up, kinds["down"]))
-    biases = {f"{path}.bias" for path, m in model.named_modules() if isinstance(m, BlockLinear)}
-    model.load_state_dict({k: v for k, v in state.items() if k not in biases}, strict=False, assign=True)
-    if ARCHITECTURES[gguf.architecture].scaled_embedding and not hasattr(model.model.embed_tokens, "embed_scale"):
-        model.model.embed_tokens = ScaledEmbedding(model.model.embed_tokens, model.config.hidden_size ** 0.5)
-
-
-def _place_matrix(model: nn.Module, gguf: GGUFFile, place: Placement, floats: dict, tied: bool,
-                  state: dict[str, torch.Tensor]) -> None:
-    info, path = place.tensor, place.target
-    bias_place = floats.get(f"{path}.bias")
-    bias = None if bias_place is None else torch.from_numpy(np.array(gguf.floats(bias_place.tensor.name)))
-    if path == "model.embed_tokens" and not tied:
-        model.set_submodule(path, _embedding(gguf, info, model.config.hidden_size))
-        return
-    order = _row_order(gguf, path, info.rows_cols[0])
-    if info.type_name in _FLOATS:  # a float matrix stays a float32 nn.Linear
-        weight = torch.from_numpy(np.array(gguf.floats(info.name)))
-        if order is not None:  # (llama's query and key rows, as for the quantized ones)
-            weight = weight[torch.from_numpy(order)]
-        if path == "model.embed_tokens":
-            state["model.embed_tokens.weight"] = state["lm_head.weight"] = weight
-        else:
-            state[f"{path}.weight"] = weight
-            if bias is not None:
-                state[f"{path}.bias"] = bias
-        return
-    layer = repacked(info, gguf.data(info.name), order, bias)
-    if path == "model.embed_tokens":  # tied: the head's codes serve both
-        model.set_submodule("lm_head", layer)
-        model.set_submodule(path, TiedEmbedding(layer))
-    else:
-        model.set_submodule(path, layer)
-
-
-def _expert_matrices(gguf: GGUFFile, info: TensorInfo) -> list[nn.Module]:
-    """A stacked expert tensor [experts, rows, columns] as one matrix per expert, each repacked
-    from its own bytes (an expert's rows are contiguous in the file)."""
-    count, (rows, cols) = int(np.prod(info.shape[2:])), info.rows_cols
-    if info.type_name in _FLOATS:  # (float experts: the kernels' float32 layout, so the C table runs them)
-        return [BlockLinear.from_float(torch.from_numpy(np.ascontiguousarray(weight)))
-                for weight in gguf.floats(info.name)]
-    per_expert, data = info.nbytes // count, gguf.data(info.name)
-    return [repacked(TensorInfo(f"{info.name}[{e}]", info.type_name, (cols, rows), info.offset + e * per_expert,
-                                per_expert), data[e * per_expert:(e + 1) * per_expert])
-            for e in range(count)]
-
-
-def _embedding(gguf: GGUFFile, info: TensorInfo, dim: int) -> nn.Module:
-    """An untied input embedding: the file's own rows, looked up in the mapping."""
-    rows, cols = info.rows_cols
-    if info.type_name == "BF16" or cols != dim:
-        table = torch.from_numpy(np.array(gguf.floats(info.name)))
-        return nn.Embedding.from_pretrained(table, freeze=True)
-    blocks = torch.from_numpy(gguf.data(info.name).reshape(rows, -1))
-    return QuantizedEmbedding(blocks, info.type_name, dim)
-
-
-def _row_order(gguf: GGUFFile, path: str, rows: int) -> np.ndarray | None:
-    """llama.cpp stores a llama model's query and key rows permuted for its rotary layout;
-    transformers' modules expect them back in order (as its own GGUF loader does for files
-    of architecture llama)."""
-    if not ARCHITECTURES[gguf.architecture].rows_permuted or not path.endswith(("q_proj", "k_proj")):
-        return None
-    heads = gguf.field("attention.head_count")
-    if path.endswith("k_proj"):
-        heads = gguf.field("attention.head_count_kv", heads)
-    if not isinstance(heads, (int, np.integer)) or heads <= 0 or rows % (2 * heads):
-        raise GGUFError(f"{gguf.path.name}: {rows} query/key rows cannot be split into {heads} heads")
-    half = rows // heads // 2
-    return np.arange(rows).reshape(int(heads), half, 2).swapaxes(2, 1).reshape(rows)
-
-
-def _release(gguf: GGUFFile, info: TensorInfo) -> None:
-    """Drop the mapping's pages of a tensor already copied into its layer (a private mapping
-    reads them again from the file if ever touched), so the load's peak memory is the
-    model's, not the model's plus the file's."""
-    mapping = gguf._map
-    if mapping is None or not hasattr(mapping, "madvise"):
-        return
-    page = mmap.PAGESIZE
-    start = -(-info.offset // page) * page
-    end = (info.offset + info.nbytes) // page * page
-    if end > start:
-        try:
-            mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
-        except (OSError, ValueError):
-            pass

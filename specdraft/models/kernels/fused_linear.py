@@ -81,11 +81,29 @@ def _fuse_blocks(parts: Sequence[BlockLinear]) -> BlockLinear:
     bits = parts[0].bits
     tensors = {"offsets": None, "scales": torch.zeros(0)}  # float weights have neither
     for name in ("codes", "scales", "offsets")[:{4: 3, 6: 2, 8: 2}.get(bits, 1)]:
-        tensors[name] = torch.cat([getattr(p, name) for p in parts])
-        for p, piece in zip(parts, tensors[name].split(blocks)):
-            setattr(p, name, piece)
+        pieces = [getattr(p, name) for p in parts]
+        tensors[name] = adjacent(pieces)
+        if tensors[name] is None:
+            tensors[name] = torch.cat(pieces)
+            for p, piece in zip(parts, tensors[name].split(blocks)):
+                setattr(p, name, piece)
     some = next((p.bias for p in parts if p.bias is not None), None)
     bias = None if some is None else torch.cat(
         [p.bias.detach() if p.bias is not None else some.new_zeros(p.out_features) for p in parts])
     return BlockLinear(tensors["codes"], tensors["scales"], tensors["offsets"], parts[0].terms, bias, sum(sizes),
                        float_inputs=parts[0].in_features if bits in (16, 32) else None, bits=bits)
+
+
+def adjacent(pieces: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The pieces as one tensor along their first dimension without a copy, where they lie
+    one after the other in one storage already (parts fused before: models/gguf/weights.py
+    fuses them as a model loads); None where they do not."""
+    first = pieces[0]
+    rows, end = 0, first.data_ptr()
+    for piece in pieces:
+        if (not piece.is_contiguous() or piece.dtype != first.dtype or piece.shape[1:] != first.shape[1:]
+                or piece.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+                or piece.data_ptr() != end):
+            return None
+        rows, end = rows + piece.shape[0], end + piece.numel() * piece.element_size()
+    return first.new_empty(0).set_(first.untyped_storage(), first.storage_offset(), (rows, *first.shape[1:]))
