@@ -146,7 +146,7 @@ def mapped_model(gguf: GGUFFile, config: Any, ahead: WeightsAhead) -> nn.Module:
     with MODULES_BUILT, init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config = GenerationConfig.from_model_config(config)
-    _check_shapes(model, gguf, placements(gguf))
+    _check_shapes(model, gguf, ahead.places)
     weights = ahead.result()
     for path, module in weights.modules.items():
         model.set_submodule(path, module)

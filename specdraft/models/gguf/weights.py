@@ -115,7 +115,6 @@ def _fuse_projections(modules: dict[str, nn.Module]) -> None:
 
 def _matrix(weights: Weights, gguf: GGUFFile, place: Placement, bias_place: Placement | None, tied: bool) -> None:
     info, path = place.tensor, place.target
-    bias = None if bias_place is None else torch.from_numpy(np.array(gguf.floats(bias_place.tensor.name)))
     if path == "model.embed_tokens" and not tied:
         weights.modules[path] = _embedding(gguf, info)
         return
@@ -129,7 +128,8 @@ def _matrix(weights: Weights, gguf: GGUFFile, place: Placement, bias_place: Plac
         else:
             weights.state[f"{path}.weight"] = weight
         return
-    layer = repacked(info, gguf.data(info.name), order, bias)
+    bias = None if bias_place is None else torch.from_numpy(np.array(gguf.floats(bias_place.tensor.name)))
+    layer = repacked(info, gguf.data(info.name), order, bias)  # (a float matrix's bias is in the state already)
     if path == "model.embed_tokens":  # tied: the head's codes serve both
         weights.modules["lm_head"] = layer
         weights.modules[path] = TiedEmbedding(layer)
@@ -190,11 +190,12 @@ def release(gguf: GGUFFile, info: TensorInfo) -> None:
 
 
 class WeightsAhead:
-    """`build_weights` on a thread of its own, started at once; `result()` waits for it,
+    """`build_weights` of `places` on a thread of its own, started at once; `result()` waits for it,
     `cancel()` stops it after the tensor at hand (both join the thread, so nothing still
     reads the mapping when they return)."""
 
     def __init__(self, gguf: GGUFFile, places: list[Placement], tied: bool, progress: Progress | None = None):
+        self.places = places
         self._stop = threading.Event()
         self._weights: Weights | None = None
         self._error: BaseException | None = None
