@@ -146,6 +146,7 @@ def test_train_head_numbers_are_finite_and_in_range_before_loading(tiny_models, 
                            (["--epochs", "1e300"], "--epochs"), (["--lr", "inf"], "--lr"), (["--lr", "nan"], "--lr"),
                            (["--lr", "-inf"], "--lr"), (["--seq-len", "4"], "--seq-len"), (["--batch", "0"], "--batch"),
                            (["--steps", "0"], "--steps"), (["--draft-vocab", "1"], "--draft-vocab"),
+                           (["--minutes", "0"], "--minutes"), (["--minutes", "nan"], "--minutes"),
                            # the tokens --max-tokens keeps, not the whole stream's count
                            (["--max-tokens", "1", "--seq-len", "64"], "--max-tokens 1: makes fewer than 2 sequences")):
         result = runner.invoke(app, ["train", "head", "--pool", str(base), "--data", str(corpus),

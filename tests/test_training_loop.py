@@ -64,3 +64,78 @@ def test_a_diverging_run_stops_with_exit_1_and_keeps_the_last_good_checkpoint(tm
         train(other, inf_lr, lambda step: ((other(torch.ones(1, 2)) ** 2).sum(), {}), save, tmp_path / "o", console)
     assert saved == [] and not (tmp_path / "o" / STATE).exists()
 
+
+
+class FakeClock:
+    """time.perf_counter for the loop: each step takes the seconds its loss says."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self):
+        return self.now
+
+
+def test_a_time_budget_runs_the_steps_that_fit_and_a_resumed_run_keeps_that_count(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    import specdraft.training.loop as loop
+
+    clock = FakeClock()
+    monkeypatch.setattr(loop, "time", clock)
+    for folder in ("roomy", "early"):
+        (tmp_path / folder).mkdir()
+    console = Console(stderr=True, quiet=True)
+    head = torch.nn.Linear(2, 1)
+    stop = [9]
+
+    def step_loss(step):  # the first step allocates (5 s), the others take 1 s; a Ctrl-C at step `stop`
+        if step == stop[0]:
+            stop[0] = None
+            raise KeyboardInterrupt
+        clock.now += 5.0 if step == 0 else 1.0
+        return (head(torch.ones(1, 2)) ** 2).sum(), {}
+
+    # timed after 5 steps past the first (10 s gone, 1 s a step): 6 + 10 more fit in 20.5 s
+    settings = LoopSettings(steps=100, lr=1e-2, warmup=20, identity={"data": "x"}, seconds=20.5)
+    with pytest.raises(KeyboardInterrupt):
+        train(head, settings, step_loss, lambda *a: None, tmp_path, console)
+    state = torch.load(tmp_path / STATE, weights_only=False)
+    assert (state["step"], state["steps"], state["planned"]) == (9, 16, True)
+    # resumed, at another speed: it finishes the count the first run fixed
+    again = LoopSettings(steps=100, lr=1e-2, warmup=20, identity={"data": "x"}, seconds=20.5)
+    result = train(head, again, step_loss, lambda *a: None, tmp_path, console)
+    assert result.resumed_from == 9 and result.step == 16 and again.steps == 16
+
+    # a budget larger than the planned steps needs: the planned steps
+    roomy = LoopSettings(steps=12, lr=1e-2, warmup=2, identity={"data": "y"}, seconds=1e6)
+    assert train(head, roomy, step_loss, lambda *a: None, tmp_path / "roomy", console).step == 12
+    # stopped before it was timed: the next run times its own steps
+    clock.now, stop[0] = 1000.0, 3
+    early = LoopSettings(steps=100, lr=1e-2, warmup=20, identity={"data": "z"}, seconds=30.5)
+    with pytest.raises(KeyboardInterrupt):
+        train(head, early, step_loss, lambda *a: None, tmp_path / "early", console)
+    assert torch.load(tmp_path / "early" / STATE, weights_only=False)["planned"] is False
+    resumed = LoopSettings(steps=100, lr=1e-2, warmup=20, identity={"data": "z"}, seconds=30.5)
+    # steps 4..8 timed after this run's first (1 s each; 6 s gone at step 9): 9 + 24 more fit in 30.5 s
+    assert train(head, resumed, step_loss, lambda *a: None, tmp_path / "early", console).step == 33
+
+
+def test_steps_that_slow_down_after_timing_are_cut_to_the_budget_at_checkpoints(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    import specdraft.training.loop as loop
+
+    clock = FakeClock()
+    monkeypatch.setattr(loop, "time", clock)
+    head = torch.nn.Linear(2, 1)
+
+    def step_loss(step):  # 5 s, then 1 s a step while timed, then 3 s a step
+        clock.now += 5.0 if step == 0 else 1.0 if step < 6 else 3.0
+        return (head(torch.ones(1, 2)) ** 2).sum(), {}
+
+    settings = LoopSettings(steps=100, lr=1e-2, warmup=20, identity={"data": "x"}, seconds=40.5, checkpoint_seconds=5.0)
+    result = train(head, settings, step_loss, lambda *a: None, tmp_path, Console(stderr=True, quiet=True))
+    # timed at 1 s a step, 36 steps seemed to fit; at 3 s a step the checkpoints cut the count
+    assert result.step < 36 and result.step == settings.steps
+    assert abs((clock.now - 1000.0) - 40.5) <= 6.0  # within a checkpoint's interval of the budget

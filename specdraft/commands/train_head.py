@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 MAX_UNROLL = 4  # draft steps a head trains on its own predictions (each one more forward per step)
 DEFAULT_EPOCHS = 4.0
+ACCEPTANCE_DEPTHS = 4  # draft positions the held-out acceptance is reported for
 
 
 @dataclass
@@ -38,6 +39,7 @@ class TrainHeadOptions:
     out: str
     epochs: Optional[float] = None
     steps: Optional[int] = None
+    minutes: Optional[float] = None  # a training time budget
     lr: float = 1e-3
     draft_vocab: int = 8192
     seq_len: int = 512
@@ -107,21 +109,33 @@ def _train(opts: TrainHeadOptions, objective: HeadObjective, corpus: Corpus, low
     identity = {"vocab": int(head.vocab_ids.numel()), "unroll": opts.unroll, "loss": "answer tokens",
                 "fuse_layers": list(lower), "bf16": bf16,
                 "later_steps_attend": "as drafted"}  # a checkpoint from before the training-time test is not resumed
+    loop = loop_settings(opts, corpus, steps, identity)  # its steps: those that fit a --minutes budget, once timed
 
     def save(step: int, metrics: dict[str, float]) -> None:
-        save_head(out, head, {"steps": step, "of_steps": steps, "tokens": int(corpus.tokens.size),
+        save_head(out, head, {"steps": step, "of_steps": loop.steps, "tokens": int(corpus.tokens.size),
                               "data": data_names(corpus), "lr": opts.lr, "seq_len": opts.seq_len,
                               "chat": corpus.chat, "bf16": bf16, "train_metrics": metrics})
 
     def finish(result: LoopResult, before: dict[str, float], after: dict[str, float], seconds: float) -> None:
+        accepted = objective.acceptance(corpus.held_rows, ACCEPTANCE_DEPTHS)
         save_head(out, head.eval(), {**head.config.trained, "held_out_kl": after["kl"],
                                      "held_out_top1": after["top1"], "held_out_top1_second": after["top1@2"],
+                                     "held_out_acceptance": [round(a, 4) for a in accepted],
                                      "train_seconds": seconds})
+        console.print(f"held-out greedy acceptance by draft position: {acceptance_line(accepted)}", markup=False)
 
     head.train()
-    run_training(TrainingRun(out, head, loop_settings(opts, corpus, steps, identity), objective.step,
+    run_training(TrainingRun(out, head, loop, objective.step,
                              objective.evaluate, save, finish, "train head", HeldOut("top1@2", "second draft token"),
                              written="head written to"), corpus, opts.restart, console)
+
+
+def acceptance_line(accepted: list[float]) -> str:
+    """"1 66.0%, 2 45.1%, 3 30.2%, 4 20.3% (1.62 drafts accepted a round of 4)": the share
+    of held-out starts whose first d drafts all hold, and their sum, the drafted tokens a
+    round drafting that many accepts on average (the round commits one more)."""
+    shares = ", ".join(f"{d} {a:.1%}" for d, a in enumerate(accepted, start=1))
+    return f"{shares} ({sum(accepted):.2f} drafts accepted a round of {len(accepted)})"
 
 
 def fuse_layers(text: str | None) -> tuple[int, ...]:

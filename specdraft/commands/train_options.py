@@ -18,6 +18,7 @@ from specdraft.commands.io import check_count, check_seed
 from specdraft.errors import UsageError
 
 MAX_EPOCHS = 1e6  # keeps steps = epochs x batches per epoch a finite count for any corpus
+MAX_MINUTES = 1e6  # a budget in seconds stays a finite float
 
 # What each command writes into its folders (drafters/head_model.py, drafters/steering.py,
 # training/loop.py and training/features.py name them; kept here so the folders are checked
@@ -39,6 +40,7 @@ class TrainingOptions(Protocol):
     out: str
     epochs: Optional[float]
     steps: Optional[int]
+    minutes: Optional[float]
     lr: float
     seq_len: int
     batch_sequences: int
@@ -60,6 +62,8 @@ def check_training_options(opts: TrainingOptions) -> None:
     if opts.epochs is not None and not 0 < opts.epochs <= MAX_EPOCHS:
         raise UsageError(f"--epochs: must be a number above 0 and at most {MAX_EPOCHS:g} (got {opts.epochs})")
     check_positive(opts.lr, "--lr")
+    if opts.minutes is not None and not 0 < opts.minutes <= MAX_MINUTES:
+        raise UsageError(f"--minutes: must be a number above 0 and at most {MAX_MINUTES:g} (got {opts.minutes})")
     if opts.seq_len < 8:
         raise UsageError(f"--seq-len: must be at least 8 (got {opts.seq_len})")
     if opts.batch_sequences < 1:

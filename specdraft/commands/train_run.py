@@ -39,11 +39,13 @@ def planned_steps(opts: TrainingOptions, corpus: Corpus, default_epochs: float) 
 def loop_settings(opts: TrainingOptions, corpus: Corpus, steps: int, identity: dict[str, Any],
                   **extra: Any) -> LoopSettings:
     """The loop's settings; a saved training state resumes only under the same identity:
-    the features, the learning rate, the steps, the batch and the seed, and what the
-    command adds (`identity`)."""
+    the features, the learning rate, the planned steps, the batch and the seed, and what the
+    command adds (`identity`); under `--minutes` the step count its first run fixed."""
     same = {"features": corpus.key, "lr": opts.lr, "steps": steps, "batch": opts.batch_sequences,
             "seed": opts.seed, **identity}
-    return LoopSettings(steps=steps, lr=opts.lr, warmup=min(20, steps // 10 + 1), identity=same, **extra)
+    seconds = None if opts.minutes is None else opts.minutes * 60.0
+    return LoopSettings(steps=steps, lr=opts.lr, warmup=min(20, steps // 10 + 1), identity=same, seconds=seconds,
+                        **extra)
 
 
 @dataclass

@@ -42,6 +42,7 @@ class TrainSteerOptions:
     out: str
     epochs: Optional[float] = None
     steps: Optional[int] = None
+    minutes: Optional[float] = None  # a training time budget
     lr: float = 5e-5
     steer_lr_factor: float = 10.0  # the steering starts from zero: it learns faster than the drafter
     seq_len: int = 256
@@ -159,7 +160,7 @@ def _train(opts: TrainSteerOptions, profile: Profile, spec: ModelSpec, models: _
 
     def save(step: int, metrics: dict[str, float], extra: dict | None = None) -> None:
         save_steering(out, steering, None if opts.freeze_drafter else drafter,
-                      {"steps": step, "of_steps": steps, "tokens": int(corpus.tokens.size), "lr": opts.lr,
+                      {"steps": step, "of_steps": loop.steps, "tokens": int(corpus.tokens.size), "lr": opts.lr,
                        "seq_len": opts.seq_len, "chat": corpus.chat, "max_draft": settings.max_draft,
                        "train_layers": opts.train_layers,
                        "data": data_names(corpus), "train_metrics": metrics, **(extra or {})})

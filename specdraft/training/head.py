@@ -59,6 +59,7 @@ class HeadObjective:
         self.device = device
         self.embed = target.get_input_embeddings()
         self.readout = Readout(target, head.vocab_ids)
+        self.target = target
         sample = np.asarray(data.features[layer][train_rows[: min(len(train_rows), 16)]], dtype=np.float32)
         self.feature_rms = float(np.sqrt((sample ** 2).mean()))
 
@@ -159,6 +160,49 @@ class HeadObjective:
                 counts[depth] += weights.get(depth, 0.0)
         self.head.train()
         return {name + depth: total / max(1.0, counts[depth]) for (name, depth), total in sums.items()}
+
+    @torch.no_grad()
+    def acceptance(self, rows: np.ndarray, depths: int = 4) -> list[float]:
+        """Greedy acceptance by draft position on `rows` (held out), without noise: entry
+        d - 1 is the share of starts whose first d drafted tokens all equal the target's
+        argmax over its whole vocabulary (a token outside the draft vocabulary is a miss),
+        drafting from the real features up to the start and the head's own after it, as a
+        round does. A start counts at depth d when its d tokens are all ones to learn and the
+        text's tokens after it are the target's argmax up to there: only then are the tokens
+        fed to the head's later steps the ones it would have drafted (on the target's own
+        greedy answers, every start)."""
+        self.head.eval()
+        hits, counts = np.zeros(depths), np.zeros(depths)
+        hidden = self.head.config.hidden_size
+        # the target's head over its whole vocabulary: what a drafted token must equal
+        whole = Readout(self.target, torch.arange(self.target.get_output_embeddings().weight.shape[0]))
+        for first in range(0, len(rows), self.settings.batch_sequences):
+            tokens, features, learned = self.batch(rows[first : first + self.settings.batch_sequences])
+            length = tokens.shape[1]
+            if length < 2:
+                continue
+            goal = features[:, 1:, -hidden:]
+            # row by row: a 152k-token vocabulary's logits for a whole batch would take gigabytes
+            wanted = torch.stack([whole.small(g).argmax(-1) for g in goal])  # [B, T - 1]
+            learned_pairs = torch.cat([learned[:, 2:], learned[:, -1:]], dim=1)
+            # the text's token at pair j + 1 is the one the target says there (what depth d + 1 is fed)
+            greedy_text = tokens[:, 2:] == wanted[:, :-1]  # [B, T - 2]
+            positions = torch.arange(length - 1, device=tokens.device).expand(tokens.shape[0], -1)
+            embeddings = self.embed(tokens[:, 1:]).float()
+            chain = valid = None
+            for depth, predicted in enumerate(self.depth_predictions(embeddings, self.head.fused(features[:, :-1]),
+                                                                     positions, depths), start=1):
+                # element s of depth d is start s's d-th drafted token, the target's at pair s + d - 1
+                drafted = self.head.vocab_ids.to(tokens.device)[self.readout.small(predicted).argmax(-1)]
+                right, counted = drafted == wanted[:, depth - 1 :], learned_pairs[:, depth - 1 :]
+                if depth > 1:  # fed the text's token at pair s + d - 1: it must be what was drafted
+                    counted = counted & greedy_text[:, depth - 2 :]
+                chain = right if chain is None else chain[:, :-1] & right
+                valid = counted if valid is None else valid[:, :-1] & counted
+                hits[depth - 1] += float((chain & valid).sum())
+                counts[depth - 1] += float(valid.sum())
+        self.head.train()
+        return [float(h / c) if c else 0.0 for h, c in zip(hits, counts)]
 
 
 def drafting_mask(lengths: list[int], device: torch.device) -> torch.Tensor:

@@ -3,7 +3,10 @@ gradient clipping, a progress bar with the loss and the time left, a checkpoint 
 minutes that a later run resumes from, and Ctrl-C (or SIGTERM, raised as `Terminated` by
 the command) that saves a usable drafter first. A run whose loss, gradient or weights stop
 being finite numbers stops with `TrainingDiverged` and saves nothing more: the folder keeps
-the last checkpoint written while the weights were finite.
+the last checkpoint written while the weights were finite. With a time budget
+(`LoopSettings.seconds`, `--minutes`) the first steps are timed and the run's step count is
+fixed from them, and cut at each checkpoint where later steps run slower; the checkpoint keeps
+that count, so a resumed run ends where the first would have.
 
 What is trained and how a batch's loss is computed is the caller's (`step_loss`); what a
 usable drafter is on disk is the caller's too (`save`). The loop owns the optimizer, the
@@ -26,6 +29,7 @@ from specdraft.storage.atomic_files import staged_file
 from specdraft.errors import SpecdraftError, Terminated
 
 STATE = "training-state.pt"
+TIMED_STEPS = 5  # steps timed (after the first, which allocates) before a time budget fixes the count
 
 
 class TrainingDiverged(SpecdraftError):
@@ -41,6 +45,7 @@ class LoopSettings:
     checkpoint_seconds: float = 120.0
     identity: dict[str, Any] = field(default_factory=dict)  # what must match for a resume
     lr_scale: dict[str, float] = field(default_factory=dict)  # parameter-name prefix -> factor on lr
+    seconds: float | None = None  # a time budget: as many steps as fit in it, at most `steps`
 
 
 @dataclass
@@ -114,10 +119,12 @@ class _Loop:
             module, settings, save, out, console, label
         self.params, self.optimizer = _optimizer(module, settings)
         self.state_path = out / STATE
-        self.step = _resume(self.state_path, module, self.optimizer, settings, console)
+        self.step, self.planned = _resume(self.state_path, module, self.optimizer, settings, console)
+        self.planned_here = False  # whether this run timed its steps (it then knows the budget's time gone)
         self.resumed_from = self.step
         self.kept = self.step if self.step else None  # the step of the checkpoint in `out` (a resumed run's is there)
         self.started = self.last_checkpoint = time.perf_counter()
+        self.first_done: float | None = None  # when this run's first step ended (the budget's timing starts there)
         self.metrics: dict[str, float] = {}
 
     def run(self, step_loss: Callable[[int], tuple[torch.Tensor, dict]]) -> None:
@@ -129,9 +136,28 @@ class _Loop:
             task = progress.add_task(self.label, total=self.settings.steps, completed=self.step, metrics="")
             while self.step < self.settings.steps:
                 self._step(step_loss)
+                self._plan_when_timed()
                 shown = "  ".join(f"{k} {v:.3f}" for k, v in self.metrics.items())
-                progress.update(task, advance=1, metrics=shown)
+                progress.update(task, advance=1, total=self.settings.steps, metrics=shown)
                 self._checkpoint_when_due(shown)
+
+    def _plan_when_timed(self) -> None:
+        """Under a time budget, once TIMED_STEPS steps after the first are timed: fix the
+        run's steps to those that fit in what is left of it (at most the planned steps)."""
+        now, done = time.perf_counter(), self.step - self.resumed_from
+        if self.planned:
+            return
+        if done == 1:
+            self.first_done = now
+            return
+        if done < TIMED_STEPS + 1 or self.first_done is None:
+            return
+        per_step = max(1e-6, (now - self.first_done) / (done - 1))
+        fit = self.step + int(max(0.0, self.settings.seconds - (now - self.started)) / per_step)
+        _fix_steps(self.settings, max(self.step, min(self.settings.steps, fit)))
+        self.planned = self.planned_here = True
+        self.console.print(f"{self.label}: {self.settings.steps} steps fit in {self.settings.seconds / 60:.1f} min "
+                           f"({per_step:.2f} s a step)", markup=False, highlight=False)
 
     def _step(self, step_loss: Callable[[int], tuple[torch.Tensor, dict]]) -> None:
         for group in self.optimizer.param_groups:
@@ -151,6 +177,7 @@ class _Loop:
         now = time.perf_counter()
         if now - self.last_checkpoint < self.settings.checkpoint_seconds or self.step >= self.settings.steps:
             return
+        self._refit(now)
         self.keep()
         self.last_checkpoint = now
         if not self.console.is_terminal:  # a log gets a line per checkpoint instead of a bar
@@ -158,11 +185,21 @@ class _Loop:
             self.console.print(f"{self.label}: step {self.step}/{self.settings.steps}  {shown}  ~{left / 60:.1f} min "
                                "left", markup=False, highlight=False)
 
+    def _refit(self, now: float) -> None:
+        """Steps slower than the first ones timed (a busier machine, a colder cache): cut the
+        count to what still fits the budget this run fixed, never raising it."""
+        if not self.planned_here or self.first_done is None:
+            return
+        per_step = max(1e-6, (now - self.first_done) / max(1, self.step - self.resumed_from - 1))
+        fit = self.step + int(max(0.0, self.settings.seconds - (now - self.started)) / per_step)
+        if fit < self.settings.steps:
+            _fix_steps(self.settings, max(self.step + 1, fit))
+
     def keep(self) -> None:
         """Checkpoint and save the drafter, unless its weights are no longer finite."""
         if not _finite(self.params):
             raise self._diverged("the weights became nan or infinite", self.step)
-        _checkpoint(self.state_path, self.module, self.optimizer, self.settings, self.step)
+        _checkpoint(self.state_path, self.module, self.optimizer, self.settings, self.step, self.planned)
         self.save(self.step, self.metrics)
         self.kept = self.step
 
@@ -189,28 +226,42 @@ def _finite(params: list[torch.nn.Parameter]) -> bool:
 
 
 def _resume(path: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: LoopSettings,
-            console: Console) -> int:
+            console: Console) -> tuple[int, bool]:
+    """The step a saved state of the same identity reached (0 without one), and whether the
+    run's step count is fixed: always without a time budget; with one, when the state says
+    its run had fixed it (`settings.steps` then becomes that count)."""
+    fixed = settings.seconds is None
     if not path.exists():
-        return 0
+        return 0, fixed
     try:  # weights_only: a state planted in the output folder is data, never code that runs
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # a torn, foreign or code-carrying file: train from scratch rather than fail
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         console.print(f"ignoring unreadable training state {path} ({first})", markup=False)
-        return 0
+        return 0, fixed
     if not isinstance(state, dict) or state.get("identity") != settings.identity:
         console.print(f"{path} is from a run with other data or settings: training from scratch", markup=False)
-        return 0
+        return 0, fixed
     module.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     step = int(state["step"])
+    if not fixed and state.get("planned") and isinstance(state.get("steps"), int):
+        _fix_steps(settings, max(step, min(settings.steps, state["steps"])))
+        fixed = True
     if step < settings.steps:
         console.print(f"resuming from step {step} of {settings.steps} ({path})", markup=False)
-    return step
+    return step, fixed
+
+
+def _fix_steps(settings: LoopSettings, steps: int) -> None:
+    """A time budget's step count; a warmup planned for more steps shrinks with it (as
+    `train_run.loop_settings` sets it), so the rate still peaks and decays."""
+    settings.steps = steps
+    settings.warmup = min(settings.warmup, steps // 10 + 1)
 
 
 def _checkpoint(path: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: LoopSettings,
-                step: int) -> None:
+                step: int, planned: bool) -> None:
     with staged_file(path) as partial:
-        torch.save({"identity": settings.identity, "step": step, "model": module.state_dict(),
-                    "optimizer": optimizer.state_dict()}, partial)
+        torch.save({"identity": settings.identity, "step": step, "steps": settings.steps, "planned": planned,
+                    "model": module.state_dict(), "optimizer": optimizer.state_dict()}, partial)
