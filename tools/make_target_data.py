@@ -27,8 +27,6 @@ import os
 import sys
 import time
 
-import torch
-
 
 def read_prompts(paths: list[str]) -> list[str]:
     prompts: list[str] = []
@@ -59,6 +57,8 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch", type=int, default=16)
     args = parser.parse_args()
+
+    import torch
 
     from specdraft.profile import load_profile
     from specdraft.models.loading import eos_token_ids, load_model

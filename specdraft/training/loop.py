@@ -120,11 +120,12 @@ class _Loop:
         self.params, self.optimizer = _optimizer(module, settings)
         self.state_path = out / STATE
         self.step, self.planned = _resume(self.state_path, module, self.optimizer, settings, console)
-        self.planned_here = False  # whether this run timed its steps (it then knows the budget's time gone)
         self.resumed_from = self.step
         self.kept = self.step if self.step else None  # the step of the checkpoint in `out` (a resumed run's is there)
         self.started = self.last_checkpoint = time.perf_counter()
-        self.first_done: float | None = None  # when this run's first step ended (the budget's timing starts there)
+        # when this run's first step ended, if this run times its steps (a resumed run whose
+        # count was fixed does not: it cannot know the budget's time gone)
+        self.first_done: float | None = None
         self.metrics: dict[str, float] = {}
 
     def run(self, step_loss: Callable[[int], tuple[torch.Tensor, dict]]) -> None:
@@ -152,12 +153,17 @@ class _Loop:
             return
         if done < TIMED_STEPS + 1 or self.first_done is None:
             return
-        per_step = max(1e-6, (now - self.first_done) / (done - 1))
-        fit = self.step + int(max(0.0, self.settings.seconds - (now - self.started)) / per_step)
+        fit, per_step = self._steps_that_fit(now)
         _fix_steps(self.settings, max(self.step, min(self.settings.steps, fit)))
-        self.planned = self.planned_here = True
+        self.planned = True
         self.console.print(f"{self.label}: {self.settings.steps} steps fit in {self.settings.seconds / 60:.1f} min "
                            f"({per_step:.2f} s a step)", markup=False, highlight=False)
+
+    def _steps_that_fit(self, now: float) -> tuple[int, float]:
+        """The step the budget's time runs out at, at this run's mean step time since its
+        first step (which allocates), and that time."""
+        per_step = max(1e-6, (now - self.first_done) / max(1, self.step - self.resumed_from - 1))
+        return self.step + int(max(0.0, self.settings.seconds - (now - self.started)) / per_step), per_step
 
     def _step(self, step_loss: Callable[[int], tuple[torch.Tensor, dict]]) -> None:
         for group in self.optimizer.param_groups:
@@ -188,10 +194,9 @@ class _Loop:
     def _refit(self, now: float) -> None:
         """Steps slower than the first ones timed (a busier machine, a colder cache): cut the
         count to what still fits the budget this run fixed, never raising it."""
-        if not self.planned_here or self.first_done is None:
+        if not self.planned or self.first_done is None:  # no budget, or fixed by an earlier run
             return
-        per_step = max(1e-6, (now - self.first_done) / max(1, self.step - self.resumed_from - 1))
-        fit = self.step + int(max(0.0, self.settings.seconds - (now - self.started)) / per_step)
+        fit, _ = self._steps_that_fit(now)
         if fit < self.settings.steps:
             _fix_steps(self.settings, max(self.step + 1, fit))
 
