@@ -20,8 +20,8 @@
 
 #include "cpu_kernels_shared.h"
 
-typedef int (*MatmulFn)(const float *, int, int, const void *, const void *, const void *, int, int, int, int, float *,
-                        int);
+typedef int (*MatmulFn)(const float *, int, int, const void *, const void *, const void *, int, int, int, int, int,
+                        float *, int);
 typedef int (*RowsFn)(const void *, const void *, const void *, int, int, int, int, int, const int64_t *, int, float *);
 typedef int (*AttentionFn)(const float *, const float *, const float *, int, int, int, int, int, int, float,
                            const int *, int, float *, int);
@@ -161,16 +161,20 @@ static void matmul_case(const Build *a, const Build *b, int bits, int form, int 
     fill_scales(scale, bits, form, blocks, groups);
     fill_scales(offset, bits, form, blocks, groups);
     const int widths[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 13};
+    /* every way of rounding the activations (ACTIVATIONS_*), Q8_K where K holds whole super-blocks */
+    for (int rule = ACTIVATIONS_OWN; rule <= ACTIVATIONS_Q8_K; rule++)
     for (size_t w = 0; w < sizeof(widths) / sizeof(widths[0]); w++) {
+        if (rule == ACTIVATIONS_Q8_K && K % (SUPER_GROUPS * GROUP)) continue;
         const int M = widths[w];
         float *x = malloc(sizeof(float) * M * K), *ya = malloc(sizeof(float) * M * N), *yb = malloc(sizeof(float) * M * N);
         fill_floats(x, (size_t)M * K, -2.0f, 2.0f);
         if (K >= 2 * GROUP) memset(x + GROUP, 0, sizeof(float) * GROUP); /* a group of zeros: scale 0 */
         x[0] = 1000.0f; /* a group dominated by one value (most codes 0) */
         char what[128];
-        snprintf(what, sizeof what, "block_matmul bits %d form %d terms %d K %d N %d M %d", bits, form, terms, K, N, M);
-        const int sa = a->matmul(x, M, K, codes, scale, offset, form, bits, N, groups, ya, 2);
-        const int sb = b->matmul(x, M, K, codes, scale, offset, form, bits, N, groups, yb, 2);
+        snprintf(what, sizeof what, "block_matmul bits %d form %d terms %d K %d N %d M %d activations %d", bits, form,
+                 terms, K, N, M, rule);
+        const int sa = a->matmul(x, M, K, codes, scale, offset, form, bits, N, groups, rule, ya, 2);
+        const int sb = b->matmul(x, M, K, codes, scale, offset, form, bits, N, groups, rule, yb, 2);
         compare(what, sa, sb, ya, yb, sizeof(float) * M * N);
         free(x); free(ya); free(yb);
     }
@@ -284,7 +288,7 @@ static Matrix random_matrix(int N, int K, void **keep) {
     keep[1] = malloc(scale_bytes(8, SCALES_FLOAT16, blocks, groups));
     fill_bytes(keep[0], code_bytes(8, blocks, groups, K));
     fill_scales(keep[1], 8, SCALES_FLOAT16, blocks, groups);
-    const Matrix m = {keep[0], keep[1], NULL, NULL, N, groups, 8, SCALES_FLOAT16};
+    const Matrix m = {keep[0], keep[1], NULL, NULL, N, groups, 8, SCALES_FLOAT16, ACTIVATIONS_Q8_0};
     return m;
 }
 

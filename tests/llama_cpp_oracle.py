@@ -56,12 +56,13 @@ def quantized(source: Path, format_name: str, pure: bool = True, output_only: bo
     return target
 
 
-def llama_cpp_logits(path: Path, new_tokens: int = 24, prompt: list[int] = PROMPT) -> tuple[list[int], torch.Tensor]:
+def llama_cpp_logits(path: Path, new_tokens: int = 24, prompt: list[int] = PROMPT,
+                     n_ctx: int = 128) -> tuple[list[int], torch.Tensor]:
     """llama.cpp's greedy continuation of `prompt` on `path` and its logits at every position
     ([len(tokens), V])."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(str(path), n_ctx=128, n_threads=2, logits_all=True, verbose=False,
+    llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_threads=2, logits_all=True, verbose=False,
                           type_k=GGML_TYPES["F32"], type_v=GGML_TYPES["F32"])
     tokens = list(prompt)
     llm.eval(tokens)

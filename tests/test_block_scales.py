@@ -120,8 +120,9 @@ def test_a_build_says_which_signatures_it_has_so_benchmarks_never_mix_two():
 
     from specdraft.models.kernels.native import interface_of, library
 
-    assert interface_of(library()) == 9  # float16 scales (2), rows looked up in C (3), scale forms (4), 6-bit (5),
-    # one library per instruction set with statuses (6), the QK norm (7), Gemma 3's layers (8), experts (9)
+    assert interface_of(library()) == 10  # float16 scales (2), rows looked up in C (3), scale forms (4), 6-bit (5),
+    # one library per instruction set with statuses (6), the QK norm (7), Gemma 3's layers (8), experts (9),
+    # activations rounded per the file's format (10)
     assert interface_of(ctypes.CDLL(ctypes.util.find_library("m"))) == 1  # a build from before the version
 
 

@@ -101,15 +101,20 @@ def test_every_c_entry_checks_its_sizes_and_pointers():
     lib = library()
     x, y = torch.randn(2, 40), torch.empty(2, 16)
     codes, scales = torch.zeros(1, 2 * 512, dtype=torch.int8), torch.zeros(1, 2 * 16)
-    assert lib.block_matmul(x.data_ptr(), 2, 40, codes.data_ptr(), scales.data_ptr(), None, 0, 8, 16, 2, y.data_ptr(),
-                            1) == -4  # K not a multiple of 32
-    assert lib.block_matmul(x.data_ptr(), 2, 64, codes.data_ptr(), scales.data_ptr(), None, 0, 8, 16, 3, y.data_ptr(),
-                            1) == -5  # 3 groups for K / 32 = 2
-    assert lib.block_matmul(x.data_ptr(), 2, 64, codes.data_ptr(), None, None, 0, 8, 16, 2, y.data_ptr(), 1) == -2
-    assert lib.block_matmul(x.data_ptr(), 0, 64, codes.data_ptr(), scales.data_ptr(), None, 0, 8, 16, 2, y.data_ptr(),
-                            1) == -3
-    assert lib.block_matmul(x.data_ptr(), 2, 64, codes.data_ptr(), scales.data_ptr(), None, 2, 8, 16, 2, y.data_ptr(),
-                            1) == -5  # no factored form for 8-bit codes
+    assert lib.block_matmul(x.data_ptr(), 2, 40, codes.data_ptr(), scales.data_ptr(), None, 0, 8, 16, 2, 0,
+                            y.data_ptr(), 1) == -4  # K not a multiple of 32
+    assert lib.block_matmul(x.data_ptr(), 2, 64, codes.data_ptr(), scales.data_ptr(), None, 0, 8, 16, 3, 0,
+                            y.data_ptr(), 1) == -5  # 3 groups for K / 32 = 2
+    assert lib.block_matmul(x.data_ptr(), 2, 64, codes.data_ptr(), None, None, 0, 8, 16, 2, 0, y.data_ptr(),
+                            1) == -2
+    assert lib.block_matmul(x.data_ptr(), 0, 64, codes.data_ptr(), scales.data_ptr(), None, 0, 8, 16, 2, 0,
+                            y.data_ptr(), 1) == -3
+    assert lib.block_matmul(x.data_ptr(), 2, 64, codes.data_ptr(), scales.data_ptr(), None, 2, 8, 16, 2, 0,
+                            y.data_ptr(), 1) == -5  # no factored form for 8-bit codes
+    assert lib.block_matmul(x.data_ptr(), 2, 64, codes.data_ptr(), scales.data_ptr(), None, 0, 8, 16, 2, 4,
+                            y.data_ptr(), 1) == -14  # no such way of rounding the activations
+    assert lib.block_matmul(x.data_ptr(), 2, 64, codes.data_ptr(), scales.data_ptr(), None, 0, 8, 16, 2, 3,
+                            y.data_ptr(), 1) == -14  # Q8_K's super-blocks need K a multiple of 256
     assert lib.rms_norm_rows(x.data_ptr(), None, 2, 40, 1e-6, y.data_ptr()) == -2
     assert lib.swiglu_rows(x.data_ptr(), 2, 0, y.data_ptr()) == -3
     ids = torch.tensor([0, 20])

@@ -5,21 +5,22 @@ one token a step after the prompt) compared with llama.cpp's along llama.cpp's g
 continuation.
 
 Tolerances, as the relative L2 distance of the logits over the continuation (measured:
-docs/kernels.md). Both engines quantize activations to int8 before each product, llama.cpp
-in blocks of 32 for the formats with 32-weight blocks and of 256 (Q8_K) for K-quants and
-IQ4_XS, specdraft in groups of 32 for all; any difference upstream flips some codes
-downstream, so the two agree to about the size of that rounding, not bit for bit:
+docs/kernels.md). Both engines quantize the activations before each product, and specdraft
+rounds them as llama.cpp does for the weight's format (Q8_0 with float16 scales for 32-weight
+formats, Q8_1 for Q4_1 / Q5_1, Q8_K per 256 values for K-quants and IQ4_XS; cpu_common.c), so
+most files give llama.cpp's logits to the float sums' order: where a sum lands a hair from a
+rounding boundary, one code flips, and the difference then stays in the KV cache:
 
-- the output head alone quantized (float32 elsewhere): the same products up to llama.cpp's
-  float16 activation scales, <= 0.001 for 32-weight formats;
-- a whole model in a 32-weight format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): <= 0.04;
-- in a K-quant or IQ4_XS, and llama.cpp's default mixes (Q3_K_M, Q4_K_M, Q5_K_M): <= 0.08;
+- the output head alone quantized (float32 elsewhere): <= 0.001 in every format the kernels
+  hold exactly (all but Q2_K);
+- a whole model in a 32-weight format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): <= 0.03;
+- in a K-quant or IQ4_XS: <= 0.04; Q2_K (rounded to int8 rows: not the file's exact weights)
+  and llama.cpp's default mixes (Q3_K_M, Q4_K_M, Q5_K_M): <= 0.08;
 - float matrices: F32 <= 0.002, F16 <= 0.005; BF16 <= 0.03 (llama.cpp rounds activations
   to bfloat16 there, specdraft keeps float32);
-- a mixture of experts (qwen3moe) in a quantized format: <= 0.15. A token whose best experts
-  nearly tie takes a different one in each engine, and that layer's output differs by a
-  whole expert's; both engines are then as far from the file's exact model (measured:
-  docs/kernels.md), so the bound is the routing's, not either engine's;
+- a mixture of experts (qwen3moe) in a quantized format: <= 0.04, in Q2_K <= 0.15. A token
+  whose best experts nearly tie can take a different one in each engine, and that layer's
+  output then differs by a whole expert's;
 and specdraft's logits are no further from the file's exact model (its weights in float64,
 activations unrounded) than llama.cpp's are, give or take 25%. A format read wrongly (a
 nibble order, a scale, a permuted row) is off by 0.3 or more.
@@ -59,14 +60,14 @@ SHAPES = {"qwen3": {"head_dim": 128},  # a head size other than hidden / heads, 
           "gemma3": {"layers": 6, "window": 8, "rope_base": 1e6, "tied": True}}
 BLOCKS_OF_32 = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"]
 BLOCKS_OF_256 = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
-TOLERANCE = {**dict.fromkeys(BLOCKS_OF_32, 0.04), **dict.fromkeys(BLOCKS_OF_256, 0.08), "F32": 0.002,
+TOLERANCE = {**dict.fromkeys(BLOCKS_OF_32, 0.03), **dict.fromkeys(BLOCKS_OF_256, 0.04), "Q2_K": 0.08, "F32": 0.002,
              "F16": 0.005, "BF16": 0.03, "Q3_K_M": 0.08, "Q4_K_M": 0.08, "Q5_K_M": 0.08}
-MIXTURE_TOLERANCE = 0.15  # a quantized mixture of experts (module docstring)
+MIXTURE_TOLERANCE = {"Q2_K": 0.15}  # a quantized mixture of experts (module docstring)
 
 
 def tolerance(architecture: str, format_name: str) -> float:
     if architecture == "qwen3moe" and format_name not in ("F32", "F16", "BF16"):
-        return MIXTURE_TOLERANCE
+        return MIXTURE_TOLERANCE.get(format_name, 0.04)
     return TOLERANCE[format_name]
 
 
@@ -108,16 +109,15 @@ def test_logits_agree_with_llama_cpp_on_the_same_file(float_models, architecture
 
 def test_the_next_token_is_llama_cpp_s_at_most_positions(float_models):
     """Top-1 agreement with llama.cpp over every architecture in four common formats (792
-    positions): measured 95.8%, where each engine agrees with the file's exact model at
-    95.2% (a random model's logits have many near-ties, and each engine rounds activations
-    its own way); a format read wrongly agrees at chance."""
+    positions): measured 99.4% (95.8% while specdraft rounded activations its own way; a
+    random model's logits have many near-ties); a format read wrongly agrees at chance."""
     same = total = 0
     for architecture in ARCHITECTURES:
         for format_name in ("Q4_0", "Q4_K", "Q6_K", "Q8_0"):
             _, mine, theirs, _ = compare(quantized(float_models[architecture], format_name))
             same += int((mine.argmax(-1) == theirs.argmax(-1)).sum())
             total += len(theirs)
-    assert same / total >= 0.93, f"{same} of {total}"
+    assert same / total >= 0.98, f"{same} of {total}"
 
 
 @pytest.mark.parametrize("format_name", ["F32", "Q4_0"])
@@ -137,7 +137,7 @@ def test_llama_cpp_s_own_mixes_agree(float_models, mix):
     assert distance <= TOLERANCE[mix], f"{mix}: {distance:.4f}"
 
 
-@pytest.mark.parametrize("format_name", [*BLOCKS_OF_32, "F16"])
+@pytest.mark.parametrize("format_name", [*BLOCKS_OF_32, *[f for f in BLOCKS_OF_256 if f != "Q2_K"], "F16"])
 def test_the_output_head_alone_gives_llama_cpp_s_products(float_models, format_name):
     path = quantized(float_models["qwen2"], format_name, output_only=True)
     distance, *_ = compare(path)

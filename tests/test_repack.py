@@ -16,6 +16,7 @@ from specdraft.models.kernels.block_linear import BlockLinear
 from specdraft.models.kernels.formats import block_terms
 from specdraft.models.gguf.file import TYPES, TensorInfo
 from specdraft.models.kernels.native import kernel_problem
+from specdraft.models.kernels.structs import ACTIVATIONS_OWN
 from specdraft.models.gguf.repack import repacked
 from specdraft.models.kernels.scale_forms import FACTORED, FLOAT16, FLOAT32, decoded
 
@@ -69,6 +70,7 @@ def test_the_c_repack_gives_the_python_codes_layer_bit_for_bit(type_name, rows):
         mine, theirs = decoded(getattr(layer, name)), decoded(getattr(reference, name))
         assert torch.equal(mine.view(torch.int32), theirs.view(torch.int32)), name  # -0 is not 0
     x = torch.randn(5, cols)
+    reference.activations = layer.activations  # (the file's format decides how activations round)
     assert torch.equal(layer(x), reference(x))
     if type_name == "Q2_K":  # int8 rows: the file's weights to half a step
         exact = torch.from_numpy(dequantize(data, GGMLQuantizationType[type_name]).reshape(rows, cols).copy())
@@ -146,6 +148,7 @@ def test_six_bit_formats_keep_the_files_weights_exactly(type_name, rows):
     held = layer.codes.numel() + layer.scales.numel()
     assert held <= -(-rows // 16) * 16 * cols // 256 * 210 and (type_name == "Q3_K" or held >= rows * cols // 256 * size)
     x = torch.randn(9, cols)
+    layer.activations = ACTIVATIONS_OWN  # (the codes are checked here: the kernels' own groups of 32)
     wide = layer(x)
     reference = quantized_activations(x) @ expected.double().T
     assert torch.allclose(wide.double(), reference, rtol=1e-5, atol=1e-5 * float(reference.abs().max()))

@@ -18,17 +18,31 @@ from specdraft.models.gguf.file import TYPES, TensorInfo
 from specdraft.models.kernels.boundary import NOT_HALF, check_status
 from specdraft.models.kernels.native import library
 from specdraft.models.kernels.scale_forms import FACTORED, FLOAT16, FLOAT32
+from specdraft.models.kernels.structs import ACTIVATIONS_OWN, ACTIVATIONS_Q8_0, ACTIVATIONS_Q8_1, ACTIVATIONS_Q8_K
 
 TYPE_NUMBERS = {name: number for number, (name, _, _) in TYPES.items()}
 _K_TYPES = ("Q4_K", "Q5_K")
 _HALF_SCALED = ("Q8_0", "IQ4_NL")  # 8-bit codes whose scales are the file's float16 d
 _FALLBACK_ROWS = 1024  # rows dequantized at once for a format the C repack does not read
+# How llama.cpp quantizes the activations each format meets on a CPU (its type traits'
+# vec_dot_type); the kernels round them the same way (cpu_common.c)
+_ACTIVATIONS = {**dict.fromkeys(("Q4_0", "Q5_0", "Q8_0", "IQ4_NL"), ACTIVATIONS_Q8_0),
+                **dict.fromkeys(("Q4_1", "Q5_1"), ACTIVATIONS_Q8_1),
+                **dict.fromkeys(("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"), ACTIVATIONS_Q8_K)}
 
 
 def repacked(info: TensorInfo, data: np.ndarray, order: np.ndarray | None = None,
              bias: torch.Tensor | None = None, threads: int | None = None) -> BlockLinear:
     """The quantized matrix `info` (raw bytes `data`, rows outermost) as a BlockLinear whose
-    output column n is the file's row order[n] (all rows in order when None)."""
+    output column n is the file's row order[n] (all rows in order when None), meeting
+    activations rounded as llama.cpp rounds them for the file's format."""
+    layer = _repacked(info, data, order, bias, threads)
+    layer.activations = _ACTIVATIONS.get(info.type_name, ACTIVATIONS_OWN)
+    return layer
+
+
+def _repacked(info: TensorInfo, data: np.ndarray, order: np.ndarray | None, bias: torch.Tensor | None,
+              threads: int | None) -> BlockLinear:
     rows, cols = info.rows_cols
     bits = library().repack_bits(TYPE_NUMBERS[info.type_name])
     terms = library().repack_terms(TYPE_NUMBERS[info.type_name])

@@ -21,7 +21,7 @@ from specdraft.models.kernels.boundary import ROW_OUTSIDE, address, check_status
 from specdraft.models.kernels.formats import GROUP, Int4Terms, Int8Codes, int8_groups
 from specdraft.models.kernels.native import library
 from specdraft.models.kernels.scale_forms import FLOAT32, compact, decoded, form_of
-from specdraft.models.kernels.structs import BLOCK, SIX_GROUP_BYTES, SIX_SCALE_BYTES
+from specdraft.models.kernels.structs import ACTIVATIONS_OWN, BLOCK, SIX_GROUP_BYTES, SIX_SCALE_BYTES
 
 __all__ = ["BLOCK", "SIX_GROUP_BYTES", "SIX_SCALE_BYTES", "BlockLinear", "kernel_layout", "to_blocks",
            "to_int8_blocks", "runs_on_file_quantization"]  # (BLOCK and SIX_*: structs.py, kept here for callers)
@@ -67,7 +67,13 @@ class BlockLinear(nn.Module):
     """y = x W^T + b on the block kernels: W a sum of `terms` 4-bit group weights over x
     (`bits` = 4), int8 codes with a scale per group (`bits` = 8, no offsets), or bfloat16 /
     float32 weights (`bits` = 16 / 32, no scales: `from_float`), held in the kernels' block
-    layout (`to_blocks`); `from_rows` takes the row layout of the quantized ones."""
+    layout (`to_blocks`); `from_rows` takes the row layout of the quantized ones.
+
+    `activations`: how the activations it meets are rounded to int8 (structs.ACTIVATIONS_*):
+    the kernels' own groups by default; a GGUF file's matrix rounds them as llama.cpp does for
+    its format (gguf/repack.py), so the file's model is llama.cpp's."""
+
+    activations = ACTIVATIONS_OWN
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, terms: int,
                  bias: torch.Tensor | None, out_features: int, float_inputs: int | None = None,
@@ -131,7 +137,8 @@ class BlockLinear(nn.Module):
         # (looked up per call, not kept: a benchmark swaps the library to time another build's)
         check_status("block_matmul", library().block_matmul(
             address("block_matmul", "x", x), rows, self.in_features, self._codes, self._scales, self._offsets,
-            self.scale_form, self.bits, self.out_features, self.groups, out.data_ptr(), torch.get_num_threads()))
+            self.scale_form, self.bits, self.out_features, self.groups, self.activations, out.data_ptr(),
+            torch.get_num_threads()))
         if self.bias is not None:
             out += self.bias
         return out
@@ -195,7 +202,13 @@ class BlockLinear(nn.Module):
 
     def subset(self, ids: torch.Tensor) -> "BlockLinear":
         """A layer of output rows `ids` [n] of this one, their codes as they are (the same
-        weights to the bit): a draft head's readout over its vocabulary."""
+        weights to the bit, meeting activations rounded the same way): a draft head's
+        readout over its vocabulary."""
+        layer = self._subset(ids)
+        layer.activations = self.activations
+        return layer
+
+    def _subset(self, ids: torch.Tensor) -> "BlockLinear":
         if self.bits in (16, 32):
             return BlockLinear.from_float(self.rows(ids).to(self.codes.dtype), self._bias_rows(ids))
         if self.bits == 6:

@@ -89,7 +89,7 @@ def declare(loaded: ctypes.CDLL) -> ctypes.CDLL:
         "kernel_interface": [], "kernel_isa": [], "isa_supported": [],
         "kernel_layout": [pointer, integer],
         "block_matmul": [pointer, integer, integer, pointer, pointer, pointer, integer, integer, integer, integer,
-                         pointer, integer],
+                         integer, pointer, integer],
         "block_rows": [pointer, pointer, pointer, integer, integer, integer, integer, integer, pointer, integer,
                        pointer],
         "causal_attention": [pointer, pointer, pointer, integer, integer, integer, integer, integer, integer, real,

@@ -30,8 +30,10 @@
  * a status, kernel_layout; 7: a layer's QK norm (Layer.q_norm, k_norm, qk_eps; attention_block's
  * q_norm, k_norm, qk_eps); 8: Gemma 3's layers (Layer.post_norm1, post_norm2, activation,
  * window, rope; decoder_layers' rope_tables; the attentions' window; geglu_rows); 9: mixtures
- * of experts (Experts, Layer.experts, expert_mlp); a build without this function is 1. */
-int kernel_interface(void) { return 9; }
+ * of experts (Experts, Layer.experts, expert_mlp); 10: activations rounded as llama.cpp rounds
+ * them for a file's format (Matrix.activations, block_matmul's `activations`); a build without
+ * this function is 1. */
+int kernel_interface(void) { return 10; }
 
 /* This library's instruction set (ISA_SCALAR, ISA_AVX2, ISA_VNNI, ISA_NEON), fixed when it was compiled. */
 int kernel_isa(void) { return SPECDRAFT_ISA; }
@@ -73,7 +75,7 @@ int kernel_layout(int64_t *out, int capacity) {
     const int64_t layout[] = {
         GROUP, BLOCK, SIX_GROUP_BYTES, SIX_SCALE_BYTES, MAX_PARTS, MAX_HEAD_DIM,
         sizeof(Matrix), AT(Matrix, codes), AT(Matrix, scale), AT(Matrix, offset), AT(Matrix, bias), AT(Matrix, N),
-        AT(Matrix, groups), AT(Matrix, bits), AT(Matrix, form),
+        AT(Matrix, groups), AT(Matrix, bits), AT(Matrix, form), AT(Matrix, activations),
         sizeof(Layer), AT(Layer, norm1), AT(Layer, norm2), AT(Layer, eps1), AT(Layer, eps2), AT(Layer, qkv),
         AT(Layer, gate_up), AT(Layer, out), AT(Layer, down), AT(Layer, qkv_parts), AT(Layer, gate_up_parts),
         AT(Layer, q_norm), AT(Layer, k_norm), AT(Layer, qk_eps), AT(Layer, post_norm1), AT(Layer, post_norm2),
@@ -98,6 +100,8 @@ static int check_matrix(const Matrix *w, int K) {
     if (!w->scale || (w->bits == 4 && !w->offset)) return KERNEL_NULL_POINTER;
     if (K % GROUP) return KERNEL_BAD_WIDTH;
     const int groups = K / GROUP;
+    if (w->activations < ACTIVATIONS_OWN || w->activations > ACTIVATIONS_Q8_K) return KERNEL_BAD_ARGUMENT;
+    if (w->activations == ACTIVATIONS_Q8_K && groups % SUPER_GROUPS) return KERNEL_BAD_ARGUMENT; /* whole super-blocks */
     switch (w->bits) {
     case 4: /* groups: terms x K / 32 */
         if (w->groups <= 0 || w->groups % groups) return KERNEL_BAD_FORMAT;
@@ -119,14 +123,14 @@ static int check_matrix(const Matrix *w, int K) {
  * bfloat16 / float32 weights, `bits` 16 / 32, that read neither; `form`: how the scales and
  * offsets are held (cpu_kernels_shared.h). Returns a status. */
 int block_matmul(const float *x, int M, int K, const void *codes, const void *scale, const void *offset, int form,
-                 int bits, int N, int groups, float *y, int threads) {
+                 int bits, int N, int groups, int activations, float *y, int threads) {
     if (!x || !y) return KERNEL_NULL_POINTER;
     if (M <= 0 || threads <= 0) return KERNEL_BAD_SIZE;
-    const Matrix w = {codes, scale, offset, NULL, N, groups, bits, form};
+    const Matrix w = {codes, scale, offset, NULL, N, groups, bits, form, activations};
     const int status = check_matrix(&w, K);
     if (status) return status;
     Activations a;
-    if (prepare_activations(x, M, K, !FLOAT_WEIGHTS(bits), &a)) return KERNEL_NO_MEMORY;
+    if (prepare_activations(x, M, K, activations_of(&w), &a)) return KERNEL_NO_MEMORY;
     block_products(&a, M, K, codes, scale, offset, form, bits, N, groups, y, N, threads);
     free_activations(&a);
     return KERNEL_OK;

@@ -6,6 +6,7 @@
  * numbers everywhere. The build flags keep the compiler from fusing a multiply and an add
  * (-ffp-contract=off), so what auto-vectorized code computes is what these lines say.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,12 +17,79 @@ void free_activations(Activations *a) {
     free(a->qx); free(a->dx); free(a->sx); free(a->ax); free(a->sx16);
 }
 
-/* Returns 0, or KERNEL_NO_MEMORY (then nothing is left allocated). */
-int prepare_activations(const float *x, int M, int K, int quantize, Activations *a) {
+/* `value` rounded to float16 and back, to nearest even, subnormals included (as the F16C
+ * conversion llama.cpp's GGML_CPU_FP32_TO_FP16 uses on x86); larger than float16 holds: inf. */
+static float half_rounded(float value) {
+    if (value == 0.0f || !isfinite(value)) return value;
+    int exponent;
+    frexpf(value, &exponent); /* |value| in [2^(exponent - 1), 2^exponent) */
+    const int step = exponent - 1 < -14 ? -24 : exponent - 11; /* the float16 spacing there: 2^step */
+    const float rounded = ldexpf(nearbyintf(ldexpf(value, -step)), step);
+    return fabsf(rounded) > 65504.0f ? copysignf(INFINITY, value) : rounded;
+}
+
+/* One code: v rounded to nearest even (nearbyintf in the default rounding mode, as llama.cpp's
+ * AVX rounding and its nearest_int), kept within -127..127. */
+static int8_t code_of(float v) {
+    const float r = nearbyintf(v);
+    return (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : r);
+}
+
+/* A row's groups of 32 as llama.cpp's quantize_row_q8_0 / _q8_1 (x86) round them: codes
+ * x x 127 / amax, the scale amax / 127 stored in float16; `q8_1`: also the offsets' weight
+ * d x sum rounded to float16 (d before its rounding). */
+static void quantize_row_q8_0(const float *x, int groups, int q8_1, int8_t *q, float *d, int32_t *s, float *ax) {
+    for (int g = 0; g < groups; g++) {
+        const float *xg = x + (size_t)g * GROUP;
+        float amax = 0.0f;
+        for (int j = 0; j < GROUP; j++) amax = fmaxf(amax, fabsf(xg[j]));
+        const float scale = amax / 127.0f, inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
+        int32_t sum = 0;
+        for (int j = 0; j < GROUP; j++) {
+            q[(size_t)g * GROUP + j] = code_of(xg[j] * inverse);
+            sum += q[(size_t)g * GROUP + j];
+        }
+        d[g] = half_rounded(scale);
+        s[g] = sum;
+        ax[g] = q8_1 ? half_rounded(scale * (float)sum) : d[g] * (float)sum;
+    }
+}
+
+/* A row's super-blocks of SUPER_GROUPS groups as llama.cpp's quantize_row_q8_K_ref rounds
+ * them: the value of largest magnitude (the first such) gives iscale = -127 / max, codes
+ * iscale x x, and d = 1 / iscale for every group of the block. */
+static void quantize_row_q8_k(const float *x, int groups, int8_t *q, float *d, int32_t *s, float *ax) {
+    for (int b = 0; b < groups / SUPER_GROUPS; b++) {
+        const float *xb = x + (size_t)b * SUPER_GROUPS * GROUP;
+        int8_t *qb = q + (size_t)b * SUPER_GROUPS * GROUP;
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < SUPER_GROUPS * GROUP; j++)
+            if (fabsf(xb[j]) > amax) { amax = fabsf(xb[j]); max = xb[j]; }
+        const float iscale = amax != 0.0f ? -127.0f / max : 0.0f, scale = amax != 0.0f ? 1.0f / iscale : 0.0f;
+        for (int g = 0; g < SUPER_GROUPS; g++) {
+            int32_t sum = 0;
+            for (int j = 0; j < GROUP; j++) {
+                qb[g * GROUP + j] = code_of(iscale * xb[g * GROUP + j]);
+                sum += qb[g * GROUP + j];
+            }
+            d[b * SUPER_GROUPS + g] = scale;
+            s[b * SUPER_GROUPS + g] = sum;
+            ax[b * SUPER_GROUPS + g] = scale * (float)sum;
+        }
+    }
+}
+
+int activations_of(const Matrix *w) {
+    return FLOAT_WEIGHTS(w->bits) ? ACTIVATIONS_FLOAT : w->activations;
+}
+
+/* Returns 0, or KERNEL_NO_MEMORY (then nothing is left allocated). The rule was checked
+ * (ACTIVATIONS_Q8_K: K a multiple of SUPER_GROUPS groups; cpu_boundary.c). */
+int prepare_activations(const float *x, int M, int K, int rule, Activations *a) {
     const int groups = K / GROUP;
     a->x = x;
     a->qx = NULL; a->dx = NULL; a->sx = NULL; a->ax = NULL; a->sx16 = NULL;
-    if (!quantize) return 0;
+    if (rule == ACTIVATIONS_FLOAT) return 0;
     a->qx = (int8_t *)malloc((size_t)M * K);
     a->dx = (float *)malloc(sizeof(float) * (size_t)M * groups);
     a->sx = (int32_t *)malloc(sizeof(int32_t) * (size_t)M * groups);
@@ -31,10 +99,20 @@ int prepare_activations(const float *x, int M, int K, int quantize, Activations 
         free_activations(a);
         return KERNEL_NO_MEMORY;
     }
-    for (int m = 0; m < M; m++) /* (this build's quantize_row: the same codes in every build) */
-        quantize_row(x + (size_t)m * K, groups, a->qx + (size_t)m * K, a->dx + (size_t)m * groups,
-                     a->sx + (size_t)m * groups);
-    for (size_t i = 0; i < (size_t)M * groups; i++) a->ax[i] = a->dx[i] * (float)a->sx[i];
+    for (int m = 0; m < M; m++) {
+        const float *row = x + (size_t)m * K;
+        int8_t *q = a->qx + (size_t)m * K;
+        float *d = a->dx + (size_t)m * groups, *ax = a->ax + (size_t)m * groups;
+        int32_t *s = a->sx + (size_t)m * groups;
+        if (rule == ACTIVATIONS_Q8_K) {
+            quantize_row_q8_k(row, groups, q, d, s, ax);
+        } else if (rule == ACTIVATIONS_Q8_0 || rule == ACTIVATIONS_Q8_1) {
+            quantize_row_q8_0(row, groups, rule == ACTIVATIONS_Q8_1, q, d, s, ax);
+        } else { /* (this build's quantize_row: the same codes in every build) */
+            quantize_row(row, groups, q, d, s);
+            for (int g = 0; g < groups; g++) ax[g] = d[g] * (float)s[g];
+        }
+    }
     for (size_t i = 0; i < (size_t)M * groups * 2; i++) {
         int32_t total = 0;
         for (int j = 0; j < 16; j++) total += a->qx[16 * i + j];

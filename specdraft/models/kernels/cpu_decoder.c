@@ -22,17 +22,24 @@ static int inner_width(const Layer *L) {
 }
 
 /* y [n, sum of the parts' N] = x [n, K] times the parts side by side, plus their biases; the
- * activations are quantized once for all parts. Returns 0, or KERNEL_NO_MEMORY. */
+ * activations are quantized once for all parts that round them alike (a file's parts in formats
+ * llama.cpp rounds activations differently for each get their own). Returns 0, or
+ * KERNEL_NO_MEMORY. */
 int project_impl(const float *x, int n, int K, const Matrix *parts, int count, float *y, int threads) {
     int width = 0;
     for (int p = 0; p < count; p++) width += parts[p].N;
-    int quantize = 0;
-    for (int p = 0; p < count; p++) quantize |= !FLOAT_WEIGHTS(parts[p].bits);
     Activations a;
-    if (prepare_activations(x, n, K, quantize, &a)) return KERNEL_NO_MEMORY;
+    int prepared = 0, rule = ACTIVATIONS_FLOAT; /* what `a` holds */
     int column = 0;
     for (int p = 0; p < count; p++) {
         const Matrix *w = &parts[p];
+        const int wanted = activations_of(w);
+        if (!prepared || (wanted != ACTIVATIONS_FLOAT && wanted != rule)) { /* (float weights read any: a->x) */
+            if (prepared) free_activations(&a);
+            if (prepare_activations(x, n, K, wanted, &a)) return KERNEL_NO_MEMORY;
+            prepared = 1;
+            rule = wanted;
+        }
         block_products(&a, n, K, w->codes, w->scale, w->offset, w->form, w->bits, w->N, w->groups, y + column, width,
                        threads);
         if (w->bias)
@@ -40,7 +47,7 @@ int project_impl(const float *x, int n, int K, const Matrix *parts, int count, f
                 for (int c = 0; c < w->N; c++) y[(size_t)r * width + column + c] += w->bias[c];
         column += w->N;
     }
-    free_activations(&a);
+    if (prepared) free_activations(&a);
     return KERNEL_OK;
 }
 

@@ -115,7 +115,8 @@ enum {
 
 /* The activations of a product: the float rows x [M, K] (what float weights meet) and, for
  * weights in 4- or 8-bit groups, the rows quantized per group of 32: int8 codes qx (-127..127),
- * scale dx, code sum sx and ax = dx * sx (the offsets' weight); NULL when not quantized. */
+ * scale dx, code sum sx and ax, the offsets' weight (dx * sx; ACTIVATIONS_Q8_1: d x sx rounded
+ * to float16); NULL when not quantized. */
 typedef struct {
     const float *x;
     int8_t *qx;
@@ -130,13 +131,28 @@ typedef struct {
  * number of rows. */
 #define FLOAT_WEIGHTS(bits) ((bits) == 16 || (bits) == 32)
 
+/* How the activations a quantized weight meets are rounded to int8 (Matrix.activations,
+ * cpu_common.c). ACTIVATIONS_OWN: per group of 32, a float32 scale amax / 127 (the build's
+ * quantize_row; weights that are not a GGUF file's). The others round as llama.cpp does for the
+ * file's format, so that a file's model is llama.cpp's up to the order of float sums:
+ * ACTIVATIONS_Q8_0 (Q4_0, Q5_0, Q8_0, IQ4_NL: per 32, the scale rounded to float16),
+ * ACTIVATIONS_Q8_1 (Q4_1, Q5_1: as Q8_0, and the offsets' weight d x sum rounded to float16),
+ * ACTIVATIONS_Q8_K (K-quants, IQ4_XS: one scale per SUPER_GROUPS groups, 256 values). ACTIVATIONS_FLOAT: none (float
+ * weights read the float rows). */
+#define ACTIVATIONS_FLOAT (-1)
+#define ACTIVATIONS_OWN 0
+#define ACTIVATIONS_Q8_0 1
+#define ACTIVATIONS_Q8_1 2
+#define ACTIVATIONS_Q8_K 3
+
 /* A weight in the block layout (block_linear.BlockLinear): `bits` 4 (offsets), 6, 8, or 16 / 32
- * (bfloat16 / float32 weights, no scales); `form`: how its scales and offsets are held. Python
- * mirrors it and Layer with ctypes (native_layers.py), checked against `struct_layout`. */
+ * (bfloat16 / float32 weights, no scales); `form`: how its scales and offsets are held;
+ * `activations`: how the activations it meets are quantized (ACTIVATIONS_*). Python mirrors it
+ * and Layer with ctypes (native_layers.py), checked against `struct_layout`. */
 typedef struct {
     const void *codes, *scale, *offset; /* offset NULL unless 4 bits */
     const float *bias;                  /* NULL when none */
-    int N, groups, bits, form;
+    int N, groups, bits, form, activations;
 } Matrix;
 
 /* The MLP's gated activation: silu(gate) x up (Llama), or gelu(gate) x up with gelu's tanh
@@ -184,9 +200,10 @@ void rms_norm_impl(const float *x, const float *weight, int rows, int dim, float
 void swiglu_impl(const float *gate_up, int rows, int inner, float *out);
 int causal_attention_impl(const float *q, const float *keys, const float *values, int n, int start, int H, int KVH,
                           int D, int capacity, float scale, const int *parents, int window, float *out, int threads);
-/* Shared by every build (cpu_common.c, cpu_decoder.c, cpu_experts.c): `quantize` 0 leaves the codes out
- * (every weight the activations meet is float). */
-int prepare_activations(const float *x, int M, int K, int quantize, Activations *a);
+/* Shared by every build (cpu_common.c, cpu_decoder.c, cpu_experts.c): `rule` one of ACTIVATIONS_*
+ * (ACTIVATIONS_FLOAT leaves the codes out: every weight the activations meet is float). */
+int prepare_activations(const float *x, int M, int K, int rule, Activations *a);
+int activations_of(const Matrix *w); /* the rule a weight's products quantize by */
 void free_activations(Activations *a);
 void six_codes(const uint8_t *group, int c, int32_t *code);  /* a 6-bit group's 32 codes 0..63 of column c */
 void add_rms_norm_impl(float *x, const float *delta, const float *weight, int rows, int dim, float eps, float *out);

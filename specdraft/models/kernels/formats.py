@@ -77,15 +77,20 @@ class Int8Codes:
         return Int8Codes(self.codes[order], self.scales[order])
 
 
+def has_terms(type_name: str, cols: int) -> bool:
+    """Whether `block_terms` reads rows of `cols` of this format exactly (4-bit terms or int8
+    groups), not as int8 rows."""
+    return type_name in _DECODERS and cols % (256 if type_name.endswith(("_K", "_XS")) else GROUP) == 0
+
+
 def block_terms(type_name: str, data: np.ndarray, shape: tuple[int, int]) -> Int4Terms | Int8Codes | None:
     """The file's tensor `data` (raw blocks, uint8) of `shape` (rows, columns) as 4-bit terms
     or int8 groups (Q8_0), or as int8 rows for formats with neither form; None for float
     tensors."""
     rows, cols = shape
-    decoder = _DECODERS.get(type_name)
-    if decoder is not None and cols % (256 if type_name.endswith(("_K", "_XS")) else GROUP) == 0:
+    if has_terms(type_name, cols):
         blocks = np.ascontiguousarray(data).reshape(rows, -1).view(np.uint8)
-        return decoder(blocks, rows, cols)
+        return _DECODERS[type_name](blocks, rows, cols)
     if type_name in ("F32", "F16", "BF16", "F64"):
         return None
     return int8_rows(dequantized(type_name, data, shape))

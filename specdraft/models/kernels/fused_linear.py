@@ -32,10 +32,12 @@ def fuse(parts: Sequence[nn.Module]) -> nn.Module:
     the big weight tensors are concatenated once and each part is re-pointed at its slice.
     Packed int4 rows and block-layout columns concatenate only at block boundaries; parts in
     different formats (a GGUF file may store the value projection with more bits than the
-    query's) or with scales held in different forms (scale_forms.py) stay separate."""
+    query's), with scales held in different forms (scale_forms.py) or meeting activations
+    rounded differently (block_linear.BlockLinear.activations) stay separate."""
     first = parts[0]
     if len({type(p) for p in parts}) > 1 or len({getattr(p, "group", 0) for p in parts}) > 1 \
-            or len({(getattr(p, "terms", 1), getattr(p, "bits", 0), getattr(p, "scale_form", 0)) for p in parts}) > 1 \
+            or len({(getattr(p, "terms", 1), getattr(p, "bits", 0), getattr(p, "scale_form", 0),
+                     getattr(p, "activations", 0)) for p in parts}) > 1 \
             or (isinstance(first, Int4Linear) and any(p.out_features % INT4_PACK_ROWS for p in parts[:-1])) \
             or (isinstance(first, BlockLinear) and any(p.out_features % BLOCK for p in parts[:-1])):
         return Concatenated(parts)
@@ -90,8 +92,10 @@ def _fuse_blocks(parts: Sequence[BlockLinear]) -> BlockLinear:
     some = next((p.bias for p in parts if p.bias is not None), None)
     bias = None if some is None else torch.cat(
         [p.bias.detach() if p.bias is not None else some.new_zeros(p.out_features) for p in parts])
-    return BlockLinear(tensors["codes"], tensors["scales"], tensors["offsets"], parts[0].terms, bias, sum(sizes),
-                       float_inputs=parts[0].in_features if bits in (16, 32) else None, bits=bits)
+    fused = BlockLinear(tensors["codes"], tensors["scales"], tensors["offsets"], parts[0].terms, bias, sum(sizes),
+                        float_inputs=parts[0].in_features if bits in (16, 32) else None, bits=bits)
+    fused.activations = parts[0].activations
+    return fused
 
 
 def adjacent(pieces: Sequence[torch.Tensor]) -> torch.Tensor | None:

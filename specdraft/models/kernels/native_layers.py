@@ -40,7 +40,8 @@ def _parts(module: nn.Module) -> list[BlockLinear] | None:
 def _matrix(layer: BlockLinear) -> _Matrix:
     layer.check_buffers()
     bias = None if layer.bias is None else address("decoder_layers", "a bias", layer.bias.data, (layer.out_features,))
-    return _Matrix(*layer.addresses, bias, layer.out_features, layer.groups, layer.bits, layer.scale_form)
+    return _Matrix(*layer.addresses, bias, layer.out_features, layer.groups, layer.bits, layer.scale_form,
+                   layer.activations)
 
 
 class ExpertsTable:

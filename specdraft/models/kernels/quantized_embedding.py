@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from specdraft.models.kernels.block_linear import BlockLinear
-from specdraft.models.kernels.formats import block_terms
+from specdraft.models.kernels.formats import block_terms, dequantized, has_terms
 
 _FLOAT_TYPES = {"F32": np.float32, "F16": np.float16}
 
@@ -47,8 +47,13 @@ class QuantizedEmbedding(nn.Module):
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Dequantized rows `ids` [n] -> [n, D] float32."""
         raw = self.blocks.index_select(0, ids.cpu()).numpy()
-        codes = block_terms(self.type_name, raw, (len(raw), self.embedding_dim))
-        values = codes.dense() if codes is not None else raw.view(_FLOAT_TYPES[self.type_name])
+        shape = (len(raw), self.embedding_dim)
+        if self.type_name in _FLOAT_TYPES:
+            values = raw.view(_FLOAT_TYPES[self.type_name])
+        elif has_terms(self.type_name, self.embedding_dim):
+            values = block_terms(self.type_name, raw, shape).dense()
+        else:  # (not rounded to int8 rows, as a product's fallback is: a row is read, not multiplied)
+            values = dequantized(self.type_name, raw, shape)
         return torch.from_numpy(np.asarray(values, dtype=np.float32))
 
     @property

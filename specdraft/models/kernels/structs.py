@@ -16,12 +16,15 @@ SIX_GROUP_BYTES, SIX_SCALE_BYTES = 384, 36  # a 6-bit group's codes and scales i
 MAX_PARTS = 3  # matrices side by side in one projection (q, k, v)
 MAX_HEAD_DIM = 256  # the largest head size attention takes (its accumulators: D / 8 registers)
 HEAD_LANES = 8  # a head size is a multiple of this
+# How the activations a weight meets are quantized (cpu_kernels_shared.h ACTIVATIONS_*): the
+# kernels' own groups of 32, or as llama.cpp rounds them for a GGUF file's format
+ACTIVATIONS_OWN, ACTIVATIONS_Q8_0, ACTIVATIONS_Q8_1, ACTIVATIONS_Q8_K = 0, 1, 2, 3
 
 
 class Matrix(ctypes.Structure):
     _fields_ = [("codes", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("offset", ctypes.c_void_p),
                 ("bias", ctypes.c_void_p), ("N", ctypes.c_int), ("groups", ctypes.c_int), ("bits", ctypes.c_int),
-                ("form", ctypes.c_int)]
+                ("form", ctypes.c_int), ("activations", ctypes.c_int)]
 
 
 class Experts(ctypes.Structure):
@@ -39,7 +42,7 @@ class Layer(ctypes.Structure):
 
 
 # The fields of each struct in the C declaration's order (cpu_kernels_shared.h)
-FIELDS = {"Matrix": ("codes", "scale", "offset", "bias", "N", "groups", "bits", "form"),
+FIELDS = {"Matrix": ("codes", "scale", "offset", "bias", "N", "groups", "bits", "form", "activations"),
           "Layer": ("norm1", "norm2", "eps1", "eps2", "qkv", "gate_up", "out", "down", "qkv_parts", "gate_up_parts",
                     "q_norm", "k_norm", "qk_eps", "post_norm1", "post_norm2", "activation", "window", "rope",
                     "experts"),
