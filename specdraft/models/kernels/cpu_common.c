@@ -1,5 +1,5 @@
 /* What every build of the kernels shares, in plain C (compiled into the scalar, AVX2, VNNI and
- * NEON libraries alike; each links it to its own quantize_row, products, norms and attention):
+ * NEON libraries alike; each links it to its own amax_of and quantize_groups, products, norms and attention):
  * the activations a product quantizes, the residual update before a norm, a weight's rows
  * looked up (block_rows: an embedding tied to the head), the rotary positions and KV write
  * before attention, and the parallel loop of the builds that attend row by row. None of it is vector code of its own, and none of it depends on a build: the same
@@ -17,22 +17,44 @@ void free_activations(Activations *a) {
     free(a->qx); free(a->dx); free(a->sx); free(a->ax); free(a->sx16);
 }
 
-/* `value` rounded to float16 and back, to nearest even, subnormals included (as the F16C
- * conversion llama.cpp's GGML_CPU_FP32_TO_FP16 uses on x86); larger than float16 holds: inf. */
-static float half_rounded(float value) {
-    if (value == 0.0f || !isfinite(value)) return value;
-    int exponent;
-    frexpf(value, &exponent); /* |value| in [2^(exponent - 1), 2^exponent) */
-    const int step = exponent - 1 < -14 ? -24 : exponent - 11; /* the float16 spacing there: 2^step */
-    const float rounded = ldexpf(nearbyintf(ldexpf(value, -step)), step);
-    return fabsf(rounded) > 65504.0f ? copysignf(INFINITY, value) : rounded;
+/* v rounded to nearest even, for |v| < 2^22: the bits of v + 1.5 x 2^23 (llama.cpp's nearest_int,
+ * which rounds Q8_K's codes; what its AVX rounding gives Q8_0's): no library call, the same in
+ * every build. */
+static inline int32_t nearest_int(float v) {
+    const float shifted = v + 12582912.0f;
+    int32_t bits;
+    memcpy(&bits, &shifted, sizeof bits);
+    return (bits & 0x007fffff) - 0x00400000;
 }
 
-/* One code: v rounded to nearest even (nearbyintf in the default rounding mode, as llama.cpp's
- * AVX rounding and its nearest_int), kept within -127..127. */
-static int8_t code_of(float v) {
-    const float r = nearbyintf(v);
-    return (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : r);
+/* `value` rounded to float16 and back, to nearest even, subnormals included (as the F16C
+ * conversion llama.cpp's GGML_CPU_FP32_TO_FP16 uses on x86); beyond float16's range: inf. */
+static float half_rounded(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    const uint32_t sign = bits & 0x80000000u, magnitude = bits & 0x7fffffffu;
+    if (magnitude >= 0x7f800000u) return value;                                /* inf, nan */
+    if (magnitude >= 0x477ff000u) return sign ? -INFINITY : INFINITY;          /* >= 65520 */
+    if (magnitude < 0x38800000u) {                  /* below 2^-14: a float16 subnormal, steps of 2^-24 */
+        const float rounded = (float)nearest_int(fabsf(value) * 16777216.0f) * 5.9604644775390625e-08f;
+        return sign ? -rounded : rounded;
+    }
+    /* a normal float16 keeps 10 of the 23 mantissa bits: the 13 dropped rounded to nearest even */
+    const uint32_t kept = (magnitude + 0x00000fffu + ((magnitude >> 13) & 1u)) & ~0x00001fffu;
+    const uint32_t out = sign | kept;
+    float result;
+    memcpy(&result, &out, sizeof result);
+    return result;
+}
+
+/* A row's groups of 32 with a float32 scale amax / 127 each (ACTIVATIONS_OWN). */
+static void quantize_row_own(const float *x, int groups, int8_t *q, float *d, int32_t *s, float *ax) {
+    for (int g = 0; g < groups; g++) {
+        const float scale = amax_of(x + (size_t)g * GROUP, 1) / 127.0f;
+        quantize_groups(x + (size_t)g * GROUP, 1, scale > 0.0f ? 1.0f / scale : 0.0f, q + (size_t)g * GROUP, s + g);
+        d[g] = scale;
+        ax[g] = scale * (float)s[g];
+    }
 }
 
 /* A row's groups of 32 as llama.cpp's quantize_row_q8_0 / _q8_1 (x86) round them: codes
@@ -40,18 +62,10 @@ static int8_t code_of(float v) {
  * d x sum rounded to float16 (d before its rounding). */
 static void quantize_row_q8_0(const float *x, int groups, int q8_1, int8_t *q, float *d, int32_t *s, float *ax) {
     for (int g = 0; g < groups; g++) {
-        const float *xg = x + (size_t)g * GROUP;
-        float amax = 0.0f;
-        for (int j = 0; j < GROUP; j++) amax = fmaxf(amax, fabsf(xg[j]));
-        const float scale = amax / 127.0f, inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
-        int32_t sum = 0;
-        for (int j = 0; j < GROUP; j++) {
-            q[(size_t)g * GROUP + j] = code_of(xg[j] * inverse);
-            sum += q[(size_t)g * GROUP + j];
-        }
+        const float amax = amax_of(x + (size_t)g * GROUP, 1), scale = amax / 127.0f;
+        quantize_groups(x + (size_t)g * GROUP, 1, amax != 0.0f ? 127.0f / amax : 0.0f, q + (size_t)g * GROUP, s + g);
         d[g] = half_rounded(scale);
-        s[g] = sum;
-        ax[g] = q8_1 ? half_rounded(scale * (float)sum) : d[g] * (float)sum;
+        ax[g] = q8_1 ? half_rounded(scale * (float)s[g]) : d[g] * (float)s[g];
     }
 }
 
@@ -61,20 +75,15 @@ static void quantize_row_q8_0(const float *x, int groups, int q8_1, int8_t *q, f
 static void quantize_row_q8_k(const float *x, int groups, int8_t *q, float *d, int32_t *s, float *ax) {
     for (int b = 0; b < groups / SUPER_GROUPS; b++) {
         const float *xb = x + (size_t)b * SUPER_GROUPS * GROUP;
-        int8_t *qb = q + (size_t)b * SUPER_GROUPS * GROUP;
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < SUPER_GROUPS * GROUP; j++)
-            if (fabsf(xb[j]) > amax) { amax = fabsf(xb[j]); max = xb[j]; }
+        const float amax = amax_of(xb, SUPER_GROUPS);
+        float max = 0.0f;
+        for (int j = 0; j < SUPER_GROUPS * GROUP && amax != 0.0f; j++)
+            if (fabsf(xb[j]) == amax) { max = xb[j]; break; }
         const float iscale = amax != 0.0f ? -127.0f / max : 0.0f, scale = amax != 0.0f ? 1.0f / iscale : 0.0f;
-        for (int g = 0; g < SUPER_GROUPS; g++) {
-            int32_t sum = 0;
-            for (int j = 0; j < GROUP; j++) {
-                qb[g * GROUP + j] = code_of(iscale * xb[g * GROUP + j]);
-                sum += qb[g * GROUP + j];
-            }
-            d[b * SUPER_GROUPS + g] = scale;
-            s[b * SUPER_GROUPS + g] = sum;
-            ax[b * SUPER_GROUPS + g] = scale * (float)sum;
+        quantize_groups(xb, SUPER_GROUPS, iscale, q + (size_t)b * SUPER_GROUPS * GROUP, s + b * SUPER_GROUPS);
+        for (int g = b * SUPER_GROUPS; g < (b + 1) * SUPER_GROUPS; g++) {
+            d[g] = scale;
+            ax[g] = scale * (float)s[g];
         }
     }
 }
@@ -108,9 +117,8 @@ int prepare_activations(const float *x, int M, int K, int rule, Activations *a) 
             quantize_row_q8_k(row, groups, q, d, s, ax);
         } else if (rule == ACTIVATIONS_Q8_0 || rule == ACTIVATIONS_Q8_1) {
             quantize_row_q8_0(row, groups, rule == ACTIVATIONS_Q8_1, q, d, s, ax);
-        } else { /* (this build's quantize_row: the same codes in every build) */
-            quantize_row(row, groups, q, d, s);
-            for (int g = 0; g < groups; g++) ax[g] = d[g] * (float)s[g];
+        } else {
+            quantize_row_own(row, groups, q, d, s, ax);
         }
     }
     for (size_t i = 0; i < (size_t)M * groups * 2; i++) {

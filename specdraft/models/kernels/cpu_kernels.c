@@ -19,25 +19,26 @@
 
 #include "cpu_kernels_vector.h"
 
-/* One row's groups of 32 to int8 codes: per group the scale amax / 127, each value rounded to
- * nearest even (as nearbyintf in the default rounding mode) and clamped to -127..127 (every
- * build's activations; prepare_activations, cpu_common.c, calls it). */
-void quantize_row(const float *x, int groups, int8_t *q, float *d, int32_t *s) {
+/* max |x| over `groups` groups of 32 values (exact, whatever the order). */
+float amax_of(const float *x, int groups) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 most = _mm256_setzero_ps();
+    for (int k = 0; k < 4 * groups; k++) most = _mm256_max_ps(most, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * k)));
+    return hmax(most);
+}
+
+/* `groups` groups of 32 values to int8 codes: each value times `inverse` rounded to nearest
+ * even (cvtps2dq in the default rounding mode) and clamped to -127..127; s: each group's code
+ * sum. */
+void quantize_groups(const float *x, int groups, float inverse, int8_t *q, int32_t *s) {
     const __m256i top = _mm256_set1_epi32(127), bottom = _mm256_set1_epi32(-127);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* undoes the packs' lane interleave */
+    const __m256 multiplier = _mm256_set1_ps(inverse);
     for (int g = 0; g < groups; g++) {
         const float *xg = x + g * GROUP;
-        __m256 v[4], most = _mm256_setzero_ps();
-        for (int k = 0; k < 4; k++) {
-            v[k] = _mm256_loadu_ps(xg + 8 * k);
-            most = _mm256_max_ps(most, _mm256_andnot_ps(sign, v[k]));
-        }
-        const float amax = hmax(most), scale = amax / 127.0f;
-        const __m256 inverse = _mm256_set1_ps(scale > 0.0f ? 1.0f / scale : 0.0f);
         __m256i codes[4], sum = _mm256_setzero_si256();
         for (int k = 0; k < 4; k++) {
-            codes[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], inverse));
+            codes[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + 8 * k), multiplier));
             codes[k] = _mm256_max_epi32(_mm256_min_epi32(codes[k], top), bottom);
             sum = _mm256_add_epi32(sum, codes[k]);
         }
@@ -47,7 +48,6 @@ void quantize_row(const float *x, int groups, int8_t *q, float *d, int32_t *s) {
         __m128i half = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
         half = _mm_add_epi32(half, _mm_shuffle_epi32(half, 0x4E));
         half = _mm_add_epi32(half, _mm_shuffle_epi32(half, 0xB1));
-        d[g] = scale;
         s[g] = _mm_cvtsi128_si32(half);
     }
 }

@@ -17,21 +17,23 @@
 
 #include "cpu_kernels_neon.h"
 
-/* One row's groups of 32 to int8 codes, as cpu_kernels_scalar.c's quantize_row. */
-void quantize_row(const float *x, int groups, int8_t *q, float *d, int32_t *s) {
+/* max |x| over `groups` groups of 32 values, as cpu_kernels_scalar.c's amax_of. */
+float amax_of(const float *x, int groups) {
+    float32x4_t most_lo = vdupq_n_f32(0.0f), most_hi = vdupq_n_f32(0.0f);
+    for (int k = 0; k < 4 * groups; k++) {
+        most_lo = lane_max4(most_lo, vabsq_f32(vld1q_f32(x + 8 * k)));
+        most_hi = lane_max4(most_hi, vabsq_f32(vld1q_f32(x + 8 * k + 4)));
+    }
+    return max8(most_lo, most_hi);
+}
+
+/* Groups of 32 values to int8 codes, as cpu_kernels_scalar.c's quantize_groups. */
+void quantize_groups(const float *x, int groups, float inverse, int8_t *q, int32_t *s) {
     for (int g = 0; g < groups; g++) {
         const float *xg = x + g * GROUP;
-        float32x4_t v[8], most_lo = vdupq_n_f32(0.0f), most_hi = vdupq_n_f32(0.0f);
-        for (int k = 0; k < 8; k++) v[k] = vld1q_f32(xg + 4 * k);
-        for (int k = 0; k < 4; k++) {
-            most_lo = lane_max4(most_lo, vabsq_f32(v[2 * k]));
-            most_hi = lane_max4(most_hi, vabsq_f32(v[2 * k + 1]));
-        }
-        const float amax = max8(most_lo, most_hi), scale = amax / 127.0f;
-        const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
         int32x4_t sum = vdupq_n_s32(0), codes[8];
         for (int k = 0; k < 8; k++) {
-            codes[k] = to_int4(vmulq_n_f32(v[k], inverse));
+            codes[k] = to_int4(vmulq_n_f32(vld1q_f32(xg + 4 * k), inverse));
             codes[k] = vmaxq_s32(vminq_s32(codes[k], vdupq_n_s32(127)), vdupq_n_s32(-127));
             sum = vaddq_s32(sum, codes[k]);
         }
@@ -39,7 +41,6 @@ void quantize_row(const float *x, int groups, int8_t *q, float *d, int32_t *s) {
             const int16x8_t pair = vcombine_s16(vmovn_s32(codes[k]), vmovn_s32(codes[k + 1]));
             vst1_s8(q + g * GROUP + 4 * k, vmovn_s16(pair));
         }
-        d[g] = scale;
         s[g] = vaddvq_s32(sum);
     }
 }

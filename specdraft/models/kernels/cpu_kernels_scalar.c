@@ -20,17 +20,20 @@
 
 #include "cpu_kernels_scalar.h"
 
-/* One row's groups of 32 to int8 codes, as cpu_kernels.c's quantize_row: the scale amax / 127
- * (amax the maximum of |x| over 8 lanes of 4 values each, then hmax's tree), each value times
- * the inverse scale rounded to nearest even and clamped to -127..127. */
-void quantize_row(const float *x, int groups, int8_t *q, float *d, int32_t *s) {
+/* max |x| over `groups` groups of 32 values, as cpu_kernels.c's amax_of: 8 lanes, then hmax's
+ * tree (a maximum is exact in any order; the order only matters for a NaN). */
+float amax_of(const float *x, int groups) {
+    float most[8] = {0};
+    for (int k = 0; k < 4 * groups; k++)
+        for (int l = 0; l < 8; l++) most[l] = lane_max(most[l], fabsf(x[8 * k + l]));
+    return max8(most);
+}
+
+/* Groups of 32 values to int8 codes, as cpu_kernels.c's quantize_groups: each value times
+ * `inverse` rounded to nearest even and clamped to -127..127; s: each group's code sum. */
+void quantize_groups(const float *x, int groups, float inverse, int8_t *q, int32_t *s) {
     for (int g = 0; g < groups; g++) {
         const float *xg = x + g * GROUP;
-        float most[8] = {0};
-        for (int k = 0; k < 4; k++)
-            for (int l = 0; l < 8; l++) most[l] = lane_max(most[l], fabsf(xg[8 * k + l]));
-        const float amax = max8(most), scale = amax / 127.0f;
-        const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
         int32_t sum = 0;
         for (int j = 0; j < GROUP; j++) {
             int32_t code = to_int(xg[j] * inverse);
@@ -38,7 +41,6 @@ void quantize_row(const float *x, int groups, int8_t *q, float *d, int32_t *s) {
             q[g * GROUP + j] = (int8_t)code;
             sum += code;
         }
-        d[g] = scale;
         s[g] = sum;
     }
 }

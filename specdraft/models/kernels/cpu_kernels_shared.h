@@ -191,9 +191,12 @@ typedef struct {
     const Experts *experts;
 } Layer;
 
-/* Per build (cpu_kernels.c, cpu_kernels_scalar.c): one row's groups of 32 quantized, the block
- * products, RMSNorm, SwiGLU and attention over cached keys. */
-void quantize_row(const float *x, int groups, int8_t *q, float *d, int32_t *s);
+/* Per build (cpu_kernels.c, cpu_kernels_scalar.c, cpu_kernels_neon.c): the largest |x| over groups
+ * of 32 values and their int8 codes (x times `inverse`, rounded to nearest even, within
+ * -127..127, with each group's code sum), from which cpu_common.c quantizes activations by every
+ * rule; the block products, RMSNorm, SwiGLU and attention over cached keys. */
+float amax_of(const float *x, int groups);
+void quantize_groups(const float *x, int groups, float inverse, int8_t *q, int32_t *s);
 void block_products(const Activations *a, int M, int K, const void *codes, const void *scale, const void *offset,
                     int form, int bits, int N, int groups, float *y, int ldy, int threads);
 void rms_norm_impl(const float *x, const float *weight, int rows, int dim, float eps, float *out);
