@@ -1,5 +1,6 @@
 /* What every build of the kernels shares, in plain C (compiled into the scalar, AVX2, VNNI and
- * NEON libraries alike; each links it to its own amax_of and quantize_groups, products, norms and attention):
+ * NEON libraries alike; each links it to its own amax_of and quantize_groups, products, norms
+ * and attention):
  * the activations a product quantizes, the residual update before a norm, a weight's rows
  * looked up (block_rows: an embedding tied to the head), the rotary positions and KV write
  * before attention, and the parallel loop of the builds that attend row by row. None of it is vector code of its own, and none of it depends on a build: the same

@@ -132,13 +132,13 @@ typedef struct {
 #define FLOAT_WEIGHTS(bits) ((bits) == 16 || (bits) == 32)
 
 /* How the activations a quantized weight meets are rounded to int8 (Matrix.activations,
- * cpu_common.c). ACTIVATIONS_OWN: per group of 32, a float32 scale amax / 127 (the build's
- * quantize_row; weights that are not a GGUF file's). The others round as llama.cpp does for the
- * file's format, so that a file's model is llama.cpp's up to the order of float sums:
- * ACTIVATIONS_Q8_0 (Q4_0, Q5_0, Q8_0, IQ4_NL: per 32, the scale rounded to float16),
- * ACTIVATIONS_Q8_1 (Q4_1, Q5_1: as Q8_0, and the offsets' weight d x sum rounded to float16),
- * ACTIVATIONS_Q8_K (K-quants, IQ4_XS: one scale per SUPER_GROUPS groups, 256 values). ACTIVATIONS_FLOAT: none (float
- * weights read the float rows). */
+ * cpu_common.c). ACTIVATIONS_OWN: per group of 32, a float32 scale amax / 127 (weights that
+ * are not a GGUF file's). The others round as llama.cpp does for the file's format, so that a
+ * file's model is llama.cpp's up to the order of float sums: ACTIVATIONS_Q8_0 (Q4_0, Q5_0,
+ * Q8_0, IQ4_NL: per 32, the scale rounded to float16), ACTIVATIONS_Q8_1 (Q4_1, Q5_1: as Q8_0,
+ * and the offsets' weight d x sum rounded to float16), ACTIVATIONS_Q8_K (K-quants, IQ4_XS: one
+ * scale per SUPER_GROUPS groups, 256 values). ACTIVATIONS_FLOAT: none (float weights read the
+ * float rows). */
 #define ACTIVATIONS_FLOAT (-1)
 #define ACTIVATIONS_OWN 0
 #define ACTIVATIONS_Q8_0 1
