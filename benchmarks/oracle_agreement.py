@@ -8,9 +8,12 @@ Two parts, each optional:
   quantized by llama.cpp to each format of `--formats`; per file its distance and agreement,
   and the agreement over all.
 - `--real FILE ...`: real GGUF files, each continued greedily from six prompts for `--tokens`
-  tokens (the tokenizer is the file's own).
+  tokens (the tokenizer is the file's own). With `--nudge`, also specdraft against itself with
+  its first layer's input norm weights scaled by 1 + 2^-22 (a couple of float32 ulps): how far
+  a rounding-sized difference upstream moves this model's logits and next tokens, the floor
+  that any engine not identical to llama.cpp in every float operation meets.
 
-    python benchmarks/oracle_agreement.py --tiny --real /work/models/gemma-3-270m-q4_k_m.gguf
+    python benchmarks/oracle_agreement.py --tiny --real /work/models/gemma-3-270m-q4_k_m.gguf --nudge
 """
 
 from __future__ import annotations
@@ -65,13 +68,30 @@ def tiny(formats: list[str]) -> None:
     print(f"tiny models: top-1 {same}/{total} = {same / total:.1%}")
 
 
-def real(path: Path, new_tokens: int) -> None:
+def nudged_rows(model, tokens: list[int], prompt: int):
+    """specdraft_rows with the first layer's input norm weights scaled by 1 + 2^-22."""
+    import torch
+
+    from specdraft.models.cached_lm import CachedLM
+
+    weight = CachedLM(model, lean=True).lean.layers[0].norm1.weight  # (what the kernels read)
+    saved = weight.detach().clone()
+    with torch.no_grad():
+        weight.mul_(1 + 2 ** -22)
+    try:
+        return specdraft_rows(model, tokens, prompt)
+    finally:
+        with torch.no_grad():
+            weight.copy_(saved)
+
+
+def real(path: Path, new_tokens: int, nudge: bool) -> None:
     from llama_cpp_oracle import llama_cpp_logits, relative
 
     from specdraft.models.gguf_loading import load_gguf_mapped
 
     tokenizer, model = load_gguf_mapped(path, "p.toml", "target")
-    same = total = 0
+    same = itself = total = 0
     for text in PROMPTS:
         prompt = tokenizer(text).input_ids
         tokens, theirs = llama_cpp_logits(path, new_tokens, prompt, n_ctx=len(prompt) + new_tokens + 8)
@@ -80,9 +100,15 @@ def real(path: Path, new_tokens: int) -> None:
         agree = int((mine.argmax(-1)[at] == theirs.argmax(-1)[at]).sum())
         count = len(tokens) - len(prompt) + 1
         same, total = same + agree, total + count
-        print(f"{path.name}: {text[:30]!r:34s} distance {relative(mine[at], theirs[at]):.4f} top-1 {agree}/{count}",
-              flush=True)
-    print(f"{path.name}: top-1 {same}/{total} = {same / total:.1%}")
+        line = f"{path.name}: {text[:30]!r:34s} distance {relative(mine[at], theirs[at]):.4f} top-1 {agree}/{count}"
+        if nudge:
+            moved = nudged_rows(model, tokens, len(prompt))
+            kept = int((mine.argmax(-1)[at] == moved.argmax(-1)[at]).sum())
+            itself += kept
+            line += f"; nudged itself: distance {relative(mine[at], moved[at]):.4f} top-1 {kept}/{count}"
+        print(line, flush=True)
+    print(f"{path.name}: top-1 {same}/{total} = {same / total:.1%}"
+          + (f"; against itself nudged {itself}/{total} = {itself / total:.1%}" if nudge else ""))
 
 
 def main() -> None:
@@ -91,11 +117,12 @@ def main() -> None:
     parser.add_argument("--formats", default="Q4_0,Q4_K,Q6_K,Q8_0")
     parser.add_argument("--real", nargs="*", default=[], type=Path)
     parser.add_argument("--tokens", type=int, default=170)
+    parser.add_argument("--nudge", action="store_true", help="also specdraft against itself nudged (docstring)")
     args = parser.parse_args()
     if args.tiny:
         tiny(args.formats.split(","))
     for path in args.real:
-        real(path, args.tokens)
+        real(path, args.tokens, args.nudge)
 
 
 if __name__ == "__main__":
