@@ -543,16 +543,18 @@ def test_a_head_config_claiming_huge_sizes_is_refused_before_building(tmp_path, 
         load_head(tmp_path / "head", target)
 
 
-def test_a_nan_drafter_under_soft_feedback_finishes_with_the_targets_text(pool_file):
+@pytest.mark.parametrize("policy", ["normalhedge", "fixed:small"])
+def test_a_nan_drafter_under_soft_feedback_finishes_with_the_targets_text(pool_file, policy):
     """The issue's hang: soft feedback from a drafter whose outputs are NaN. Its alignments
-    count as rejections; the text is still plain decoding's."""
+    count as rejections, its confidence as 0 (fixed:small drafts with it every round: a NaN
+    confidence once crashed the stop rule's calibration); the text is still plain decoding's."""
     from specdraft.profile import load_profile
     from specdraft.runtime import build_runtime
     from specdraft.session.prompt_run import PromptRun
 
     text = pool_file.read_text().replace("[decode]\n", '[decode]\nfeedback = "soft"\n')
     pool_file.write_text(text)
-    profile = load_profile(pool_file).with_overrides(policy="normalhedge")
+    profile = load_profile(pool_file).with_overrides(policy=policy)
     runtime = build_runtime(profile)
     small = next(d for d in runtime.drafters if d.name == "small")
     with torch.no_grad():

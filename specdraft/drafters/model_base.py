@@ -19,6 +19,7 @@ draft starts without a forward of its own.
 
 from __future__ import annotations
 
+import math
 from abc import abstractmethod
 from dataclasses import replace
 from typing import Callable, Protocol, Sequence
@@ -167,9 +168,10 @@ class ModelBackedDrafter(Drafter):
     def _confidence(self, logits: torch.Tensor, q: torch.Tensor | None) -> float:
         """The drafter's top probability for its next token (one host read per drafted token,
         paid only while early stopping is on): its temperature-1 softmax under greedy
-        decoding, where q is one-hot (or not built)."""
-        top = torch.softmax(logits.float(), dim=-1).max() if self.ctx.params.greedy else q.max()
-        return float(top)
+        decoding, where q is one-hot (or not built). A drafter whose outputs are not finite
+        (NaN weights) is sure of nothing: 0, so its calibration and stop rule stay numbers."""
+        top = float(torch.softmax(logits.float(), dim=-1).max() if self.ctx.params.greedy else q.max())
+        return top if math.isfinite(top) else 0.0
 
     def _greedy(self, logits: torch.Tensor) -> torch.Tensor:
         """The drafted token [1] under greedy decoding: the argmax of the step's logits."""
