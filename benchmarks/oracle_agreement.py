@@ -30,24 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 PROMPTS = ["def quicksort(arr):", "The capital of France is", "Once upon a time,",
            "Question: what is 17 times 23? Answer:", "import numpy as np\n\ndef moving_average(",
            "Rewrite in plain English: the meeting was postponed sine die."]
-ARCHITECTURES = ["llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3moe"]
-SHAPES = {"qwen3": {"head_dim": 128}, "gemma3": {"layers": 6, "window": 8, "rope_base": 1e6, "tied": True}}
-
-
-def specdraft_rows(model, tokens: list[int], prompt: int):
-    """specdraft's logits at every position: the prompt in one feed, then a token a step."""
-    import torch
-
-    from specdraft.models.cached_lm import CachedLM
-
-    lm = CachedLM(model, lean=True)
-    rows = [lm.feed(torch.tensor(tokens[:prompt]), keep=0)]
-    rows += [lm.feed(torch.tensor(tokens[i:i + 1])) for i in range(prompt, len(tokens))]
-    return torch.cat(rows)
 
 
 def tiny(formats: list[str]) -> None:
-    from llama_cpp_oracle import float_model, llama_cpp_logits, quantized, relative
+    from llama_cpp_oracle import ARCHITECTURES, SHAPES, decode_rows, float_model, llama_cpp_logits, quantized, relative
 
     from specdraft.models.gguf_loading import load_gguf_mapped
 
@@ -60,7 +46,7 @@ def tiny(formats: list[str]) -> None:
                 path = quantized(source, format_name)
                 tokens, theirs = llama_cpp_logits(path)
                 _, model = load_gguf_mapped(path, "p.toml", "target")
-                mine = specdraft_rows(model, tokens, 9)
+                mine = decode_rows(model, tokens, 9)
                 agree = int((mine.argmax(-1) == theirs.argmax(-1)).sum())
                 same, total = same + agree, total + len(theirs)
                 print(f"{architecture:9s} {format_name:7s} distance {relative(mine, theirs):.4f} "
@@ -69,8 +55,9 @@ def tiny(formats: list[str]) -> None:
 
 
 def nudged_rows(model, tokens: list[int], prompt: int):
-    """specdraft_rows with the first layer's input norm weights scaled by 1 + 2^-22."""
+    """decode_rows with the first layer's input norm weights scaled by 1 + 2^-22."""
     import torch
+    from llama_cpp_oracle import decode_rows
 
     from specdraft.models.cached_lm import CachedLM
 
@@ -79,14 +66,14 @@ def nudged_rows(model, tokens: list[int], prompt: int):
     with torch.no_grad():
         weight.mul_(1 + 2 ** -22)
     try:
-        return specdraft_rows(model, tokens, prompt)
+        return decode_rows(model, tokens, prompt)
     finally:
         with torch.no_grad():
             weight.copy_(saved)
 
 
 def real(path: Path, new_tokens: int, nudge: bool) -> None:
-    from llama_cpp_oracle import llama_cpp_logits, relative
+    from llama_cpp_oracle import decode_rows, llama_cpp_logits, relative
 
     from specdraft.models.gguf_loading import load_gguf_mapped
 
@@ -95,7 +82,7 @@ def real(path: Path, new_tokens: int, nudge: bool) -> None:
     for text in PROMPTS:
         prompt = tokenizer(text).input_ids
         tokens, theirs = llama_cpp_logits(path, new_tokens, prompt, n_ctx=len(prompt) + new_tokens + 8)
-        mine = specdraft_rows(model, tokens, len(prompt))
+        mine = decode_rows(model, tokens, len(prompt))
         at = slice(len(prompt) - 1, None)  # the positions whose next token was generated
         agree = int((mine.argmax(-1)[at] == theirs.argmax(-1)[at]).sum())
         count = len(tokens) - len(prompt) + 1

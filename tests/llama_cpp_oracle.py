@@ -28,6 +28,11 @@ FILE_TYPES = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q4_
 # the mixes llama.cpp makes by default (K_M: some matrices in a larger K format)
 MIXES = {"Q4_K_M": "MOSTLY_Q4_K_M", "Q3_K_M": "MOSTLY_Q3_K_M", "Q5_K_M": "MOSTLY_Q5_K_M"}
 PROMPT = [72, 101, 108, 108, 111, 32, 116, 104, 101]  # "Hello the" in the tiny byte-level vocabulary
+ARCHITECTURES = ["llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3moe"]
+SHAPES = {"qwen3": {"head_dim": 128},  # a head size other than hidden / heads, as real Qwen3 models have
+          # six layers: five local ones with a sliding window shorter than the 33 positions compared, then a
+          # global one on a rotary base of its own; the head tied to the embedding, as Gemma's is
+          "gemma3": {"layers": 6, "window": 8, "rope_base": 1e6, "tied": True}}
 
 
 def float_model(folder: Path, architecture: str, **shape) -> Path:
@@ -73,6 +78,18 @@ def llama_cpp_logits(path: Path, new_tokens: int = 24, prompt: list[int] = PROMP
     logits = torch.from_numpy(np.array(llm.scores[:len(tokens)], dtype=np.float32))
     llm.close()
     return tokens, logits
+
+
+def decode_rows(model: torch.nn.Module, tokens: list[int], prompt: int) -> torch.Tensor:
+    """specdraft's logits at every position of `tokens` ([len(tokens), V]), as generation runs:
+    the first `prompt` tokens in one feed, then one token a step, on the lean forward."""
+    from specdraft.models.cached_lm import CachedLM
+
+    lm = CachedLM(model, lean=True)
+    assert lm.lean is not None, "the lean forward does not run this model"
+    rows = [lm.feed(torch.tensor(tokens[:prompt]), keep=0)]
+    rows += [lm.feed(torch.tensor(tokens[i:i + 1])) for i in range(prompt, len(tokens))]
+    return torch.cat(rows)
 
 
 def relative(mine: torch.Tensor, theirs: torch.Tensor) -> float:

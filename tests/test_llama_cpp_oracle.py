@@ -35,7 +35,7 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
-from llama_cpp_oracle import float_model, llama_cpp_logits, quantized, relative
+from llama_cpp_oracle import ARCHITECTURES, SHAPES, decode_rows, float_model, llama_cpp_logits, quantized, relative
 from test_float_blocks import lean_plain_greedy
 
 from specdraft.core.sampling import SamplingParams
@@ -53,11 +53,6 @@ pytestmark = [
     pytest.mark.skipif(kernel_problem() is not None, reason=f"no CPU kernels here: {kernel_problem()}"),
 ]
 
-ARCHITECTURES = ["llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3moe"]
-SHAPES = {"qwen3": {"head_dim": 128},  # a head size other than hidden / heads, as real Qwen3 models have
-          # six layers: five local ones with a sliding window shorter than the 33 positions compared, then a
-          # global one on a rotary base of its own; the head tied to the embedding, as Gemma's is
-          "gemma3": {"layers": 6, "window": 8, "rope_base": 1e6, "tied": True}}
 BLOCKS_OF_32 = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"]
 BLOCKS_OF_256 = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
 TOLERANCE = {**dict.fromkeys(BLOCKS_OF_32, 0.03), **dict.fromkeys(BLOCKS_OF_256, 0.04), "Q2_K": 0.08, "F32": 0.002,
@@ -86,11 +81,7 @@ def specdraft_logits(path, tokens: list[int], prompt: int) -> torch.Tensor:
     """specdraft's logits at every position of `tokens`: the prompt's `prompt` tokens in one
     feed, then one token a step, on the lean forward (as generation runs)."""
     _, model = load_gguf_mapped(path, "p.toml", "target")
-    lm = CachedLM(model, lean=True)
-    assert lm.lean is not None, "the lean forward does not run this model"
-    rows = [lm.feed(torch.tensor(tokens[:prompt]), keep=0)]
-    rows += [lm.feed(torch.tensor(tokens[i:i + 1])) for i in range(prompt, len(tokens))]
-    return torch.cat(rows)
+    return decode_rows(model, tokens, prompt)
 
 
 def compare(path, prompt: int = 9) -> tuple[float, torch.Tensor, torch.Tensor, list[int]]:

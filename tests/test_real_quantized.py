@@ -226,16 +226,14 @@ def test_the_demo_s_next_token_is_llama_cpp_s_on_the_same_file(demo):
         if os.environ.get("SPECDRAFT_REQUIRE_REAL"):
             raise RuntimeError("llama-cpp-python is not installed but SPECDRAFT_REQUIRE_REAL is set")
         pytest.skip("llama-cpp-python not installed (pip install 'specdraft[llama]')")
-    from llama_cpp_oracle import llama_cpp_logits
+    from llama_cpp_oracle import decode_rows, llama_cpp_logits
 
     profile, target = demo
     agree = total = 0
     for text in ("def quicksort(arr):", "The capital of France is", "Once upon a time,"):
         prompt = target.tokenizer(text).input_ids
         tokens, theirs = llama_cpp_logits(gguf_file(profile), 60, prompt)
-        lm = CachedLM(target.model, lean=True)
-        mine = torch.cat([lm.feed(torch.tensor(prompt), keep=0)]
-                         + [lm.feed(torch.tensor(tokens[i:i + 1])) for i in range(len(prompt), len(tokens))])
+        mine = decode_rows(target.model, tokens, len(prompt))
         same = mine.argmax(-1)[len(prompt) - 1:] == theirs.argmax(-1)[len(prompt) - 1:]
         agree, total = agree + int(same.sum()), total + same.numel()
     assert agree / total >= 0.95, f"{agree} of {total}"
