@@ -130,7 +130,7 @@ int block_matmul(const float *x, int M, int K, const void *codes, const void *sc
     const int status = check_matrix(&w, K);
     if (status) return status;
     Activations a;
-    if (prepare_activations(x, M, K, activations_of(&w), &a)) return KERNEL_NO_MEMORY;
+    if (prepare_activations(x, M, K, activations_of(&w), bits == 6, &a)) return KERNEL_NO_MEMORY;
     block_products(&a, M, K, codes, scale, offset, form, bits, N, groups, y, N, threads);
     free_activations(&a);
     return KERNEL_OK;

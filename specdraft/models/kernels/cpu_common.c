@@ -15,7 +15,7 @@
 #include "cpu_kernels_scalar.h"
 
 void free_activations(Activations *a) {
-    free(a->qx); free(a->dx); free(a->sx); free(a->ax); free(a->sx16);
+    free(a->dx); /* (one allocation holds every array, dx first: prepare_activations) */
 }
 
 /* v rounded to nearest even, for |v| < 2^22: the bits of v + 1.5 x 2^23 (llama.cpp's nearest_int,
@@ -94,35 +94,38 @@ int activations_of(const Matrix *w) {
 }
 
 /* Returns 0, or KERNEL_NO_MEMORY (then nothing is left allocated). The rule was checked
- * (ACTIVATIONS_Q8_K: K a multiple of SUPER_GROUPS groups; cpu_boundary.c). */
-int prepare_activations(const float *x, int M, int K, int rule, Activations *a) {
-    const int groups = K / GROUP;
+ * (ACTIVATIONS_Q8_K: K a multiple of SUPER_GROUPS groups; cpu_boundary.c). `halves`: also the
+ * code sums of each half group (sx16), which only 6-bit weights read. The arrays share one
+ * allocation: a projection prepares activations per layer and part, so a verify step would
+ * otherwise make hundreds of small allocations. */
+int prepare_activations(const float *x, int M, int K, int rule, int halves, Activations *a) {
+    const size_t groups = (size_t)(K / GROUP), rows = (size_t)M;
     a->x = x;
     a->qx = NULL; a->dx = NULL; a->sx = NULL; a->ax = NULL; a->sx16 = NULL;
     if (rule == ACTIVATIONS_FLOAT) return 0;
-    a->qx = (int8_t *)malloc((size_t)M * K);
-    a->dx = (float *)malloc(sizeof(float) * (size_t)M * groups);
-    a->sx = (int32_t *)malloc(sizeof(int32_t) * (size_t)M * groups);
-    a->ax = (float *)malloc(sizeof(float) * (size_t)M * groups);
-    a->sx16 = (int32_t *)malloc(sizeof(int32_t) * (size_t)M * groups * 2);
-    if (!a->qx || !a->dx || !a->sx || !a->ax || !a->sx16) {
-        free_activations(a);
-        return KERNEL_NO_MEMORY;
-    }
+    /* the 4-byte arrays first (aligned), the codes last */
+    const size_t words = rows * groups * (3 + (halves ? 2 : 0));
+    char *block = (char *)malloc(sizeof(float) * words + rows * (size_t)K);
+    if (!block) return KERNEL_NO_MEMORY;
+    a->dx = (float *)block;
+    a->ax = a->dx + rows * groups;
+    a->sx = (int32_t *)(a->ax + rows * groups);
+    a->sx16 = halves ? a->sx + rows * groups : NULL;
+    a->qx = (int8_t *)(block + sizeof(float) * words);
     for (int m = 0; m < M; m++) {
         const float *row = x + (size_t)m * K;
         int8_t *q = a->qx + (size_t)m * K;
         float *d = a->dx + (size_t)m * groups, *ax = a->ax + (size_t)m * groups;
         int32_t *s = a->sx + (size_t)m * groups;
         if (rule == ACTIVATIONS_Q8_K) {
-            quantize_row_q8_k(row, groups, q, d, s, ax);
+            quantize_row_q8_k(row, (int)groups, q, d, s, ax);
         } else if (rule == ACTIVATIONS_Q8_0 || rule == ACTIVATIONS_Q8_1) {
-            quantize_row_q8_0(row, groups, rule == ACTIVATIONS_Q8_1, q, d, s, ax);
+            quantize_row_q8_0(row, (int)groups, rule == ACTIVATIONS_Q8_1, q, d, s, ax);
         } else {
-            quantize_row_own(row, groups, q, d, s, ax);
+            quantize_row_own(row, (int)groups, q, d, s, ax);
         }
     }
-    for (size_t i = 0; i < (size_t)M * groups * 2; i++) {
+    for (size_t i = 0; halves && i < rows * groups * 2; i++) {
         int32_t total = 0;
         for (int j = 0; j < 16; j++) total += a->qx[16 * i + j];
         a->sx16[i] = total;

@@ -35,8 +35,10 @@ int project_impl(const float *x, int n, int K, const Matrix *parts, int count, f
         const Matrix *w = &parts[p];
         const int wanted = activations_of(w);
         if (!prepared || (wanted != ACTIVATIONS_FLOAT && wanted != rule)) { /* (float weights read any: a->x) */
+            int halves = 0; /* whether a 6-bit part rounding alike reads the half sums */
+            for (int q = p; q < count; q++) halves |= parts[q].bits == 6 && activations_of(&parts[q]) == wanted;
             if (prepared) free_activations(&a);
-            if (prepare_activations(x, n, K, wanted, &a)) return KERNEL_NO_MEMORY;
+            if (prepare_activations(x, n, K, wanted, halves, &a)) return KERNEL_NO_MEMORY;
             prepared = 1;
             rule = wanted;
         }

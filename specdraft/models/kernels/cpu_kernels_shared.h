@@ -122,7 +122,8 @@ typedef struct {
     int8_t *qx;
     float *dx, *ax;
     int32_t *sx;
-    int32_t *sx16; /* the code sums of each half group (16 values): what 6-bit weights' codes - 32 need */
+    int32_t *sx16; /* the code sums of each half group (16 values): what 6-bit weights' codes - 32 need
+                    * (NULL unless prepared for one) */
 } Activations;
 
 /* Float weights (`bits` 16: bfloat16, 32: float32) in the block layout: block b holds, for
@@ -205,7 +206,7 @@ int causal_attention_impl(const float *q, const float *keys, const float *values
                           int D, int capacity, float scale, const int *parents, int window, float *out, int threads);
 /* Shared by every build (cpu_common.c, cpu_decoder.c, cpu_experts.c): `rule` one of ACTIVATIONS_*
  * (ACTIVATIONS_FLOAT leaves the codes out: every weight the activations meet is float). */
-int prepare_activations(const float *x, int M, int K, int rule, Activations *a);
+int prepare_activations(const float *x, int M, int K, int rule, int halves, Activations *a);
 int activations_of(const Matrix *w); /* the rule a weight's products quantize by */
 void free_activations(Activations *a);
 void six_codes(const uint8_t *group, int c, int32_t *code);  /* a 6-bit group's 32 codes 0..63 of column c */

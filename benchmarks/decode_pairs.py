@@ -1,0 +1,84 @@
+"""The one-token decode step against llama.cpp's `llama-bench` tg64 on the same file, in
+alternating pairs: this VM's memory bandwidth moves by 1.5x within minutes, so a ratio means
+something only between runs seconds apart. Each round runs `llama-bench -t 2 -p 0 -n 64`
+(tokens/s, llama.cpp's own average over its repeats), then a fresh specdraft process that
+loads the file and times what tg64 times: 64 one-token steps of the lean forward from an
+empty context (the output head on the one row, as a decode step computes it), the best of
+three passes. The order within a pair alternates between rounds.
+
+    python benchmarks/decode_pairs.py /work/models/shape-qwen3-1.7b-q4_k_m.gguf ... \
+        --llama-bench PATH/llama-bench [--rounds 5]
+
+Prints each pair's ratio and, per file, the median ratio over the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from load_scale import llama_bench  # benchmarks/, the folder the script runs from
+
+STEPS = 64
+CHILD = r"""
+import sys, time
+from pathlib import Path
+import torch
+from specdraft.config.model_spec import ModelSpec
+from specdraft.models.lean.decoder import LeanDecoder
+from specdraft.models.loading import load_model
+
+torch.set_grad_enabled(False)
+model = load_model(ModelSpec(path=Path(sys.argv[1])), "p.toml", "target").model
+decoder = LeanDecoder(model)
+steps = int(sys.argv[2])
+ids = torch.randint(0, int(model.config.vocab_size), (steps,))
+best = float("inf")
+for _ in range(3):
+    began = time.perf_counter()
+    for i in range(steps):
+        decoder.forward(ids[i:i + 1], i, 1)
+    best = min(best, time.perf_counter() - began)
+print(f"RESULT {steps / best}")
+"""
+
+
+def specdraft_rate(path: Path) -> float:
+    """specdraft's decode rate (tokens/s) over STEPS steps from an empty context, in a fresh process."""
+    done = subprocess.run([sys.executable, "-c", CHILD, str(path), str(STEPS)], capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    line = next((row for row in done.stdout.splitlines() if row.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"{path.name}: {done.stderr.strip().splitlines()[-1:]}")
+    return float(line.split()[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("--llama-bench", required=True)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    summary = []
+    for path in args.files:
+        ratios = []
+        for round_ in range(args.rounds):
+            if round_ % 2:
+                ours, theirs = specdraft_rate(path), llama_bench(args.llama_bench, path, 2)
+            else:
+                theirs, ours = llama_bench(args.llama_bench, path, 2), specdraft_rate(path)
+            ratios.append(ours / theirs)
+            print(f"{path.name} round {round_ + 1}: specdraft {ours:.2f} tok/s, llama.cpp tg{STEPS} {theirs:.2f} "
+                  f"tok/s, ratio {ratios[-1]:.3f}", flush=True)
+        summary.append((path.name, ratios))
+    print("\n| file | ratios, pair by pair | median |\n|---|---|---|")
+    for name, ratios in summary:
+        print(f"| {name} | {' / '.join(f'{r:.2f}' for r in ratios)} | {statistics.median(ratios):.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
