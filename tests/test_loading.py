@@ -310,6 +310,37 @@ def test_a_tied_head_is_tied_to_the_embedding_and_unloaded_weights_are_named(tmp
         tie_absent_head(untied, tmp_path / "m.gguf", "p.toml", "target")
 
 
+def test_a_cached_head_alone_gives_the_embedding_its_weights(tmp_path):
+    """A cached conversion stores a tied pair once, under the head's name (safetensors keeps
+    one); after two models were built at once in threads, transformers reported the
+    embedding missing and initialized it at random, and tying the head to it then made the
+    whole model's head and embedding random (seen as a trained draft head refusing the
+    dequantized demo target, whose embedding signs agreed on 50%). The tie follows the
+    checkpoint: the embedding takes the head's weights when only the head was stored."""
+    import torch
+    from safetensors.torch import save_model
+
+    from specdraft.models.gguf.cache import checkpoint_names, tie_absent_head
+
+    source = tiny_llama()
+    source.config.tie_word_embeddings = True
+    tie_absent_head(source, tmp_path / "m.gguf", "p.toml", "target")
+    save_model(source, str(tmp_path / "model.safetensors"))
+    stored = checkpoint_names(tmp_path)
+    assert "lm_head.weight" in stored and "model.embed_tokens.weight" not in stored  # what safetensors keeps
+    loaded = tiny_llama()  # as transformers left it: the head loaded, the embedding newly initialized
+    loaded.config.tie_word_embeddings = True
+    loaded.lm_head.weight = torch.nn.Parameter(source.lm_head.weight.detach().clone())
+    tie_absent_head(loaded, tmp_path / "m.gguf", "p.toml", "target", stored)
+    assert loaded.model.embed_tokens.weight is loaded.lm_head.weight
+    assert torch.equal(loaded.model.embed_tokens.weight, source.model.embed_tokens.weight)
+    read_from_gguf = tiny_llama()  # no names given: the embedding is what was read
+    read_from_gguf.config.tie_word_embeddings = True
+    embedding = read_from_gguf.model.embed_tokens.weight
+    tie_absent_head(read_from_gguf, tmp_path / "m.gguf", "p.toml", "target")
+    assert read_from_gguf.lm_head.weight is embedding
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_a_missing_device_is_named_by_the_key_or_the_flag_that_asked_for_it():
     from specdraft.errors import ProfileError

@@ -62,7 +62,9 @@ def load_gguf(gguf: Path, dtype: torch.dtype, kwargs: dict, file: str, key: str)
                     tokenizer, model = from_pretrained(str(gguf.parent), dtype, kwargs, gguf_file=gguf.name)
                 else:
                     tokenizer, model = from_pretrained(str(folder), dtype, kwargs)
-                gguf_cache.tie_absent_head(model, gguf, file, key)  # transformers' own tying is not reliable here
+                # transformers' own tying is not reliable here
+                gguf_cache.tie_absent_head(model, gguf, file, key,
+                                           None if folder is None else gguf_cache.checkpoint_names(folder))
                 return tokenizer, model
         except Exception as exc:
             if folder is None:

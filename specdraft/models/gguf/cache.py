@@ -31,7 +31,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Collection, Iterator
 
 from specdraft.storage import atomic_files
 from specdraft.storage.cache_root import cache_dir
@@ -162,20 +162,40 @@ def _take_over_legacy(gguf: Path, dtype: str, folder: Path) -> bool:
     return True
 
 
-def tie_absent_head(model: Any, gguf: Path, file: str, key: str) -> None:
+def tie_absent_head(model: Any, gguf: Path, file: str, key: str, loaded: Collection[str] | None = None) -> None:
     """A GGUF without `output.weight` shares the embedding as its head (transformers then
     sets `tie_word_embeddings`). transformers ties them while loading, but not reliably:
     fresh CI runs saved an untied head, on the meta device or randomly initialized (rarely,
-    nondeterministically). Tie it here, always, and refuse clearly if any weight is still
+    nondeterministically), and a cached conversion, which safetensors stores under the head's
+    name alone, came back with the embedding newly initialized after transformers' own
+    bookkeeping of the tie was upset (two models built at once in threads). Tie them here,
+    always, to the one the checkpoint held (`loaded`: the names a cached entry's file holds;
+    None: the embedding, as read from the GGUF), and refuse clearly if any weight is still
     unloaded."""
     head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
     if getattr(model.config, "tie_word_embeddings", False) and head is not None and embedding is not None \
             and head.weight.shape == embedding.weight.shape:
-        head.weight = embedding.weight
+        names = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
+        if loaded is not None and names.get(id(head.weight)) in loaded \
+                and names.get(id(embedding.weight)) not in loaded:
+            embedding.weight = head.weight
+        else:
+            head.weight = embedding.weight
     missing = [name for name, p in model.named_parameters() if p.is_meta]
     if missing:
         raise ProfileError(file, key, f"converting {gguf.name} left {len(missing)} weights unloaded "
                                       f"(first: {missing[0]})")
+
+
+def checkpoint_names(folder: Path) -> set[str]:
+    """The tensor names a cached conversion's weights file holds (its header alone is read)."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as weights:
+            names.update(weights.keys())
+    return names
 
 
 def _write_float(model: Any, gguf: Path, folder: Path) -> None:
