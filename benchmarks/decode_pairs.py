@@ -16,13 +16,10 @@ Prints each pair's ratio and, per file, the median ratio over the rounds.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
-from load_scale import llama_bench  # benchmarks/, the folder the script runs from
+from load_scale import child_result, llama_bench  # benchmarks/, the folder the script runs from
 
 STEPS = 64
 CHILD = r"""
@@ -51,12 +48,7 @@ print(f"RESULT {sum(rates) / len(rates)}")
 
 def specdraft_rate(path: Path) -> float:
     """specdraft's decode rate (tokens/s) over STEPS steps from an empty context, in a fresh process."""
-    done = subprocess.run([sys.executable, "-c", CHILD, str(path), str(STEPS)], capture_output=True, text=True,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    line = next((row for row in done.stdout.splitlines() if row.startswith("RESULT ")), None)
-    if line is None:
-        raise RuntimeError(f"{path.name}: {done.stderr.strip().splitlines()[-1:]}")
-    return float(line.split()[1])
+    return float(child_result(CHILD, path, [str(STEPS)]))
 
 
 def main() -> None:

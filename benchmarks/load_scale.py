@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 CHILD = r"""
 import json, os, sys, time
@@ -57,9 +58,14 @@ print("RESULT " + json.dumps(result))
 
 
 def child(path: Path, steps: bool, repeats: int, cache: str) -> dict:
-    env = {**os.environ, "SPECDRAFT_CACHE_DIR": cache, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-c", CHILD, str(path), "steps" if steps else "load", str(repeats)],
-                          capture_output=True, text=True, env=env)
+    return child_result(CHILD, path, ["steps" if steps else "load", str(repeats)], {"SPECDRAFT_CACHE_DIR": cache})
+
+
+def child_result(code: str, path: Path, arguments: list[str], env: dict[str, str] | None = None) -> Any:
+    """What the Python `code`, run in a fresh process on `path` with `arguments` (offline, plus
+    `env`), prints as JSON after "RESULT "; its last error line otherwise."""
+    done = subprocess.run([sys.executable, "-c", code, str(path), *arguments], capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
     line = next((row for row in done.stdout.splitlines() if row.startswith("RESULT ")), None)
     if line is None:
         raise RuntimeError(f"{path.name}: {done.stderr.strip().splitlines()[-1:]}")
